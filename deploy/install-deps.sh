@@ -16,6 +16,7 @@ PACKAGES=(
   pybind11-dev python3-dev python3-numpy python3-torch
   # runtime tools: PKI, namespaces, benchmark anchors
   openssl iproute2 procps curl iperf3 rsync openssh-server openssh-client rclone
+  iputils-ping
 )
 
 missing=()

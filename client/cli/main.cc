@@ -1,0 +1,329 @@
+// longhaul: the operator's CLI. Talks to the local longhauld over its control
+// socket. Exit codes: 0 ok, 1 transfer failed (or verify found a mismatch),
+// 2 usage error, 3 daemon unreachable.
+
+#include "absl/strings/string_view.h"
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cli/output.h"
+#include "common/units_parse.h"
+#include "longhaul/client.h"
+
+namespace longhaul::cli {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitUnreachable = 3;
+
+struct Globals {
+  std::string daemon;
+  bool json = false;
+};
+
+int Report(const absl::Status& status) {
+  std::fprintf(stderr, "longhaul: %s\n", std::string(status.message()).c_str());
+  if (status.code() == absl::StatusCode::kUnavailable &&
+      status.message().find("cannot reach longhauld") != absl::string_view::npos) {
+    return kExitUnreachable;
+  }
+  return status.code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailed;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Connect(const Globals& g) {
+  std::string address = g.daemon;
+  if (address.empty()) {
+    const char* env = std::getenv("LONGHAUL_DAEMON");
+    address = env ? env : "unix:/var/lib/longhaul/control.sock";
+  }
+  return Client::Connect(address);
+}
+
+int TerminalWidth() {
+  struct winsize w;
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 20) return w.ws_col;
+  return 100;
+}
+
+int ExitFor(const v1::TransferStatus& s) { return s.state() == v1::COMPLETED ? kExitOk : kExitFailed; }
+
+// Follows a transfer to its end, drawing progress; returns the exit code.
+int Follow(Client& client, const std::string& id, const Globals& g, bool json_lines) {
+  const bool tty = isatty(STDOUT_FILENO) && !g.json;
+  std::string last_line;
+  auto on_update = [&](const v1::TransferStatus& s) {
+    if (json_lines) {
+      std::cout << TransferJson(s).str() << std::endl;
+    } else if (tty) {
+      std::cout << "\r" << ProgressBar(s, TerminalWidth()) << "\x1b[K" << std::flush;
+    } else if (!g.json) {
+      std::string line = ProgressLine(s);
+      if (line != last_line) std::cout << line << std::endl;
+      last_line = line;
+    }
+  };
+  auto final_status = client.Watch(id, on_update);
+  if (!final_status.ok()) {
+    if (tty) std::cout << std::endl;
+    return Report(final_status.status());
+  }
+  if (tty) std::cout << std::endl;
+  if (g.json && !json_lines) {
+    std::cout << TransferJson(*final_status).str() << std::endl;
+  } else if (!json_lines) {
+    std::cout << Summary(*final_status) << std::endl;
+  }
+  return ExitFor(*final_status);
+}
+
+struct CopyOptions {
+  std::vector<std::string> args;  // SRC... DEST
+  uint32_t streams = 0;
+  std::string chunk_size;
+  std::vector<std::string> commit_last;
+  bool wait = false;
+  std::string transport;
+  std::string priority;
+  std::string request_id;
+};
+
+int Copy(const CopyOptions& o, const Globals& g, bool sync) {
+  if (o.args.size() < 2) {
+    std::fprintf(stderr, "longhaul: need at least one source and a destination SITE:/EXPORT/PATH\n");
+    return kExitUsage;
+  }
+  auto dest = ParseDestination(o.args.back());
+  if (!dest.ok()) return Report(dest.status());
+  if (dest->path.empty()) {
+    std::fprintf(stderr, "longhaul: destination %s needs a path below the export, e.g. %s:/%s/NAME\n",
+                 o.args.back().c_str(), dest->site.c_str(), dest->export_name.c_str());
+    return kExitUsage;
+  }
+  v1::TransferSpec spec;
+  for (size_t i = 0; i + 1 < o.args.size(); ++i) {
+    std::error_code ec;
+    std::filesystem::path p = std::filesystem::absolute(o.args[i], ec).lexically_normal();
+    std::string s = p.string();
+    while (s.size() > 1 && s.back() == '/') s.pop_back();
+    if (!std::filesystem::exists(p, ec)) {
+      std::fprintf(stderr, "longhaul: source %s does not exist\n", o.args[i].c_str());
+      return kExitUsage;
+    }
+    spec.add_sources(s);
+  }
+  spec.set_dest_site(dest->site);
+  spec.set_dest_export(dest->export_name);
+  spec.set_dest_path(dest->path);
+  spec.set_streams(o.streams);
+  if (!o.chunk_size.empty()) {
+    auto size = ParseByteSize(o.chunk_size);
+    if (!size.ok()) return Report(absl::InvalidArgumentError(absl::StrCat("--chunk-size: ", size.status().message())));
+    spec.set_chunk_size(*size);
+  }
+  for (const std::string& glob : o.commit_last) spec.add_commit_last(glob);
+  spec.set_sync(sync);
+  spec.set_transport(o.transport);
+  if (o.priority == "exchange") spec.set_priority(v1::EXCHANGE);
+  if (o.priority == "background") spec.set_priority(v1::BACKGROUND);
+  if (o.priority.empty() || o.priority == "checkpoint") spec.set_priority(v1::CHECKPOINT);
+
+  auto client = Connect(g);
+  if (!client.ok()) return Report(client.status());
+  std::string request_id = o.request_id;
+  if (request_id.empty()) {
+    absl::BitGen gen;
+    request_id = absl::StrFormat("cli-%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
+  }
+  auto submitted = (*client)->Submit(spec, request_id);
+  if (!submitted.ok()) return Report(submitted.status());
+  if (!o.wait) {
+    if (g.json) {
+      std::cout << TransferJson(*submitted).str() << std::endl;
+    } else {
+      std::cout << submitted->id() << std::endl;
+    }
+    return kExitOk;
+  }
+  return Follow(**client, submitted->id(), g, /*json_lines=*/false);
+}
+
+int Status(const std::string& id, bool watch, const Globals& g) {
+  auto client = Connect(g);
+  if (!client.ok()) return Report(client.status());
+  if (watch) return Follow(**client, id, g, /*json_lines=*/g.json);
+  auto status = (*client)->Get(id);
+  if (!status.ok()) return Report(status.status());
+  std::cout << (g.json ? TransferJson(*status).str() : ProgressLine(*status)) << std::endl;
+  return kExitOk;
+}
+
+int ListTransfers(bool all, const Globals& g) {
+  auto client = Connect(g);
+  if (!client.ok()) return Report(client.status());
+  auto list = (*client)->List(all);
+  if (!list.ok()) return Report(list.status());
+  if (g.json) {
+    std::vector<std::string> items;
+    for (const auto& s : *list) items.push_back(TransferJson(s).str());
+    std::cout << JsonObject().AddRaw("transfers", JsonArray(items)).str() << std::endl;
+    return kExitOk;
+  }
+  std::cout << absl::StrFormat("%-20s %-10s %7s  %s\n", "ID", "STATE", "DONE", "DESTINATION");
+  for (const auto& s : *list) {
+    double pct = s.bytes_total() ? 100.0 * s.bytes_done() / s.bytes_total() : 100.0;
+    std::cout << absl::StrFormat("%-20s %-10s %6.1f%%  %s:/%s/%s\n", s.id(), StateName(s.state()), pct,
+                                 s.spec().dest_site(), s.spec().dest_export(), s.spec().dest_path());
+  }
+  return kExitOk;
+}
+
+int Control(const std::string& verb, const std::string& id, const Globals& g) {
+  auto client = Connect(g);
+  if (!client.ok()) return Report(client.status());
+  absl::StatusOr<v1::TransferStatus> status = verb == "cancel" ? (*client)->Cancel(id)
+                                              : verb == "pause"  ? (*client)->Pause(id)
+                                                                 : (*client)->Resume(id);
+  if (!status.ok()) return Report(status.status());
+  std::cout << (g.json ? TransferJson(*status).str() : ProgressLine(*status)) << std::endl;
+  return kExitOk;
+}
+
+int Verify(const std::string& id, const Globals& g) {
+  auto client = Connect(g);
+  if (!client.ok()) return Report(client.status());
+  auto result = (*client)->Verify(id);
+  if (!result.ok()) return Report(result.status());
+  if (g.json) {
+    std::vector<std::string> mismatches;
+    for (const auto& m : result->mismatches()) mismatches.push_back(JsonString(m));
+    std::cout << JsonObject()
+                     .Add("id", id)
+                     .Add("ok", result->ok())
+                     .Add("files_checked", result->files_checked())
+                     .Add("bytes_checked", result->bytes_checked())
+                     .AddRaw("mismatches", JsonArray(mismatches))
+                     .str()
+              << std::endl;
+  } else {
+    std::cout << absl::StrFormat("%s: %s (%d files, %s checked)\n", id,
+                                 result->ok() ? "verified, source and destination match" : "MISMATCH",
+                                 result->files_checked(), FormatBytes(result->bytes_checked()));
+    for (const auto& m : result->mismatches()) std::cout << "  " << m << "\n";
+  }
+  return result->ok() ? kExitOk : kExitFailed;
+}
+
+int Peers(const Globals& g) {
+  auto client = Connect(g);
+  if (!client.ok()) return Report(client.status());
+  auto peers = (*client)->Peers(true);
+  if (!peers.ok()) return Report(peers.status());
+  if (g.json) {
+    std::vector<std::string> items;
+    for (const auto& p : peers->peers()) {
+      JsonObject o;
+      o.Add("site", p.site()).Add("address", p.address()).Add("transport", p.transport())
+          .Add("reachable", p.reachable()).Add("handshake_ms", p.handshake_ms())
+          .Add("congestion_control", p.congestion_control()).Add("rtt_ms", p.rtt_ms())
+          .Add("delivery_rate_mbit", p.delivery_rate_mbit()).Add("retransmits", p.retransmits())
+          .Add("active_streams", static_cast<uint64_t>(p.active_streams()))
+          .Add("socket_buffer_bytes", p.socket_buffer_bytes());
+      if (!p.error().empty()) o.Add("error", p.error());
+      items.push_back(o.str());
+    }
+    std::cout << JsonObject().Add("site", peers->site()).AddRaw("peers", JsonArray(items)).str() << std::endl;
+    return kExitOk;
+  }
+  std::cout << absl::StrFormat("%-12s %-22s %-5s %-10s %8s %8s %10s %7s %s\n", "SITE", "ADDRESS", "XPORT",
+                               "STATE", "RTT_MS", "CC", "RATE_MBIT", "STREAMS", "NOTE");
+  for (const auto& p : peers->peers()) {
+    std::cout << absl::StrFormat("%-12s %-22s %-5s %-10s %8.2f %8s %10.0f %7u %s\n", p.site(), p.address(),
+                                 p.transport(), p.reachable() ? "up" : "DOWN", p.rtt_ms(),
+                                 p.congestion_control(), p.delivery_rate_mbit(), p.active_streams(),
+                                 p.error());
+  }
+  return kExitOk;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"longhaul: replicate checkpoints and data between sites through longhauld"};
+  app.require_subcommand(1);
+  Globals g;
+  app.add_option("--daemon", g.daemon, "control address of the local longhauld (default $LONGHAUL_DAEMON)");
+  app.add_flag("--json", g.json, "print JSON");
+
+  CopyOptions copy;
+  auto add_copy_options = [&](CLI::App* cmd, bool with_tuning) {
+    cmd->add_option("args", copy.args, "SRC... SITE:/EXPORT/PATH")->required();
+    cmd->add_flag("--wait", copy.wait, "follow the transfer until it ends");
+    cmd->add_flag("--json", g.json, "print JSON");
+    cmd->add_option("--transport", copy.transport, "tcp (default: the peer's)");
+    cmd->add_option("--priority", copy.priority, "exchange|checkpoint|background")
+        ->check(CLI::IsMember({"exchange", "checkpoint", "background"}));
+    cmd->add_option("--request-id", copy.request_id, "idempotency key: resubmitting returns the same transfer");
+    cmd->add_option("--commit-last", copy.commit_last, "glob of commit markers to publish last (repeatable)");
+    if (with_tuning) {
+      cmd->add_option("--streams", copy.streams, "parallel streams")->check(CLI::Range(1, 64));
+      cmd->add_option("--chunk-size", copy.chunk_size, "chunk size, e.g. 16MiB");
+    }
+  };
+  CLI::App* cp = app.add_subcommand("cp", "copy files or trees to another site");
+  add_copy_options(cp, true);
+  CLI::App* sync = app.add_subcommand("sync", "send only what changed (idempotent; for cron)");
+  add_copy_options(sync, true);
+
+  std::string id;
+  bool watch = false, all = false;
+  CLI::App* status = app.add_subcommand("status", "show one transfer");
+  status->add_option("id", id)->required();
+  status->add_flag("--watch", watch, "follow until it ends");
+  status->add_flag("--json", g.json, "print JSON (one object per line with --watch)");
+  CLI::App* ls = app.add_subcommand("ls", "list transfers");
+  ls->add_flag("--all", all, "include ended transfers");
+  ls->add_flag("--json", g.json, "print JSON");
+  std::vector<CLI::App*> verbs;
+  for (const char* verb : {"cancel", "pause", "resume"}) {
+    CLI::App* cmd = app.add_subcommand(verb, absl::StrCat(verb, " a transfer"));
+    cmd->add_option("id", id)->required();
+    cmd->add_flag("--json", g.json, "print JSON");
+    verbs.push_back(cmd);
+  }
+  CLI::App* verify = app.add_subcommand("verify", "re-read the destination and compare digests");
+  verify->add_option("id", id)->required();
+  verify->add_flag("--json", g.json, "print JSON");
+  CLI::App* peers = app.add_subcommand("peers", "show peer sites and their links");
+  peers->add_flag("--json", g.json, "print JSON");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+  if (cp->parsed()) return Copy(copy, g, false);
+  if (sync->parsed()) return Copy(copy, g, true);
+  if (status->parsed()) return Status(id, watch, g);
+  if (ls->parsed()) return ListTransfers(all, g);
+  for (CLI::App* cmd : verbs) {
+    if (cmd->parsed()) return Control(cmd->get_name(), id, g);
+  }
+  if (verify->parsed()) return Verify(id, g);
+  if (peers->parsed()) return Peers(g);
+  return kExitUsage;
+}
+
+}  // namespace
+}  // namespace longhaul::cli
+
+int main(int argc, char** argv) { return longhaul::cli::Main(argc, argv); }

@@ -1,0 +1,158 @@
+#include "absl/strings/string_view.h"
+#include "client/cli/output.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "longhaul/client.h"
+
+namespace longhaul::cli {
+namespace {
+
+std::string Bytes(double bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024.0 && unit < 4) {
+    bytes /= 1024.0;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrFormat("%.0f %s", bytes, kUnits[unit])
+                   : absl::StrFormat("%.1f %s", bytes, kUnits[unit]);
+}
+
+std::string Rate(double bytes_per_sec) { return absl::StrFormat("%.0f Mbit/s", bytes_per_sec * 8 / 1e6); }
+
+std::string Eta(const v1::TransferStatus& s) {
+  if (s.rate_bytes_per_sec() <= 0 || s.bytes_done() >= s.bytes_total()) return "--";
+  double seconds = (s.bytes_total() - s.bytes_done()) / s.rate_bytes_per_sec();
+  if (seconds >= 3600) return absl::StrFormat("%.0fh%02.0fm", std::floor(seconds / 3600), std::fmod(seconds / 60, 60));
+  if (seconds >= 60) return absl::StrFormat("%.0fm%02.0fs", std::floor(seconds / 60), std::fmod(seconds, 60));
+  return absl::StrFormat("%.0fs", seconds);
+}
+
+double Fraction(const v1::TransferStatus& s) {
+  if (s.bytes_total() == 0) return IsEndState(s.state()) ? 1.0 : 0.0;
+  return std::min(1.0, static_cast<double>(s.bytes_done()) / s.bytes_total());
+}
+
+}  // namespace
+
+JsonObject& JsonObject::Add(absl::string_view key, absl::string_view value) {
+  fields_.emplace_back(std::string(key), JsonString(value));
+  return *this;
+}
+JsonObject& JsonObject::Add(absl::string_view key, double value) {
+  fields_.emplace_back(std::string(key), std::isfinite(value) ? absl::StrFormat("%.3f", value) : "0");
+  return *this;
+}
+JsonObject& JsonObject::Add(absl::string_view key, uint64_t value) {
+  fields_.emplace_back(std::string(key), absl::StrCat(value));
+  return *this;
+}
+JsonObject& JsonObject::Add(absl::string_view key, bool value) {
+  fields_.emplace_back(std::string(key), value ? "true" : "false");
+  return *this;
+}
+JsonObject& JsonObject::AddRaw(absl::string_view key, std::string raw) {
+  fields_.emplace_back(std::string(key), std::move(raw));
+  return *this;
+}
+std::string JsonObject::str() const {
+  std::vector<std::string> parts;
+  for (const auto& [k, v] : fields_) parts.push_back(absl::StrCat(JsonString(k), ": ", v));
+  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+}
+
+std::string JsonString(absl::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string JsonArray(const std::vector<std::string>& raw_items) {
+  return absl::StrCat("[", absl::StrJoin(raw_items, ", "), "]");
+}
+
+std::string StateName(v1::TransferState state) { return v1::TransferState_Name(state); }
+
+JsonObject TransferJson(const v1::TransferStatus& s) {
+  JsonObject o;
+  double goodput = s.seconds() > 0 ? s.bytes_total() * 8 / 1e6 / s.seconds() : 0;
+  if (!IsEndState(s.state())) goodput = s.rate_bytes_per_sec() * 8 / 1e6;
+  o.Add("id", s.id())
+      .Add("state", StateName(s.state()))
+      .Add("bytes", s.bytes_total())
+      .Add("bytes_done", s.bytes_done())
+      .Add("files", s.files())
+      .Add("files_unchanged", s.files_unchanged())
+      .Add("chunks", s.chunks_total())
+      .Add("chunks_done", s.chunks_done())
+      .Add("seconds", s.seconds())
+      .Add("goodput_mbit", goodput)
+      .Add("bytes_sent", s.bytes_sent())
+      .Add("resent_bytes", s.resent_bytes())
+      .Add("streams", static_cast<uint64_t>(s.active_streams()))
+      .Add("attempts", static_cast<uint64_t>(s.attempts()))
+      .Add("destination", absl::StrCat(s.spec().dest_site(), ":/", s.spec().dest_export(), "/",
+                                       s.spec().dest_path()));
+  if (!s.error().empty()) o.Add("error", s.error());
+  return o;
+}
+
+std::string ProgressBar(const v1::TransferStatus& s, int width) {
+  std::string stats = absl::StrFormat(" %5.1f%%  %s / %s  %s  ETA %s  %u streams", Fraction(s) * 100,
+                                      Bytes(s.bytes_done()), Bytes(s.bytes_total()),
+                                      Rate(s.rate_bytes_per_sec()), Eta(s), s.active_streams());
+  if (!s.error().empty()) stats += "  (retrying: " + s.error().substr(0, 40) + ")";
+  int bar = std::max(10, width - static_cast<int>(stats.size()) - 3);
+  int filled = static_cast<int>(std::round(Fraction(s) * bar));
+  return absl::StrCat("[", std::string(filled, '#'), std::string(bar - filled, '.'), "]", stats);
+}
+
+std::string ProgressLine(const v1::TransferStatus& s) {
+  std::string line = absl::StrFormat("%s %s %.1f%% %s/%s %s streams=%u", s.id(), StateName(s.state()),
+                                     Fraction(s) * 100, Bytes(s.bytes_done()), Bytes(s.bytes_total()),
+                                     Rate(s.rate_bytes_per_sec()), s.active_streams());
+  if (!s.error().empty()) absl::StrAppend(&line, " error=\"", s.error(), "\"");
+  return line;
+}
+
+std::string Summary(const v1::TransferStatus& s) {
+  if (s.state() == v1::COMPLETED) {
+    double mbit = s.seconds() > 0 ? s.bytes_total() * 8 / 1e6 / s.seconds() : 0;
+    std::string out = absl::StrFormat("%s completed: %s in %llu files, %.2f s, %.0f Mbit/s, resent %s",
+                                      s.id(), Bytes(s.bytes_total()), s.files(), s.seconds(), mbit,
+                                      Bytes(s.resent_bytes()));
+    if (s.files_unchanged() > 0) absl::StrAppend(&out, ", ", s.files_unchanged(), " files unchanged");
+    return out;
+  }
+  std::string out = absl::StrCat(s.id(), " ", StateName(s.state()));
+  if (!s.error().empty()) absl::StrAppend(&out, ": ", s.error());
+  return out;
+}
+
+}  // namespace longhaul::cli

@@ -1,0 +1,175 @@
+#include "absl/strings/string_view.h"
+#include "longhaul/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "longhaul/v1/control.grpc.pb.h"
+
+namespace longhaul {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& status, absl::string_view address) {
+  if (status.ok()) return absl::OkStatus();
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+      status.error_message().find("connect") != std::string::npos) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach longhauld at ", address, ": ", status.error_message()));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+}  // namespace
+
+absl::StatusOr<Destination> ParseDestination(absl::string_view text) {
+  size_t colon = text.find(':');
+  if (colon == absl::string_view::npos || colon == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("destination '", text, "' is not SITE:/EXPORT/PATH"));
+  }
+  Destination d;
+  d.site = std::string(text.substr(0, colon));
+  absl::string_view rest = text.substr(colon + 1);
+  if (rest.empty() || rest[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("destination '", text, "' must name an export: SITE:/EXPORT/PATH"));
+  }
+  rest.remove_prefix(1);
+  size_t slash = rest.find('/');
+  d.export_name = std::string(rest.substr(0, slash));
+  if (slash != absl::string_view::npos) {
+    std::vector<absl::string_view> parts = absl::StrSplit(rest.substr(slash + 1), '/', absl::SkipEmpty());
+    d.path = absl::StrJoin(parts, "/");
+  }
+  if (d.export_name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("destination '", text, "' has no export name"));
+  }
+  return d;
+}
+
+bool IsEndState(v1::TransferState state) {
+  return state == v1::COMPLETED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+struct Client::Impl {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Control::Stub> stub;
+
+  template <typename Request, typename Response, typename Method>
+  absl::StatusOr<Response> Unary(Method method, const Request& request) {
+    grpc::ClientContext context;
+    Response response;
+    grpc::Status status = (stub.get()->*method)(&context, request, &response);
+    if (absl::Status s = FromGrpc(status, address); !s.ok()) return s;
+    return response;
+  }
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address,
+                                                        absl::Duration timeout) {
+  auto impl = std::make_unique<Impl>();
+  impl->address = address;
+  impl->channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  if (!impl->channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach longhauld at ", address, " (is it running? check --daemon or $LONGHAUL_DAEMON)"));
+  }
+  impl->stub = v1::Control::NewStub(impl->channel);
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+absl::StatusOr<v1::TransferStatus> Client::Submit(const v1::TransferSpec& spec,
+                                                  const std::string& request_id) {
+  v1::SubmitRequest request;
+  request.set_request_id(request_id);
+  *request.mutable_spec() = spec;
+  auto r = impl_->Unary<v1::SubmitRequest, v1::SubmitResponse>(&v1::Control::Stub::Submit, request);
+  if (!r.ok()) return r.status();
+  return r->status();
+}
+
+absl::StatusOr<v1::TransferStatus> Client::Get(const std::string& id) {
+  v1::GetRequest request;
+  request.set_id(id);
+  auto r = impl_->Unary<v1::GetRequest, v1::GetResponse>(&v1::Control::Stub::Get, request);
+  if (!r.ok()) return r.status();
+  return r->status();
+}
+
+absl::StatusOr<std::vector<v1::TransferStatus>> Client::List(bool all) {
+  v1::ListRequest request;
+  request.set_all(all);
+  auto r = impl_->Unary<v1::ListRequest, v1::ListResponse>(&v1::Control::Stub::List, request);
+  if (!r.ok()) return r.status();
+  return std::vector<v1::TransferStatus>(r->transfers().begin(), r->transfers().end());
+}
+
+#define LONGHAUL_CONTROL_CALL(Name)                                                              \
+  absl::StatusOr<v1::TransferStatus> Client::Name(const std::string& id) {                      \
+    v1::ControlRequest request;                                                                  \
+    request.set_id(id);                                                                          \
+    auto r = impl_->Unary<v1::ControlRequest, v1::ControlResponse>(&v1::Control::Stub::Name, \
+                                                                   request);                     \
+    if (!r.ok()) return r.status();                                                              \
+    return r->status();                                                                          \
+  }
+LONGHAUL_CONTROL_CALL(Cancel)
+LONGHAUL_CONTROL_CALL(Pause)
+LONGHAUL_CONTROL_CALL(Resume)
+#undef LONGHAUL_CONTROL_CALL
+
+absl::StatusOr<v1::VerifyResponse> Client::Verify(const std::string& id) {
+  v1::VerifyRequestC request;
+  request.set_id(id);
+  return impl_->Unary<v1::VerifyRequestC, v1::VerifyResponse>(&v1::Control::Stub::Verify, request);
+}
+
+absl::StatusOr<v1::PeersResponse> Client::Peers(bool probe) {
+  v1::PeersRequest request;
+  request.set_probe(probe);
+  return impl_->Unary<v1::PeersRequest, v1::PeersResponse>(&v1::Control::Stub::Peers, request);
+}
+
+absl::StatusOr<v1::TransferStatus> Client::Watch(
+    const std::string& id, const std::function<void(const v1::TransferStatus&)>& on_update) {
+  grpc::ClientContext context;
+  v1::WatchRequest request;
+  request.set_id(id);
+  auto reader = impl_->stub->Watch(&context, request);
+  v1::TransferStatus status;
+  bool any = false;
+  while (reader->Read(&status)) {
+    any = true;
+    if (on_update) on_update(status);
+  }
+  if (absl::Status s = FromGrpc(reader->Finish(), impl_->address); !s.ok()) return s;
+  if (!any || !IsEndState(status.state())) {
+    return absl::UnavailableError("the daemon ended the progress stream early (did it stop?)");
+  }
+  return status;
+}
+
+absl::StatusOr<v1::TransferStatus> Client::Wait(
+    const std::string& id, absl::Duration timeout,
+    const std::function<void(const v1::TransferStatus&)>& on_progress) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    auto status = Get(id);
+    if (!status.ok()) return status.status();
+    if (on_progress) on_progress(*status);
+    if (IsEndState(status->state())) return status;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("transfer ", id, " still ",
+                                                      v1::TransferState_Name(status->state())));
+    }
+    absl::SleepFor(std::min(absl::Milliseconds(200), deadline - absl::Now()));
+  }
+}
+
+}  // namespace longhaul

@@ -1,0 +1,72 @@
+#ifndef LONGHAUL_CLIENT_INCLUDE_LONGHAUL_CLIENT_H_
+#define LONGHAUL_CLIENT_INCLUDE_LONGHAUL_CLIENT_H_
+
+// The public C++ API of longhaul: talk to the local daemon (longhauld) to
+// submit, watch and control transfers. Messages are the control API's
+// protobufs (longhaul/v1/control.proto).
+
+#include "absl/strings/string_view.h"
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "longhaul/v1/control.pb.h"
+
+namespace longhaul {
+
+// "site-b:/ckpt/run1/step100" -> {site-b, ckpt, run1/step100}.
+struct Destination {
+  std::string site;
+  std::string export_name;
+  std::string path;
+};
+absl::StatusOr<Destination> ParseDestination(absl::string_view text);
+
+// Whether a transfer state is final (COMPLETED, FAILED, CANCELLED).
+bool IsEndState(v1::TransferState state);
+
+// A connection to one daemon's control socket. Thread-safe: calls may be
+// made from several threads at once. Errors keep the daemon's message; a
+// daemon that cannot be reached is absl::UnavailableError.
+class Client {
+ public:
+  // `address` is "unix:/path/to/control.sock" (or any gRPC target). Fails if
+  // the daemon does not answer within `timeout`.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
+                                                         absl::Duration timeout = absl::Seconds(5));
+  ~Client();
+
+  // Idempotent by `request_id` (empty: a fresh transfer every call).
+  absl::StatusOr<v1::TransferStatus> Submit(const v1::TransferSpec& spec,
+                                            const std::string& request_id = "");
+  absl::StatusOr<v1::TransferStatus> Get(const std::string& id);
+  absl::StatusOr<std::vector<v1::TransferStatus>> List(bool all = false);
+  absl::StatusOr<v1::TransferStatus> Cancel(const std::string& id);
+  absl::StatusOr<v1::TransferStatus> Pause(const std::string& id);
+  absl::StatusOr<v1::TransferStatus> Resume(const std::string& id);
+  absl::StatusOr<v1::VerifyResponse> Verify(const std::string& id);
+  absl::StatusOr<v1::PeersResponse> Peers(bool probe = true);
+
+  // Streams progress to `on_update` (on the calling thread) until the
+  // transfer ends; returns its final status.
+  absl::StatusOr<v1::TransferStatus> Watch(
+      const std::string& id, const std::function<void(const v1::TransferStatus&)>& on_update);
+  // Waits until the transfer ends or `timeout` passes (DeadlineExceeded).
+  absl::StatusOr<v1::TransferStatus> Wait(
+      const std::string& id, absl::Duration timeout = absl::InfiniteDuration(),
+      const std::function<void(const v1::TransferStatus&)>& on_progress = nullptr);
+
+ private:
+  struct Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace longhaul
+
+#endif  // LONGHAUL_CLIENT_INCLUDE_LONGHAUL_CLIENT_H_

@@ -1,0 +1,139 @@
+#include "congestion/aggregate_controller.h"
+
+#include <algorithm>
+
+#include "absl/container/inlined_vector.h"
+#include "congestion/packet_ring.h"
+
+namespace longhaul::congestion {
+
+struct AggregateController::Shared {
+  Shared(const Bbr3Params& p, Random& random, Timestamp now) : params(p), core(p, random, now) {}
+  Bbr3Params params;
+  Bbr3 core;
+  uint64_t next_pn = 1;
+  ByteCount total_inflight = 0;
+  int num_flows = 0;
+  int app_limited_flows = 0;
+  // Reused per event, so translating an ACK allocates nothing once warm.
+  absl::InlinedVector<AckedPacket, 64> acked;
+  absl::InlinedVector<LostPacket, 16> lost;
+};
+
+namespace {
+
+class FlowView final : public Controller {
+ public:
+  explicit FlowView(std::shared_ptr<AggregateController::Shared> shared)
+      : shared_(std::move(shared)) {
+    ++shared_->num_flows;
+  }
+  ~FlowView() override {
+    Shared& s = *shared_;
+    for (uint64_t pn = packets_.front_pn(); !packets_.empty() && pn < packets_.end_pn(); ++pn) {
+      const Mapping* m = packets_.Find(pn);
+      if (m == nullptr) continue;
+      s.core.ForgetPacket(m->aggregate_pn, m->bytes);
+      s.total_inflight -= std::min(s.total_inflight, m->bytes);
+    }
+    if (app_limited_) --s.app_limited_flows;
+    --s.num_flows;
+  }
+
+  void OnPacketSent(Timestamp now, uint64_t packet_number, ByteCount bytes,
+                    ByteCount bytes_in_flight, bool is_retransmittable) override {
+    if (!is_retransmittable) return;
+    Shared& s = *shared_;
+    const uint64_t agg = s.next_pn++;
+    packets_.Insert(packet_number, Mapping{agg, bytes});
+    s.core.OnPacketSent(now, agg, bytes, s.total_inflight, true);
+    s.total_inflight += bytes;
+    inflight_ += bytes;
+    if (app_limited_) {
+      app_limited_ = false;
+      --s.app_limited_flows;
+    }
+  }
+
+  void OnCongestionEvent(Timestamp now, ByteCount prior_in_flight,
+                         absl::Span<const AckedPacket> acked,
+                         absl::Span<const LostPacket> lost) override {
+    Shared& s = *shared_;
+    s.acked.clear();
+    s.lost.clear();
+    ByteCount gone = 0;
+    for (const AckedPacket& a : acked) {
+      const Mapping* m = packets_.Find(a.packet_number);
+      if (m == nullptr) continue;
+      s.acked.push_back(AckedPacket{m->aggregate_pn, m->bytes, a.sent_time});
+      gone += m->bytes;
+      packets_.Erase(a.packet_number);
+    }
+    for (const LostPacket& l : lost) {
+      const Mapping* m = packets_.Find(l.packet_number);
+      if (m == nullptr) continue;
+      s.lost.push_back(LostPacket{m->aggregate_pn, m->bytes});
+      gone += m->bytes;
+      packets_.Erase(l.packet_number);
+    }
+    const ByteCount prior_total = s.total_inflight;
+    s.total_inflight -= std::min(s.total_inflight, gone);
+    inflight_ -= std::min(inflight_, gone);
+    s.core.OnCongestionEvent(now, prior_total, s.acked, s.lost);
+  }
+
+  void OnAppLimited() override {
+    Shared& s = *shared_;
+    if (!app_limited_) {
+      app_limited_ = true;
+      ++s.app_limited_flows;
+    }
+    if (s.app_limited_flows == s.num_flows) s.core.OnAppLimited();
+  }
+
+  ByteCount cwnd() const override {
+    const Shared& s = *shared_;
+    return std::max(s.core.cwnd() / static_cast<ByteCount>(s.num_flows), 2 * s.params.mss);
+  }
+  Bandwidth pacing_rate() const override {
+    return shared_->core.pacing_rate() / shared_->num_flows;
+  }
+  ByteCount send_quantum() const override {
+    const Shared& s = *shared_;
+    return std::max(s.core.send_quantum() / static_cast<ByteCount>(s.num_flows), s.params.mss);
+  }
+  ControllerState DebugState() const override {
+    ControllerState st = shared_->core.DebugState();
+    st.cwnd = cwnd();
+    st.pacing_rate = pacing_rate();
+    st.bytes_in_flight = inflight_;
+    return st;
+  }
+
+ private:
+  using Shared = AggregateController::Shared;
+  struct Mapping {
+    uint64_t aggregate_pn = 0;
+    ByteCount bytes = 0;
+  };
+  std::shared_ptr<Shared> shared_;
+  PacketRing<Mapping> packets_{1024};
+  ByteCount inflight_ = 0;
+  bool app_limited_ = false;
+};
+
+}  // namespace
+
+AggregateController::AggregateController(const Bbr3Params& params, Random& random, Timestamp now)
+    : shared_(std::make_shared<Shared>(params, random, now)) {}
+
+AggregateController::~AggregateController() = default;
+
+std::unique_ptr<Controller> AggregateController::AddFlow() {
+  return std::make_unique<FlowView>(shared_);
+}
+
+const Controller& AggregateController::model() const { return shared_->core; }
+int AggregateController::num_flows() const { return shared_->num_flows; }
+
+}  // namespace longhaul::congestion

@@ -1,0 +1,47 @@
+// AggregateController: one BBRv3 model shared by the N flows a transfer opens to one peer.
+//
+// A UDP transport spreads a transfer over N sockets (so ECMP spreads the packets), but the N
+// flows cross the same bottleneck and must together take one fair share, not N. Each flow gets a
+// Controller view from AddFlow() and drives it exactly as it would drive its own controller, in
+// its own packet-number space. The views map every packet into one aggregate sequence, feed a
+// single Bbr3 (so its rate samples, rounds, loss rate and min_rtt pool all flows), and split the
+// model's cwnd and pacing rate equally across the registered flows.
+//
+// The model is app-limited only when every flow has reported OnAppLimited() since its last send.
+// A flow view may be destroyed at any time; its outstanding packets are then forgotten without a
+// congestion signal. Views keep the shared model alive, so they may outlive the
+// AggregateController.
+//
+// Not thread-safe: the AggregateController and all of its views must be driven from one strand.
+#ifndef LONGHAUL_CONGESTION_AGGREGATE_CONTROLLER_H_
+#define LONGHAUL_CONGESTION_AGGREGATE_CONTROLLER_H_
+
+#include <memory>
+
+#include "congestion/bbr3.h"
+#include "congestion/controller.h"
+
+namespace longhaul::congestion {
+
+class AggregateController {
+ public:
+  // `random` must outlive the controller and all of its views.
+  AggregateController(const Bbr3Params& params, Random& random, Timestamp now);
+  ~AggregateController();
+
+  // A new flow of this aggregate. The returned Controller reports the flow's share.
+  std::unique_ptr<Controller> AddFlow();
+
+  // The shared model (whole-aggregate cwnd and pacing rate).
+  const Controller& model() const;
+  int num_flows() const;
+
+  struct Shared;
+
+ private:
+  std::shared_ptr<Shared> shared_;
+};
+
+}  // namespace longhaul::congestion
+
+#endif  // LONGHAUL_CONGESTION_AGGREGATE_CONTROLLER_H_

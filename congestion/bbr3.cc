@@ -1,0 +1,713 @@
+#include "congestion/bbr3.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace longhaul::congestion {
+
+namespace {
+ByteCount ScaleBytes(ByteCount bytes, double gain) {
+  return static_cast<ByteCount>(static_cast<double>(bytes) * gain);
+}
+}  // namespace
+
+Bbr3::Bbr3(const Bbr3Params& params, Random& random, Timestamp now)
+    : params_(params),
+      random_(random),
+      now_(now),
+      max_bw_filter_(params.max_bw_filter_len, Bandwidth::Zero(), 0),
+      extra_acked_filter_(params.extra_acked_filter_len, 0, 0) {
+  // draft-ietf-ccwg-bbr-06, "Initialization" (BBROnInit).
+  cwnd_ = InitialCwnd();
+  min_rtt_stamp_ = now;
+  probe_rtt_min_stamp_ = now;
+  extra_acked_interval_start_ = now;
+  cycle_stamp_ = now;
+  ResetShortTermModel();
+  // BBRInitPacingRate: no SRTT yet, so assume 1 ms.
+  const Bandwidth nominal =
+      Bandwidth::FromBytesAndTimeDelta(InitialCwnd(), TimeDelta::Milliseconds(1));
+  pacing_rate_ = nominal * params_.startup_pacing_gain;
+  EnterStartup();
+  SetSendQuantum();
+}
+
+std::string_view Bbr3::ModeName(Mode mode) {
+  switch (mode) {
+    case Mode::kStartup:
+      return "Startup";
+    case Mode::kDrain:
+      return "Drain";
+    case Mode::kProbeBwDown:
+      return "ProbeBW_DOWN";
+    case Mode::kProbeBwCruise:
+      return "ProbeBW_CRUISE";
+    case Mode::kProbeBwRefill:
+      return "ProbeBW_REFILL";
+    case Mode::kProbeBwUp:
+      return "ProbeBW_UP";
+    case Mode::kProbeRtt:
+      return "ProbeRTT";
+  }
+  return "?";
+}
+
+ControllerState Bbr3::DebugState() const {
+  ControllerState s;
+  s.state = ModeName(mode_);
+  s.max_bw = max_bw_;
+  s.bw_shortterm = bw_shortterm_;
+  s.bw = bw_;
+  s.min_rtt = min_rtt_;
+  s.inflight_longterm = inflight_longterm_;
+  s.inflight_shortterm = inflight_shortterm_;
+  s.cwnd = cwnd_;
+  s.pacing_rate = pacing_rate_;
+  s.pacing_gain = pacing_gain_;
+  s.cwnd_gain = cwnd_gain_;
+  s.round_count = round_count_;
+  s.full_bw_reached = full_bw_reached_;
+  s.bytes_in_flight = inflight_;
+  s.probe_rtt_entries = probe_rtt_entries_;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events.
+
+void Bbr3::OnPacketSent(Timestamp now, uint64_t packet_number, ByteCount bytes,
+                        ByteCount bytes_in_flight, bool is_retransmittable) {
+  if (!is_retransmittable) return;
+  now_ = now;
+  // draft-ietf-ccwg-bbr-06, "Restarting From Idle" (BBRHandleRestartFromIdle).
+  if (bytes_in_flight == 0 && sampler_.is_app_limited()) {
+    idle_restart_ = true;
+    extra_acked_interval_start_ = now;
+    if (IsInProbeBwState())
+      SetPacingRateWithGain(1.0);
+    else if (mode_ == Mode::kProbeRtt)
+      CheckProbeRttDone();
+  }
+  sampler_.OnPacketSent(now, packet_number, bytes, bytes_in_flight);
+  largest_sent_pn_ = packet_number;
+  inflight_ = bytes_in_flight + bytes;
+  if (inflight_ + params_.mss > cwnd_) cwnd_limited_this_round_ = true;
+}
+
+void Bbr3::ForgetPacket(uint64_t packet_number, ByteCount bytes) {
+  if (sampler_.Forget(packet_number)) inflight_ -= std::min(inflight_, bytes);
+}
+
+void Bbr3::OnAppLimited() { sampler_.OnAppLimited(inflight_); }
+
+void Bbr3::OnCongestionEvent(Timestamp now, ByteCount prior_in_flight,
+                             absl::Span<const AckedPacket> acked,
+                             absl::Span<const LostPacket> lost) {
+  now_ = now;
+  ByteCount acked_bytes = 0;
+  ByteCount lost_bytes = 0;
+  uint64_t largest_acked = 0;
+  for (const AckedPacket& a : acked) {
+    if (sampler_.OnPacketAcked(now, a.packet_number)) acked_bytes += a.bytes;
+    largest_acked = std::max(largest_acked, a.packet_number);
+  }
+  for (const LostPacket& l : lost) {
+    LostPacketSnapshot snap;
+    if (!sampler_.OnPacketLost(l.packet_number, &snap)) continue;
+    lost_bytes += l.bytes;
+    // Count discontiguous runs of loss (draft: loss events, for BBRCheckStartupHighLoss).
+    if (!has_last_lost_pn_ || l.packet_number != last_lost_pn_ + 1) ++loss_events_in_round_;
+    last_lost_pn_ = l.packet_number;
+    has_last_lost_pn_ = true;
+    HandleLostPacket(snap);
+  }
+  rs_ = sampler_.GenerateRateSample(now);
+  const ByteCount gone = acked_bytes + lost_bytes;
+  inflight_ = prior_in_flight > gone ? prior_in_flight - gone : 0;
+
+  // Loss recovery bookkeeping (draft "Modulating cwnd in Loss Recovery").
+  if (lost_bytes > 0 && !in_recovery_ && IsCongestiveLoss(rs_.lost, rs_.tx_in_flight)) {
+    in_recovery_ = true;
+    recovery_end_pn_ = largest_sent_pn_;
+    SaveCwnd();
+    cwnd_ = inflight_ + acked_bytes;
+    packet_conservation_ = true;
+    recovery_round_end_delivered_ = sampler_.delivered() + inflight_;
+  } else if (in_recovery_ && !acked.empty() && largest_acked > recovery_end_pn_) {
+    in_recovery_ = false;
+    packet_conservation_ = false;
+    RestoreCwnd();
+  }
+  if (packet_conservation_ && sampler_.delivered() >= recovery_round_end_delivered_) {
+    packet_conservation_ = false;  // Conservation lasts one round trip.
+  }
+
+  // draft-ietf-ccwg-bbr-06, "Per-ACK Steps" (BBRUpdateModelAndState).
+  UpdateLatestDeliverySignals();
+  UpdateCongestionSignals();
+  UpdateAckAggregation();
+  CheckFullBwReached();
+  CheckStartupDone();
+  CheckDrain();
+  UpdateProbeBwCyclePhase();
+  UpdateMinRtt();
+  CheckProbeRtt();
+  AdvanceLatestDeliverySignals();
+  BoundBwForModel();
+  // BBRUpdateControlParameters.
+  SetPacingRateWithGain(pacing_gain_);
+  SetSendQuantum();
+  SetCwnd();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Path model.
+
+// draft-ietf-ccwg-bbr-06, "Tracking Packet-Timed Round Trips" (BBRUpdateRound).
+void Bbr3::UpdateRound() {
+  round_start_ = false;
+  if (rs_.newly_acked == 0) return;
+  if (rs_.prior_delivered >= next_round_delivered_) {
+    StartRound();
+    ++round_count_;
+    ++rounds_since_bw_probe_;
+    round_start_ = true;
+    // C.is_cwnd_limited covers the round that just ended and the one in progress.
+    cwnd_limited_last_round_ = cwnd_limited_this_round_;
+    cwnd_limited_this_round_ = false;
+  }
+}
+
+void Bbr3::StartRound() { next_round_delivered_ = sampler_.delivered(); }
+
+// draft-ietf-ccwg-bbr-06, "BBR.max_bw Max Filter" (BBRUpdateMaxBw).
+void Bbr3::UpdateMaxBw() {
+  UpdateRound();
+  if (rs_.valid && (rs_.delivery_rate >= max_bw_ || !rs_.is_app_limited)) {
+    max_bw_filter_.Update(rs_.delivery_rate, cycle_count_);
+    max_bw_ = max_bw_filter_.GetBest();
+  }
+}
+
+// draft-ietf-ccwg-bbr-06, "Updating the Model Upon Packet Loss" (BBRUpdateLatestDeliverySignals).
+void Bbr3::UpdateLatestDeliverySignals() {
+  loss_round_start_ = false;
+  if (rs_.valid) bw_latest_ = std::max(bw_latest_, rs_.delivery_rate);
+  inflight_latest_ = std::max(inflight_latest_, rs_.delivered);
+  if (rs_.newly_acked > 0 && rs_.prior_delivered >= loss_round_delivered_) {
+    loss_round_delivered_ = sampler_.delivered();
+    loss_round_start_ = true;
+  }
+}
+
+void Bbr3::AdvanceLatestDeliverySignals() {
+  if (loss_round_start_) {
+    bw_latest_ = rs_.valid ? rs_.delivery_rate : Bandwidth::Zero();
+    inflight_latest_ = rs_.delivered;
+  }
+}
+
+// draft-ietf-ccwg-bbr-06, BBRUpdateCongestionSignals.
+// With random_loss_tolerance > 0 (a longhaul deviation, see Bbr3Params), a round's loss counts
+// only if its loss rate exceeds the tolerance.
+void Bbr3::UpdateCongestionSignals() {
+  UpdateMaxBw();
+  round_acked_ += rs_.newly_acked;
+  round_lost_ += rs_.newly_lost;
+  if (!loss_round_start_) return;
+  loss_in_round_ = IsCongestiveLoss(round_lost_, round_acked_ + round_lost_);
+  round_acked_ = 0;
+  round_lost_ = 0;
+  AdaptLowerBoundsFromCongestion();
+  loss_in_round_ = false;
+}
+
+bool Bbr3::IsCongestiveLoss(ByteCount lost, ByteCount total) const {
+  if (lost == 0) return false;
+  return static_cast<double>(lost) > static_cast<double>(total) * params_.random_loss_tolerance;
+}
+
+// draft-ietf-ccwg-bbr-06, "Short-term model" (BBRAdaptLowerBoundsFromCongestion). Once per round
+// with loss, outside bandwidth probing, cut bw_shortterm and inflight_shortterm by Beta but never
+// below what the last round actually delivered.
+void Bbr3::AdaptLowerBoundsFromCongestion() {
+  if (IsProbingBw()) return;
+  if (loss_in_round_) {
+    InitLowerBounds();
+    LossLowerBounds();
+  }
+}
+
+void Bbr3::InitLowerBounds() {
+  if (bw_shortterm_.IsInfinite()) bw_shortterm_ = max_bw_;
+  if (inflight_shortterm_ == kInfiniteBytes) inflight_shortterm_ = cwnd_;
+}
+
+void Bbr3::LossLowerBounds() {
+  bw_shortterm_ = std::max(bw_latest_, bw_shortterm_ * params_.beta);
+  inflight_shortterm_ = std::max(inflight_latest_, ScaleBytes(inflight_shortterm_, params_.beta));
+}
+
+void Bbr3::ResetShortTermModel() {
+  bw_shortterm_ = Bandwidth::Infinite();
+  inflight_shortterm_ = kInfiniteBytes;
+}
+
+void Bbr3::ResetCongestionSignals() {
+  loss_in_round_ = false;
+  bw_latest_ = Bandwidth::Zero();
+  inflight_latest_ = 0;
+}
+
+void Bbr3::BoundBwForModel() { bw_ = std::min(max_bw_, bw_shortterm_); }
+
+// draft-ietf-ccwg-bbr-06, "BBR.extra_acked" (BBRUpdateACKAggregation): how much more than the
+// model's rate the ACKs delivered, to provision cwnd for ACK aggregation.
+void Bbr3::UpdateAckAggregation() {
+  const TimeDelta interval = now_ - extra_acked_interval_start_;
+  ByteCount expected = bw_ * interval;
+  if (extra_acked_delivered_ <= expected) {
+    extra_acked_delivered_ = 0;
+    extra_acked_interval_start_ = now_;
+    expected = 0;
+  }
+  extra_acked_delivered_ += rs_.newly_acked;
+  ByteCount extra = extra_acked_delivered_ > expected ? extra_acked_delivered_ - expected : 0;
+  extra = std::min(extra, cwnd_);
+  extra_acked_filter_.Update(extra, round_count_);
+  extra_acked_ = extra_acked_filter_.GetBest();
+}
+
+// draft-ietf-ccwg-bbr-06, "Exiting Startup Based on Bandwidth Plateau" (BBRCheckFullBWReached).
+// Runs in every state: ProbeBW_UP uses full_bw_now to end a probe.
+void Bbr3::CheckFullBwReached() {
+  if (full_bw_now_ || !rs_.valid || rs_.is_app_limited) return;
+  if (rs_.delivery_rate >= full_bw_ * params_.full_bw_growth) {
+    ResetFullBw();
+    full_bw_ = rs_.delivery_rate;
+    return;
+  }
+  if (!round_start_) return;
+  ++full_bw_count_;
+  full_bw_now_ = full_bw_count_ >= params_.full_bw_rounds;
+  if (full_bw_now_) full_bw_reached_ = true;
+}
+
+void Bbr3::ResetFullBw() {
+  full_bw_ = Bandwidth::Zero();
+  full_bw_count_ = 0;
+  full_bw_now_ = false;
+}
+
+// draft-ietf-ccwg-bbr-06, "Exiting Startup Based on Packet Loss" (BBRCheckStartupHighLoss).
+void Bbr3::CheckStartupHighLoss() {
+  if (loss_round_start_) {
+    if (mode_ == Mode::kStartup && !full_bw_reached_ &&
+        loss_events_in_round_ >= params_.startup_full_loss_count &&
+        IsInflightTooHigh(rs_.lost, rs_.tx_in_flight)) {
+      full_bw_reached_ = true;
+      inflight_longterm_ = std::max(BdpMultiple(max_bw_, 1.0), inflight_latest_);
+    }
+    loss_events_in_round_ = 0;
+  }
+}
+
+void Bbr3::CheckStartupDone() {
+  CheckStartupHighLoss();
+  if (mode_ == Mode::kStartup && full_bw_reached_) EnterDrain();
+}
+
+// draft-ietf-ccwg-bbr-06, "Drain" (BBRCheckDrain).
+void Bbr3::CheckDrain() {
+  if (mode_ == Mode::kDrain && inflight_ <= Inflight(max_bw_, 1.0)) EnterProbeBw();
+}
+
+// draft-ietf-ccwg-bbr-06, "ProbeBW Algorithm Details" (BBRUpdateProbeBWCyclePhase).
+void Bbr3::UpdateProbeBwCyclePhase() {
+  if (!full_bw_reached_) return;
+  AdaptLongTermModel();
+  if (!IsInProbeBwState()) return;
+  switch (mode_) {
+    case Mode::kProbeBwDown:
+      if (IsTimeToProbeBw()) return;
+      if (IsTimeToCruise()) StartProbeBwCruise();
+      break;
+    case Mode::kProbeBwCruise:
+      if (IsTimeToProbeBw()) return;
+      break;
+    case Mode::kProbeBwRefill:
+      // One round of REFILL, then probe.
+      if (round_start_) {
+        bw_probe_samples_ = true;
+        StartProbeBwUp();
+      }
+      break;
+    case Mode::kProbeBwUp:
+      if (IsTimeToGoDown()) StartProbeBwDown();
+      break;
+    default:
+      break;
+  }
+}
+
+// draft-ietf-ccwg-bbr-06, "Long-term model" (BBRAdaptLongTermModel): advance the max_bw cycle
+// at the end of each probe, and raise inflight_longterm while the loss rate stays under
+// LossThresh.
+void Bbr3::AdaptLongTermModel() {
+  if (ack_phase_ == AckPhase::kProbeStarting && round_start_) {
+    ack_phase_ = AckPhase::kProbeFeedback;  // Samples from the probe start arriving.
+  }
+  if (ack_phase_ == AckPhase::kProbeStopping && round_start_) {
+    // End of the samples from the probe. Now is the best time to forget the previous cycle's
+    // bandwidth samples: age the max_bw filter by one cycle.
+    bw_probe_samples_ = false;
+    ack_phase_ = AckPhase::kInit;
+    if (IsInProbeBwState() && !rs_.is_app_limited) ++cycle_count_;
+  }
+  if (!CheckInflightTooHigh()) {
+    if (inflight_longterm_ == kInfiniteBytes) return;
+    if (rs_.tx_in_flight > inflight_longterm_) inflight_longterm_ = rs_.tx_in_flight;
+    if (mode_ == Mode::kProbeBwUp) ProbeInflightLongtermUpward();
+  }
+}
+
+bool Bbr3::CheckInflightTooHigh() {
+  if (IsInflightTooHigh(rs_.lost, rs_.tx_in_flight)) {
+    if (bw_probe_samples_) HandleInflightTooHigh(rs_.is_app_limited, rs_.tx_in_flight);
+    return true;
+  }
+  return false;
+}
+
+// draft-ietf-ccwg-bbr-06, IsInflightTooHigh: the loss rate over the sampled flight exceeds
+// LossThresh (2 %).
+bool Bbr3::IsInflightTooHigh(ByteCount lost, ByteCount tx_in_flight) const {
+  return static_cast<double>(lost) > static_cast<double>(tx_in_flight) * params_.loss_threshold;
+}
+
+void Bbr3::HandleInflightTooHigh(bool is_app_limited, ByteCount tx_in_flight) {
+  bw_probe_samples_ = false;
+  if (!is_app_limited) {
+    inflight_longterm_ = std::max(tx_in_flight, ScaleBytes(TargetInflight(), params_.beta));
+  }
+  if (mode_ == Mode::kProbeBwUp) StartProbeBwDown();
+}
+
+// draft-ietf-ccwg-bbr-06, BBRHandleLostPacket and BBRInflightAtLoss: on a loss during a probe,
+// estimate the inflight at which the loss rate crossed LossThresh.
+void Bbr3::HandleLostPacket(const LostPacketSnapshot& p) {
+  if (!bw_probe_samples_) return;
+  if (!IsInflightTooHigh(p.lost, p.tx_in_flight)) return;
+  const double inflight_prev = static_cast<double>(p.tx_in_flight) - static_cast<double>(p.size);
+  const double lost_prev = static_cast<double>(p.lost) - static_cast<double>(p.size);
+  const double lost_prefix =
+      (params_.loss_threshold * inflight_prev - lost_prev) / (1.0 - params_.loss_threshold);
+  const double at_loss = std::max(0.0, inflight_prev + lost_prefix);
+  HandleInflightTooHigh(p.is_app_limited, static_cast<ByteCount>(at_loss));
+}
+
+// draft-ietf-ccwg-bbr-06, BBRRaiseInflightLongtermSlope: grow inflight_longterm by 1, 2, 4, ...
+// packets per round while probing up.
+void Bbr3::RaiseInflightLongtermSlope() {
+  const ByteCount growth_packets = ByteCount{1} << bw_probe_up_rounds_;
+  bw_probe_up_rounds_ = std::min(bw_probe_up_rounds_ + 1, params_.max_probe_up_rounds);
+  const ByteCount cwnd_packets = cwnd_ / params_.mss;
+  probe_up_cnt_ = std::max<ByteCount>(cwnd_packets / growth_packets, 1) * params_.mss;
+}
+
+// draft-ietf-ccwg-bbr-06, BBRProbeInflightLongtermUpward.
+void Bbr3::ProbeInflightLongtermUpward() {
+  if (!IsCwndLimited() || cwnd_ < inflight_longterm_) return;
+  bw_probe_up_acks_ += rs_.newly_acked;
+  if (bw_probe_up_acks_ >= probe_up_cnt_) {
+    const ByteCount delta = bw_probe_up_acks_ / probe_up_cnt_;
+    bw_probe_up_acks_ -= delta * probe_up_cnt_;
+    inflight_longterm_ += delta * params_.mss;
+  }
+  if (round_start_) RaiseInflightLongtermSlope();
+}
+
+// draft-ietf-ccwg-bbr-06, BBRIsTimeToProbeBW.
+bool Bbr3::IsTimeToProbeBw() {
+  if (HasElapsedInPhase(bw_probe_wait_) || IsRenoCoexistenceProbeTime()) {
+    StartProbeBwRefill();
+    return true;
+  }
+  return false;
+}
+
+// draft-ietf-ccwg-bbr-06, BBRIsRenoCoexistenceProbeTime: probe at least as often as a Reno flow
+// with the same BDP would regrow its window (capped at 63 rounds).
+bool Bbr3::IsRenoCoexistenceProbeTime() const {
+  const uint64_t reno_rounds = TargetInflight() / params_.mss;
+  const uint64_t rounds = std::min<uint64_t>(reno_rounds, params_.max_probe_rounds_reno);
+  return rounds_since_bw_probe_ >= rounds;
+}
+
+// draft-ietf-ccwg-bbr-06, BBRPickProbeWait: randomised so competing flows desynchronise.
+void Bbr3::PickProbeWait() {
+  rounds_since_bw_probe_ = random_.UniformInt(0, 1);
+  bw_probe_wait_ = params_.probe_bw_wait_base + params_.probe_bw_wait_rand * random_.NextDouble();
+}
+
+// draft-ietf-ccwg-bbr-06, BBRIsTimeToCruise.
+bool Bbr3::IsTimeToCruise() const {
+  if (inflight_ > InflightWithHeadroom()) return false;
+  return inflight_ <= Inflight(max_bw_, 1.0);
+}
+
+// draft-ietf-ccwg-bbr-06, BBRIsTimeToGoDown.
+bool Bbr3::IsTimeToGoDown() {
+  if (IsCwndLimited() && cwnd_ >= inflight_longterm_) {
+    // Limited by inflight_longterm, not by the path: restart the plateau detection.
+    ResetFullBw();
+    full_bw_ = rs_.delivery_rate;
+  } else if (full_bw_now_) {
+    return true;
+  }
+  return false;
+}
+
+// draft-ietf-ccwg-bbr-06, "ProbeRTT" (BBRUpdateMinRTT).
+void Bbr3::UpdateMinRtt() {
+  probe_rtt_expired_ = now_ > probe_rtt_min_stamp_ + params_.probe_rtt_interval;
+  if (!rs_.rtt.IsInfinite() && (rs_.rtt < probe_rtt_min_delay_ || probe_rtt_expired_)) {
+    probe_rtt_min_delay_ = rs_.rtt;
+    probe_rtt_min_stamp_ = now_;
+  }
+  const bool min_rtt_expired = now_ > min_rtt_stamp_ + params_.min_rtt_filter_len;
+  if (probe_rtt_min_delay_ < min_rtt_ || min_rtt_expired) {
+    min_rtt_ = probe_rtt_min_delay_;
+    min_rtt_stamp_ = probe_rtt_min_stamp_;
+  }
+}
+
+// draft-ietf-ccwg-bbr-06, BBRCheckProbeRTT.
+void Bbr3::CheckProbeRtt() {
+  if (mode_ != Mode::kProbeRtt && probe_rtt_expired_ && !idle_restart_) {
+    EnterProbeRtt();
+    SaveCwnd();
+    probe_rtt_done_stamp_ = Timestamp::Zero();
+    ack_phase_ = AckPhase::kProbeStopping;
+    StartRound();
+  }
+  if (mode_ == Mode::kProbeRtt) HandleProbeRtt();
+  if (rs_.delivered > 0) idle_restart_ = false;
+}
+
+void Bbr3::HandleProbeRtt() {
+  // Samples taken while inflight is held down say nothing about the path's bandwidth.
+  sampler_.OnAppLimited(inflight_);
+  if (probe_rtt_done_stamp_ == Timestamp::Zero() && inflight_ <= ProbeRttCwnd()) {
+    probe_rtt_done_stamp_ = now_ + params_.probe_rtt_duration;
+    probe_rtt_round_done_ = false;
+    StartRound();
+  } else if (probe_rtt_done_stamp_ != Timestamp::Zero()) {
+    if (round_start_) probe_rtt_round_done_ = true;
+    if (probe_rtt_round_done_) CheckProbeRttDone();
+  }
+}
+
+void Bbr3::CheckProbeRttDone() {
+  if (probe_rtt_done_stamp_ != Timestamp::Zero() && now_ > probe_rtt_done_stamp_) {
+    probe_rtt_min_stamp_ = now_;  // Schedule the next ProbeRTT.
+    RestoreCwnd();
+    ExitProbeRtt();
+  }
+}
+
+void Bbr3::ExitProbeRtt() {
+  ResetShortTermModel();
+  if (full_bw_reached_) {
+    StartProbeBwDown();
+    StartProbeBwCruise();
+  } else {
+    EnterStartup();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Control parameters.
+
+// draft-ietf-ccwg-bbr-06, "Pacing Rate" (BBRSetPacingRateWithGain).
+void Bbr3::SetPacingRateWithGain(double gain) {
+  const Bandwidth rate = bw_ * (gain * (1.0 - params_.pacing_margin));
+  if (full_bw_reached_ || rate > pacing_rate_) pacing_rate_ = rate;
+}
+
+// draft-ietf-ccwg-bbr-06, "Send Quantum" (BBRSetSendQuantum).
+void Bbr3::SetSendQuantum() {
+  const ByteCount floor =
+      pacing_rate_ < params_.one_packet_quantum_below ? params_.mss : 2 * params_.mss;
+  const ByteCount quantum =
+      std::min(pacing_rate_ * params_.send_quantum_time, params_.max_send_quantum);
+  send_quantum_ = std::max(quantum, floor);
+}
+
+// draft-ietf-ccwg-bbr-06, "Congestion Window" (BBRSetCwnd).
+void Bbr3::SetCwnd() {
+  // BBRUpdateMaxInflight.
+  const ByteCount inflight_cap = BdpMultiple(bw_, cwnd_gain_) + extra_acked_;
+  const ByteCount max_inflight = QuantizationBudget(inflight_cap);
+  ModulateCwndForRecovery();
+  if (!packet_conservation_) {
+    if (full_bw_reached_) {
+      cwnd_ = std::min(cwnd_ + rs_.newly_acked, max_inflight);
+    } else if (cwnd_ < max_inflight || sampler_.delivered() < InitialCwnd()) {
+      cwnd_ = cwnd_ + rs_.newly_acked;
+    }
+  }
+  cwnd_ = std::max(cwnd_, MinPipeCwnd());
+  // BBRBoundCwndForProbeRTT.
+  if (mode_ == Mode::kProbeRtt) cwnd_ = std::min(cwnd_, ProbeRttCwnd());
+  BoundCwndForModel();
+}
+
+// draft-ietf-ccwg-bbr-06, "Modulating cwnd in Loss Recovery".
+void Bbr3::ModulateCwndForRecovery() {
+  if (rs_.newly_lost > 0) {
+    cwnd_ = std::max(cwnd_ > rs_.newly_lost ? cwnd_ - rs_.newly_lost : 0, params_.mss);
+  }
+  if (packet_conservation_) cwnd_ = std::max(cwnd_, inflight_ + rs_.newly_acked);
+}
+
+// draft-ietf-ccwg-bbr-06, BBRBoundCwndForModel.
+void Bbr3::BoundCwndForModel() {
+  ByteCount cap = kInfiniteBytes;
+  if (IsInProbeBwState() && mode_ != Mode::kProbeBwCruise) {
+    cap = inflight_longterm_;
+  } else if (mode_ == Mode::kProbeRtt || mode_ == Mode::kProbeBwCruise) {
+    cap = InflightWithHeadroom();
+  }
+  cap = std::min(cap, inflight_shortterm_);
+  cap = std::max(cap, MinPipeCwnd());
+  cwnd_ = std::min(cwnd_, cap);
+}
+
+void Bbr3::SaveCwnd() {
+  if (!in_recovery_ && mode_ != Mode::kProbeRtt) {
+    prior_cwnd_ = cwnd_;
+  } else {
+    prior_cwnd_ = std::max(prior_cwnd_, cwnd_);
+  }
+}
+
+void Bbr3::RestoreCwnd() { cwnd_ = std::max(cwnd_, prior_cwnd_); }
+
+// ---------------------------------------------------------------------------------------------
+// State entry.
+
+void Bbr3::EnterStartup() {
+  mode_ = Mode::kStartup;
+  pacing_gain_ = params_.startup_pacing_gain;
+  cwnd_gain_ = params_.startup_cwnd_gain;
+}
+
+void Bbr3::EnterDrain() {
+  mode_ = Mode::kDrain;
+  pacing_gain_ = params_.drain_pacing_gain;
+  cwnd_gain_ = params_.startup_cwnd_gain;
+}
+
+void Bbr3::EnterProbeBw() {
+  cwnd_gain_ = params_.default_cwnd_gain;
+  StartProbeBwDown();
+}
+
+void Bbr3::StartProbeBwDown() {
+  ResetCongestionSignals();
+  probe_up_cnt_ = kInfiniteBytes;
+  PickProbeWait();
+  cycle_stamp_ = now_;
+  ack_phase_ = AckPhase::kProbeStopping;
+  StartRound();
+  mode_ = Mode::kProbeBwDown;
+  pacing_gain_ = params_.probe_bw_down_pacing_gain;
+  cwnd_gain_ = params_.default_cwnd_gain;
+}
+
+void Bbr3::StartProbeBwCruise() {
+  mode_ = Mode::kProbeBwCruise;
+  pacing_gain_ = params_.probe_bw_cruise_pacing_gain;
+  cwnd_gain_ = params_.default_cwnd_gain;
+}
+
+void Bbr3::StartProbeBwRefill() {
+  ResetShortTermModel();
+  bw_probe_up_rounds_ = 0;
+  bw_probe_up_acks_ = 0;
+  ack_phase_ = AckPhase::kRefilling;
+  StartRound();
+  mode_ = Mode::kProbeBwRefill;
+  pacing_gain_ = params_.probe_bw_refill_pacing_gain;
+  cwnd_gain_ = params_.default_cwnd_gain;
+}
+
+void Bbr3::StartProbeBwUp() {
+  ack_phase_ = AckPhase::kProbeStarting;
+  StartRound();
+  ResetFullBw();
+  full_bw_ = rs_.valid ? rs_.delivery_rate : Bandwidth::Zero();
+  mode_ = Mode::kProbeBwUp;
+  pacing_gain_ = params_.probe_bw_up_pacing_gain;
+  cwnd_gain_ = params_.probe_bw_up_cwnd_gain;
+  RaiseInflightLongtermSlope();
+}
+
+void Bbr3::EnterProbeRtt() {
+  mode_ = Mode::kProbeRtt;
+  pacing_gain_ = 1.0;
+  cwnd_gain_ = params_.probe_rtt_cwnd_gain;
+  ++probe_rtt_entries_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers.
+
+bool Bbr3::IsInProbeBwState() const {
+  return mode_ == Mode::kProbeBwDown || mode_ == Mode::kProbeBwCruise ||
+         mode_ == Mode::kProbeBwRefill || mode_ == Mode::kProbeBwUp;
+}
+
+bool Bbr3::IsProbingBw() const {
+  return mode_ == Mode::kStartup || mode_ == Mode::kProbeBwRefill || mode_ == Mode::kProbeBwUp;
+}
+
+// draft-ietf-ccwg-bbr-06, BBRBDPMultiple.
+ByteCount Bbr3::BdpMultiple(Bandwidth bw, double gain) const {
+  if (min_rtt_.IsInfinite()) return InitialCwnd();
+  return ScaleBytes(bw * min_rtt_, gain);
+}
+
+// draft-ietf-ccwg-bbr-06, BBRQuantizationBudget.
+ByteCount Bbr3::QuantizationBudget(ByteCount inflight) const {
+  inflight = std::max(inflight, 3 * send_quantum_);  // offload budget
+  inflight = std::max(inflight, MinPipeCwnd());
+  if (mode_ == Mode::kProbeBwUp) inflight += 2 * params_.mss;
+  return inflight;
+}
+
+ByteCount Bbr3::Inflight(Bandwidth bw, double gain) const {
+  return QuantizationBudget(BdpMultiple(bw, gain));
+}
+
+// draft-ietf-ccwg-bbr-06, BBRInflightWithHeadroom: leave Headroom of inflight_longterm free so
+// other flows can take their share.
+ByteCount Bbr3::InflightWithHeadroom() const {
+  if (inflight_longterm_ == kInfiniteBytes) return kInfiniteBytes;
+  const ByteCount headroom =
+      std::max(params_.mss, ScaleBytes(inflight_longterm_, params_.headroom));
+  return std::max(inflight_longterm_ > headroom ? inflight_longterm_ - headroom : 0, MinPipeCwnd());
+}
+
+ByteCount Bbr3::TargetInflight() const { return std::min(BdpMultiple(bw_, 1.0), cwnd_); }
+
+ByteCount Bbr3::ProbeRttCwnd() const {
+  return std::max(BdpMultiple(bw_, params_.probe_rtt_cwnd_gain), MinPipeCwnd());
+}
+
+std::unique_ptr<Controller> CreateBbr3(const Bbr3Params& params, Random& random, Timestamp now) {
+  return std::make_unique<Bbr3>(params, random, now);
+}
+
+}  // namespace longhaul::congestion

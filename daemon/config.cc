@@ -1,0 +1,203 @@
+#include "absl/strings/string_view.h"
+#include "daemon/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/units_parse.h"
+
+namespace longhaul::daemon {
+namespace {
+
+// Rejects keys of `node` outside `known`, naming the section.
+absl::Status CheckKeys(const YAML::Node& node, absl::string_view section,
+                       std::initializer_list<absl::string_view> known) {
+  if (!node.IsMap()) return absl::InvalidArgumentError(absl::StrCat(section, " must be a mapping"));
+  for (const auto& kv : node) {
+    std::string key = kv.first.as<std::string>();
+    bool ok = false;
+    for (absl::string_view k : known) ok = ok || key == k;
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown key '", key, "' in ", section,
+                                                     " (known: ", absl::StrJoin(known, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Read(const YAML::Node& node, const char* key, T* out) {
+  if (node[key]) *out = node[key].as<T>();
+  return absl::OkStatus();
+}
+
+absl::Status ReadSize(const YAML::Node& node, const char* key, absl::string_view section,
+                      uint64_t* out) {
+  if (!node[key]) return absl::OkStatus();
+  auto v = ParseByteSize(node[key].as<std::string>());
+  if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat(section, ".", key, ": ", v.status().message()));
+  *out = *v;
+  return absl::OkStatus();
+}
+
+absl::Status ReadDuration(const YAML::Node& node, const char* key, absl::string_view section,
+                          int64_t* out) {
+  if (!node[key]) return absl::OkStatus();
+  auto v = ParseDurationMicros(node[key].as<std::string>());
+  if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat(section, ".", key, ": ", v.status().message()));
+  *out = *v;
+  return absl::OkStatus();
+}
+
+#define LH_RETURN_IF_ERROR(expr)        \
+  do {                                  \
+    absl::Status _st = (expr);          \
+    if (!_st.ok()) return _st;          \
+  } while (0)
+
+absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
+  DaemonConfig c;
+  LH_RETURN_IF_ERROR(CheckKeys(root, "config",
+                               {"site", "listen", "state_dir", "control_socket", "tls", "exports",
+                                "peers", "transfer", "link", "log_level"}));
+  LH_RETURN_IF_ERROR(Read(root, "site", &c.site));
+  if (c.site.empty()) return absl::InvalidArgumentError("config: 'site' (this site's name) is required");
+  LH_RETURN_IF_ERROR(Read(root, "listen", &c.listen));
+  LH_RETURN_IF_ERROR(Read(root, "state_dir", &c.state_dir));
+  LH_RETURN_IF_ERROR(Read(root, "control_socket", &c.control_socket));
+  LH_RETURN_IF_ERROR(Read(root, "log_level", &c.log_level));
+  if (c.control_socket.empty()) c.control_socket = c.state_dir + "/control.sock";
+
+  c.tls.ca = "/etc/longhaul/tls/ca.pem";
+  c.tls.cert = absl::StrCat("/etc/longhaul/tls/", c.site, ".pem");
+  c.tls.key = absl::StrCat("/etc/longhaul/tls/", c.site, ".key");
+  if (YAML::Node tls = root["tls"]) {
+    LH_RETURN_IF_ERROR(CheckKeys(tls, "tls", {"ca", "cert", "key"}));
+    LH_RETURN_IF_ERROR(Read(tls, "ca", &c.tls.ca));
+    LH_RETURN_IF_ERROR(Read(tls, "cert", &c.tls.cert));
+    LH_RETURN_IF_ERROR(Read(tls, "key", &c.tls.key));
+  }
+
+  std::set<std::string> names;
+  if (YAML::Node exports = root["exports"]) {
+    if (!exports.IsSequence()) return absl::InvalidArgumentError("exports must be a list");
+    for (const YAML::Node& e : exports) {
+      LH_RETURN_IF_ERROR(CheckKeys(e, "exports[]", {"name", "path"}));
+      ExportConfig ex;
+      LH_RETURN_IF_ERROR(Read(e, "name", &ex.name));
+      LH_RETURN_IF_ERROR(Read(e, "path", &ex.path));
+      if (ex.name.empty() || ex.name.find('/') != std::string::npos || ex.path.empty() ||
+          ex.path[0] != '/') {
+        return absl::InvalidArgumentError(
+            "each export needs a name without '/' and an absolute path");
+      }
+      if (!names.insert(ex.name).second) {
+        return absl::InvalidArgumentError(absl::StrCat("export '", ex.name, "' is listed twice"));
+      }
+      c.exports.push_back(ex);
+    }
+  }
+
+  if (YAML::Node peers = root["peers"]) {
+    if (!peers.IsSequence()) return absl::InvalidArgumentError("peers must be a list");
+    std::set<std::string> sites;
+    for (const YAML::Node& p : peers) {
+      LH_RETURN_IF_ERROR(CheckKeys(p, "peers[]", {"site", "address", "transport", "streams"}));
+      PeerConfig peer;
+      LH_RETURN_IF_ERROR(Read(p, "site", &peer.site));
+      LH_RETURN_IF_ERROR(Read(p, "address", &peer.address));
+      LH_RETURN_IF_ERROR(Read(p, "transport", &peer.transport));
+      LH_RETURN_IF_ERROR(Read(p, "streams", &peer.streams));
+      if (peer.site.empty() || peer.address.empty()) {
+        return absl::InvalidArgumentError("each peer needs a site and an address (host:port)");
+      }
+      if (peer.site == c.site) {
+        return absl::InvalidArgumentError(absl::StrCat("peer '", peer.site, "' is this site itself"));
+      }
+      if (peer.transport != "tcp") {
+        return absl::InvalidArgumentError(absl::StrCat("peer ", peer.site, ": unknown transport '",
+                                                       peer.transport, "' (supported: tcp)"));
+      }
+      if (!sites.insert(peer.site).second) {
+        return absl::InvalidArgumentError(absl::StrCat("peer '", peer.site, "' is listed twice"));
+      }
+      c.peers.push_back(peer);
+    }
+  }
+
+  if (YAML::Node t = root["transfer"]) {
+    LH_RETURN_IF_ERROR(CheckKeys(t, "transfer",
+                                 {"chunk_size", "streams", "commit_last", "max_active",
+                                  "give_up_after", "max_chunk_size"}));
+    LH_RETURN_IF_ERROR(ReadSize(t, "chunk_size", "transfer", &c.transfer.chunk_size));
+    LH_RETURN_IF_ERROR(ReadSize(t, "max_chunk_size", "transfer", &c.transfer.max_chunk_size));
+    LH_RETURN_IF_ERROR(Read(t, "streams", &c.transfer.streams));
+    LH_RETURN_IF_ERROR(Read(t, "max_active", &c.transfer.max_active));
+    LH_RETURN_IF_ERROR(ReadDuration(t, "give_up_after", "transfer", &c.transfer.give_up_after_us));
+    if (t["commit_last"]) c.transfer.commit_last = t["commit_last"].as<std::vector<std::string>>();
+  }
+  if (c.transfer.chunk_size < (64u << 10) || c.transfer.chunk_size > c.transfer.max_chunk_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer.chunk_size must be between 64KiB and transfer.max_chunk_size (",
+        FormatBytes(c.transfer.max_chunk_size), ")"));
+  }
+  if (c.transfer.streams < 1 || c.transfer.streams > 64) {
+    return absl::InvalidArgumentError("transfer.streams must be between 1 and 64");
+  }
+  if (c.transfer.max_active < 1) return absl::InvalidArgumentError("transfer.max_active must be >= 1");
+
+  if (YAML::Node l = root["link"]) {
+    LH_RETURN_IF_ERROR(CheckKeys(l, "link", {"bandwidth", "rtt", "congestion_control"}));
+    if (l["bandwidth"]) {
+      auto v = ParseBitRate(l["bandwidth"].as<std::string>());
+      if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("link.bandwidth: ", v.status().message()));
+      c.link.bandwidth_bps = *v;
+    }
+    LH_RETURN_IF_ERROR(ReadDuration(l, "rtt", "link", &c.link.rtt_us));
+    LH_RETURN_IF_ERROR(Read(l, "congestion_control", &c.link.congestion_control));
+  }
+  return c;
+}
+
+}  // namespace
+
+uint64_t DaemonConfig::BandwidthDelayProduct() const {
+  return static_cast<uint64_t>(static_cast<double>(link.bandwidth_bps) / 8.0 *
+                               static_cast<double>(link.rtt_us) / 1e6);
+}
+
+const PeerConfig* DaemonConfig::FindPeer(absl::string_view site) const {
+  for (const PeerConfig& p : peers) {
+    if (p.site == site) return &p;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<DaemonConfig> ParseConfig(absl::string_view yaml_text) {
+  try {
+    YAML::Node root = YAML::Load(std::string(yaml_text));
+    if (!root.IsDefined() || root.IsNull()) return absl::InvalidArgumentError("config is empty");
+    return ParseNode(root);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", e.what()));
+  }
+}
+
+absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto config = ParseConfig(ss.str());
+  if (!config.ok()) {
+    return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+}  // namespace longhaul::daemon

@@ -1,0 +1,73 @@
+#ifndef LONGHAUL_DAEMON_CONFIG_H_
+#define LONGHAUL_DAEMON_CONFIG_H_
+
+// longhauld's configuration: YAML, documented in deploy/CONFIG.md. Every
+// option has a default except the site name; a key the daemon does not know
+// is an error, so a typo never silently falls back to a default.
+
+#include "absl/strings/string_view.h"
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace longhaul::daemon {
+
+struct PeerConfig {
+  std::string site;
+  std::string address;            // host:port of the peer's data/peer port
+  std::string transport = "tcp";  // tcp (udp once it lands)
+  uint32_t streams = 0;           // 0: transfer.streams
+};
+
+struct ExportConfig {
+  std::string name;
+  std::string path;
+};
+
+struct DaemonConfig {
+  std::string site;
+  std::string listen = "0.0.0.0:7700";
+  std::string state_dir = "/var/lib/longhaul";
+  std::string control_socket;  // default: <state_dir>/control.sock
+
+  struct Tls {
+    std::string ca;    // default: /etc/longhaul/tls/ca.pem
+    std::string cert;  // default: /etc/longhaul/tls/<site>.pem
+    std::string key;   // default: /etc/longhaul/tls/<site>.key
+  } tls;
+
+  std::vector<ExportConfig> exports;
+  std::vector<PeerConfig> peers;
+
+  struct Transfer {
+    uint64_t chunk_size = 16ull << 20;
+    uint32_t streams = 8;
+    std::vector<std::string> commit_last = {".metadata", "*.index.json", "COMPLETE"};
+    uint32_t max_active = 4;  // transfers moving data at once
+    // A transfer that cannot reach its peer for this long fails (0: never).
+    int64_t give_up_after_us = 3600ll * 1000000;
+    uint64_t max_chunk_size = 256ull << 20;  // largest chunk accepted from a peer
+  } transfer;
+
+  struct Link {
+    uint64_t bandwidth_bps = 10'000'000'000ull;
+    int64_t rtt_us = 50'000;
+    std::string congestion_control = "bbr";
+  } link;
+
+  std::string log_level = "info";
+
+  // Bytes in flight that fill the configured link: bandwidth x RTT.
+  uint64_t BandwidthDelayProduct() const;
+  const PeerConfig* FindPeer(absl::string_view site) const;
+};
+
+absl::StatusOr<DaemonConfig> ParseConfig(absl::string_view yaml_text);
+absl::StatusOr<DaemonConfig> LoadConfig(const std::string& path);
+
+}  // namespace longhaul::daemon
+
+#endif  // LONGHAUL_DAEMON_CONFIG_H_

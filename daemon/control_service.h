@@ -1,0 +1,35 @@
+#ifndef LONGHAUL_DAEMON_CONTROL_SERVICE_H_
+#define LONGHAUL_DAEMON_CONTROL_SERVICE_H_
+
+#include "daemon/transfer_manager.h"
+#include "longhaul/v1/control.grpc.pb.h"
+
+namespace longhaul::daemon {
+
+// The gRPC face of the TransferManager (proto/longhaul/v1/control.proto).
+// Converts absl::Status to gRPC status codes with the same messages.
+// Thread-safe: gRPC calls it from its own thread pool.
+class ControlService final : public v1::Control::Service {
+ public:
+  explicit ControlService(TransferManager& manager) : manager_(manager) {}
+
+  grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest*, v1::SubmitResponse*) override;
+  grpc::Status Get(grpc::ServerContext*, const v1::GetRequest*, v1::GetResponse*) override;
+  grpc::Status List(grpc::ServerContext*, const v1::ListRequest*, v1::ListResponse*) override;
+  grpc::Status Watch(grpc::ServerContext*, const v1::WatchRequest*,
+                     grpc::ServerWriter<v1::TransferStatus>*) override;
+  grpc::Status Cancel(grpc::ServerContext*, const v1::ControlRequest*, v1::ControlResponse*) override;
+  grpc::Status Pause(grpc::ServerContext*, const v1::ControlRequest*, v1::ControlResponse*) override;
+  grpc::Status Resume(grpc::ServerContext*, const v1::ControlRequest*, v1::ControlResponse*) override;
+  grpc::Status Verify(grpc::ServerContext*, const v1::VerifyRequestC*, v1::VerifyResponse*) override;
+  grpc::Status Peers(grpc::ServerContext*, const v1::PeersRequest*, v1::PeersResponse*) override;
+
+ private:
+  TransferManager& manager_;
+};
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace longhaul::daemon
+
+#endif  // LONGHAUL_DAEMON_CONTROL_SERVICE_H_

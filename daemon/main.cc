@@ -1,0 +1,125 @@
+// longhauld: a site's transfer daemon. See README.md and deploy/CONFIG.md.
+
+#include "absl/strings/string_view.h"
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/config.h"
+#include "daemon/control_service.h"
+#include "daemon/peer/receiver.h"
+#include "daemon/transfer_manager.h"
+#include "daemon/transport/transport.h"
+#include "common/fmt_absl.h"
+#include "spdlog/spdlog.h"
+#include "storage/journal.h"
+
+namespace longhaul::daemon {
+namespace {
+
+int Fail(absl::string_view what, const absl::Status& status) {
+  spdlog::critical("{}: {}", what, status.message());
+  return 1;
+}
+
+int Run(const std::string& config_path, const std::string& log_level_override) {
+  auto config = LoadConfig(config_path);
+  if (!config.ok()) return Fail("bad configuration", config.status());
+  spdlog::set_level(spdlog::level::from_str(log_level_override.empty() ? config->log_level
+                                                                       : log_level_override));
+  spdlog::set_pattern(absl::StrCat("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [", config->site, "] %v"));
+
+  std::error_code ec;
+  std::filesystem::create_directories(config->state_dir, ec);
+  if (ec) {
+    return Fail("cannot create state_dir",
+                absl::UnavailableError(absl::StrCat(config->state_dir, ": ", ec.message())));
+  }
+  auto journal = storage::Journal::Open(config->state_dir + "/journal");
+  if (!journal.ok()) return Fail("cannot open the journal", journal.status());
+
+  transport::TlsIdentity identity{config->tls.ca, config->tls.cert, config->tls.key, config->site, {}};
+  for (const PeerConfig& p : config->peers) identity.peer_sites.push_back(p.site);
+  transport::TcpTuning tuning;
+  // Each of N streams gets twice its share of the bandwidth-delay product, so
+  // a stream can keep the pipe full while its siblings wait for acks.
+  tuning.socket_buffer_bytes = std::clamp<uint64_t>(
+      2 * config->BandwidthDelayProduct() / config->transfer.streams, 4u << 20, 256u << 20);
+  tuning.congestion_control = config->link.congestion_control;
+  auto transport = transport::MakeTcpTlsTransport(identity, tuning);
+  if (!transport.ok()) return Fail("cannot set up TLS", transport.status());
+
+  peer::Receiver receiver(*config, **journal);
+  if (absl::Status s = (*transport)->Listen(config->listen, [&receiver](auto channel) {
+        receiver.Serve(std::move(channel));
+      });
+      !s.ok()) {
+    return Fail("cannot listen for peers", s);
+  }
+
+  TransferManager manager(*config, **transport, **journal);
+  if (absl::Status s = manager.Start(); !s.ok()) return Fail("cannot resume transfers", s);
+
+  ControlService service(manager);
+  std::string socket_path = config->control_socket;
+  std::filesystem::create_directories(std::filesystem::path(socket_path).parent_path(), ec);
+  struct stat st;
+  if (lstat(socket_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) unlink(socket_path.c_str());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) {
+    return Fail("cannot serve the control API",
+                absl::UnavailableError(absl::StrCat("unix socket ", socket_path)));
+  }
+  // Local control is for the daemon's user and group only.
+  chmod(socket_path.c_str(), 0660);
+
+  const std::string listen_host = config->listen.substr(0, config->listen.rfind(':'));
+  spdlog::info("site {} ready: peers on {}:{}, control on unix:{}, {} peers, {} exports",
+               config->site, listen_host, (*transport)->listen_port(), socket_path,
+               config->peers.size(), config->exports.size());
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  int received = 0;
+  sigwait(&signals, &received);
+  spdlog::info("received {}; draining", strsignal(received));
+
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  manager.Shutdown();
+  receiver.Shutdown();
+  (*transport)->Shutdown();
+  spdlog::info("stopped cleanly");
+  return 0;
+}
+
+}  // namespace
+}  // namespace longhaul::daemon
+
+int main(int argc, char** argv) {
+  CLI::App app{"longhauld: moves training data between sites over long-haul links"};
+  std::string config_path;
+  std::string log_level;
+  app.add_option("--config", config_path, "YAML configuration file")->required();
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error (overrides the config)");
+  CLI11_PARSE(app, argc, argv);
+
+  // Signals are taken by sigwait in main; every thread started later inherits
+  // the mask. A peer that hangs up must be an error value, not SIGPIPE.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  return longhaul::daemon::Run(config_path, log_level);
+}

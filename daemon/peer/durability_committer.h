@@ -1,0 +1,54 @@
+#ifndef LONGHAUL_DAEMON_PEER_DURABILITY_COMMITTER_H_
+#define LONGHAUL_DAEMON_PEER_DURABILITY_COMMITTER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/file_io.h"
+#include "storage/journal.h"
+
+namespace longhaul::peer {
+
+// Group commit for received chunks. Stream threads hand in chunks whose bytes
+// are already written to a staging fd; one thread fdatasyncs every distinct
+// fd of the waiting group once, records the whole group in the journal with
+// synced WriteBatches, and only then releases the waiters, who acknowledge.
+// Batching lets 8 streams share one fdatasync and one journal sync.
+//
+// Thread-safe. The fds must stay open until MakeDurable returns.
+class DurabilityCommitter {
+ public:
+  explicit DurabilityCommitter(storage::Journal& journal);
+  ~DurabilityCommitter();
+
+  // Blocks until the chunk is durable and journaled, or returns the error
+  // that prevented it (then it must not be acknowledged).
+  absl::Status MakeDurable(int fd, const std::string& transfer_id,
+                           const storage::ChunkDurability& chunk);
+
+ private:
+  struct Request {
+    int fd;
+    const std::string* transfer_id;
+    const storage::ChunkDurability* chunk;
+    absl::Status result;
+    bool done = false;
+  };
+  void Run();
+
+  storage::Journal& journal_;
+  std::unique_ptr<storage::FileIo> io_;
+  absl::Mutex mu_;
+  std::vector<Request*> pending_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace longhaul::peer
+
+#endif  // LONGHAUL_DAEMON_PEER_DURABILITY_COMMITTER_H_

@@ -1,0 +1,79 @@
+#ifndef LONGHAUL_DAEMON_PEER_FRAMES_H_
+#define LONGHAUL_DAEMON_PEER_FRAMES_H_
+
+// The data-plane frame format between daemons (documented in proto/FRAMES.md).
+// Every frame is a fixed 24-byte little-endian header and a payload whose
+// length the header gives. Parsing is pure and bounds-checked: bytes from the
+// network are untrusted, and a malformed frame is an error value, never a crash.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace longhaul::peer {
+
+inline constexpr uint32_t kFrameMagic = 0x4D46484C;  // "LHFM" on the wire
+inline constexpr uint8_t kFrameVersion = 1;
+inline constexpr size_t kFrameHeaderSize = 24;
+inline constexpr size_t kChunkHeaderSize = 32;
+inline constexpr size_t kChunkAckFixedSize = 16;
+inline constexpr size_t kMaxAckMessage = 1024;
+// Control payloads carry manifests; 10 million files fit well below this.
+inline constexpr uint32_t kMaxControlPayload = 256u << 20;
+
+enum class FrameType : uint8_t {
+  kHello = 1,     // payload: v1::Hello
+  kControl = 2,   // payload: v1::PeerMessage
+  kChunk = 3,     // payload: ChunkHeader + chunk bytes
+  kChunkAck = 4,  // payload: ChunkAck
+};
+
+struct FrameHeader {
+  FrameType type = FrameType::kHello;
+  uint32_t payload_length = 0;
+  uint64_t session_id = 0;
+};
+
+// Writes the header into `out`.
+void EncodeFrameHeader(const FrameHeader& header, std::array<uint8_t, kFrameHeaderSize>& out);
+// Parses and checks magic, version, type and that the payload length is at
+// most `max_payload` (the caller's limit for what it is ready to receive).
+absl::StatusOr<FrameHeader> ParseFrameHeader(absl::Span<const uint8_t> bytes, uint32_t max_payload);
+
+// Leads a kChunk payload; the chunk's bytes follow it.
+struct ChunkHeader {
+  uint32_t file_index = 0;
+  uint32_t chunk_index = 0;
+  uint32_t generation = 0;
+  uint64_t xxh128_low = 0;
+  uint64_t xxh128_high = 0;
+};
+void EncodeChunkHeader(const ChunkHeader& header, std::array<uint8_t, kChunkHeaderSize>& out);
+absl::StatusOr<ChunkHeader> ParseChunkHeader(absl::Span<const uint8_t> bytes);
+
+// The receiver's answer to one chunk, sent only once the chunk is durable
+// (kDurable) or refused.
+struct ChunkAck {
+  enum class Result : uint32_t {
+    kDurable = 0,      // written, synced and journaled
+    kHashMismatch = 1,  // bytes differ from the digest: send the chunk again
+    kRetryLater = 2,    // e.g. disk full; the transfer waits and retries
+    kRefused = 3,       // the transfer cannot go on (message says why)
+  };
+  uint32_t file_index = 0;
+  uint32_t chunk_index = 0;
+  uint32_t generation = 0;
+  Result result = Result::kDurable;
+  std::string message;  // at most kMaxAckMessage bytes
+};
+std::string EncodeChunkAck(const ChunkAck& ack);
+absl::StatusOr<ChunkAck> ParseChunkAck(absl::Span<const uint8_t> bytes);
+
+}  // namespace longhaul::peer
+
+#endif  // LONGHAUL_DAEMON_PEER_FRAMES_H_

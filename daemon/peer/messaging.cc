@@ -1,0 +1,130 @@
+#include "absl/strings/string_view.h"
+#include "daemon/peer/messaging.h"
+
+#include <array>
+#include <string>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "xxhash.h"
+
+namespace longhaul::peer {
+
+uint64_t SessionIdFor(absl::string_view transfer_id) {
+  return XXH3_64bits(transfer_id.data(), transfer_id.size());
+}
+
+absl::Status SendFrame(transport::Channel& channel, FrameType type, uint64_t session_id,
+                       absl::Span<const absl::Span<const uint8_t>> parts) {
+  uint64_t length = 0;
+  for (auto part : parts) length += part.size();
+  if (length > UINT32_MAX) return absl::InternalError("frame payload too large");
+  std::array<uint8_t, kFrameHeaderSize> header;
+  EncodeFrameHeader({type, static_cast<uint32_t>(length), session_id}, header);
+  absl::InlinedVector<absl::Span<const uint8_t>, 4> all;
+  all.push_back(header);
+  all.insert(all.end(), parts.begin(), parts.end());
+  return channel.Write(all);
+}
+
+absl::Status SendProto(transport::Channel& channel, FrameType type, uint64_t session_id,
+                       const google::protobuf::MessageLite& message) {
+  std::string bytes = message.SerializeAsString();
+  absl::Span<const uint8_t> part(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  return SendFrame(channel, type, session_id, {part});
+}
+
+absl::StatusOr<FrameHeader> ReadFrameHeader(transport::Channel& channel, uint32_t max_payload) {
+  std::array<uint8_t, kFrameHeaderSize> bytes;
+  if (absl::Status s = channel.ReadExactly(absl::MakeSpan(bytes)); !s.ok()) return s;
+  return ParseFrameHeader(bytes, max_payload);
+}
+
+absl::Status ReadProto(transport::Channel& channel, FrameType type, uint64_t session_id,
+                       google::protobuf::MessageLite* message) {
+  auto header = ReadFrameHeader(channel, kMaxControlPayload);
+  if (!header.ok()) return header.status();
+  if (header->type != type) {
+    return absl::InvalidArgumentError(absl::StrCat("expected frame type ", static_cast<int>(type),
+                                                   ", got ", static_cast<int>(header->type)));
+  }
+  if (session_id != 0 && header->session_id != session_id) {
+    return absl::InvalidArgumentError("frame for another session on this connection");
+  }
+  std::string payload(header->payload_length, '\0');
+  if (absl::Status s = channel.ReadExactly(
+          absl::MakeSpan(reinterpret_cast<uint8_t*>(payload.data()), payload.size()));
+      !s.ok()) {
+    return s;
+  }
+  if (!message->ParseFromString(payload)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed ", message->GetTypeName(), " from ", channel.peer_site()));
+  }
+  return absl::OkStatus();
+}
+
+v1::PeerMessage ErrorAnswer(uint64_t request_id, const absl::Status& status) {
+  v1::PeerMessage answer;
+  answer.set_request_id(request_id);
+  answer.set_error(std::string(status.message()));
+  answer.set_error_code(static_cast<int32_t>(status.code()));
+  answer.set_retryable(status.code() == absl::StatusCode::kUnavailable ||
+                       status.code() == absl::StatusCode::kResourceExhausted ||
+                       status.code() == absl::StatusCode::kAborted ||
+                       status.code() == absl::StatusCode::kDeadlineExceeded);
+  return answer;
+}
+
+absl::Status StatusFromAnswer(const v1::PeerMessage& answer) {
+  if (answer.error().empty()) return absl::OkStatus();
+  absl::StatusCode code = static_cast<absl::StatusCode>(answer.error_code());
+  if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
+  // A retryable answer must stay retryable whatever its code, and a
+  // permanent one must not look transient.
+  if (answer.retryable() && code != absl::StatusCode::kResourceExhausted) {
+    code = absl::StatusCode::kUnavailable;
+  }
+  if (!answer.retryable() && (code == absl::StatusCode::kUnavailable ||
+                              code == absl::StatusCode::kResourceExhausted)) {
+    code = absl::StatusCode::kFailedPrecondition;
+  }
+  return absl::Status(code, answer.error());
+}
+
+absl::StatusOr<v1::PeerMessage> Call(transport::Channel& channel, uint64_t session_id,
+                                     v1::PeerMessage request) {
+  static std::atomic<uint64_t> next_request_id{1};
+  request.set_request_id(next_request_id.fetch_add(1));
+  if (absl::Status s = SendProto(channel, FrameType::kControl, session_id, request); !s.ok()) {
+    return s;
+  }
+  v1::PeerMessage answer;
+  if (absl::Status s = ReadProto(channel, FrameType::kControl, session_id, &answer); !s.ok()) {
+    return s;
+  }
+  if (answer.request_id() != request.request_id()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(channel.peer_site(), " answered another request"));
+  }
+  if (absl::Status s = StatusFromAnswer(answer); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(channel.peer_site(), ": ", s.message()));
+  }
+  return answer;
+}
+
+absl::StatusOr<std::unique_ptr<transport::Channel>> DialSession(transport::Transport& transport,
+                                                                const std::string& site,
+                                                                const std::string& address,
+                                                                v1::Hello hello) {
+  auto channel = transport.Dial(site, address);
+  if (!channel.ok()) return channel.status();
+  hello.set_protocol_version(kProtocolVersion);
+  if (absl::Status s = SendProto(**channel, FrameType::kHello, SessionIdFor(hello.transfer_id()), hello);
+      !s.ok()) {
+    return s;
+  }
+  return channel;
+}
+
+}  // namespace longhaul::peer

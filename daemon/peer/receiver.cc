@@ -1,0 +1,548 @@
+#include "daemon/peer/receiver.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/peer/messaging.h"
+#include "common/fmt_absl.h"
+#include "spdlog/spdlog.h"
+#include "storage/chunk_io.h"
+#include "storage/manifest.h"
+#include "storage/staging.h"
+
+namespace longhaul::peer {
+namespace {
+
+uint64_t ChunkKey(uint32_t file_index, uint32_t chunk_index) {
+  return (static_cast<uint64_t>(file_index) << 32) | chunk_index;
+}
+
+bool SameContentIdentity(const v1::ManifestFile& a, const v1::ManifestFile& b) {
+  return a.path() == b.path() && a.size() == b.size() && a.mtime_ns() == b.mtime_ns() &&
+         a.generation() == b.generation();
+}
+
+absl::Status CheckTransferId(const std::string& id) {
+  if (id.empty() || id.size() > 128 || id == "." || id == ".." ||
+      id.find_first_of("/\\") != std::string::npos || id.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError("transfer id must be a short single path component");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// One incoming transfer while its peer has channels open. The record and the
+// durable set mirror the journal; staging is open while receiving.
+struct Receiver::Session {
+  absl::Mutex mu;
+  v1::IncomingTransfer record ABSL_GUARDED_BY(mu);
+  storage::ResolvedDestination dest ABSL_GUARDED_BY(mu);
+  std::optional<storage::Staging> staging ABSL_GUARDED_BY(mu);
+  absl::flat_hash_set<uint64_t> durable ABSL_GUARDED_BY(mu);
+  absl::flat_hash_set<transport::Channel*> data_channels ABSL_GUARDED_BY(mu);
+
+  // Stops the data channels of an older attempt and waits until they are
+  // gone, so staging fds are not in use while files change underneath.
+  void DrainDataChannels() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (transport::Channel* c : data_channels) c->Abort();
+    mu.Await(absl::Condition(
+        +[](Session* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->data_channels.empty(); }, this));
+  }
+};
+
+Receiver::Receiver(const daemon::DaemonConfig& config, storage::Journal& journal)
+    : config_(config), journal_(journal), committer_(journal) {
+  for (const daemon::ExportConfig& e : config.exports) exports_.push_back({e.name, e.path});
+}
+
+Receiver::~Receiver() { Shutdown(); }
+
+void Receiver::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+  for (transport::Channel* c : channels_) c->Abort();
+}
+
+ReceiverStats Receiver::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void Receiver::Serve(std::unique_ptr<transport::Channel> channel) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    channels_.insert(channel.get());
+  }
+  v1::Hello hello;
+  absl::Status status = ReadProto(*channel, FrameType::kHello, 0, &hello);
+  if (!status.ok()) {
+    spdlog::warn("closing connection from {} ({}): no valid hello: {}", channel->peer_site(),
+                 channel->peer_address(), status.message());
+  } else if (hello.protocol_version() != kProtocolVersion) {
+    spdlog::warn("closing connection from {}: protocol version {} (we speak {})",
+                 channel->peer_site(), hello.protocol_version(), kProtocolVersion);
+  } else if (hello.role() == v1::Hello::CONTROL) {
+    ServeControl(*channel, hello.transfer_id());
+  } else if (hello.role() == v1::Hello::DATA) {
+    ServeData(*channel, hello.transfer_id());
+  }
+  absl::MutexLock lock(&mu_);
+  channels_.erase(channel.get());
+}
+
+void Receiver::ServeControl(transport::Channel& channel, const std::string& transfer_id) {
+  const uint64_t session_id = SessionIdFor(transfer_id);
+  while (true) {
+    v1::PeerMessage request;
+    absl::Status status = ReadProto(channel, FrameType::kControl, session_id, &request);
+    if (!status.ok()) {
+      if (status.code() == absl::StatusCode::kInvalidArgument) {
+        spdlog::warn("malformed control frame from {}: {}", channel.peer_site(), status.message());
+        absl::MutexLock lock(&mu_);
+        ++stats_.frames_refused;
+      }
+      return;
+    }
+    v1::PeerMessage answer;
+    switch (request.body_case()) {
+      case v1::PeerMessage::kOpen:
+        answer = HandleOpen(channel, request);
+        break;
+      case v1::PeerMessage::kCommit:
+        answer = HandleCommit(channel.peer_site(), request);
+        break;
+      case v1::PeerMessage::kAbort:
+        answer = HandleAbort(channel.peer_site(), request);
+        break;
+      case v1::PeerMessage::kVerify:
+        answer = HandleVerify(channel.peer_site(), request);
+        break;
+      default:
+        answer = ErrorAnswer(request.request_id(),
+                             absl::InvalidArgumentError("unexpected control message"));
+    }
+    if (!answer.error().empty()) {
+      spdlog::warn("refused request from {} for transfer {}: {}", channel.peer_site(), transfer_id,
+                   answer.error());
+    }
+    if (!SendProto(channel, FrameType::kControl, session_id, answer).ok()) return;
+  }
+}
+
+absl::StatusOr<storage::ResolvedDestination> Receiver::Resolve(const v1::IncomingTransfer& record) {
+  return storage::ResolveDestination(exports_, record.export_name(), record.dest_path());
+}
+
+v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::PeerMessage& request) {
+  const v1::OpenRequest& open = request.open();
+  const std::string& peer_site = channel.peer_site();
+  auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
+
+  if (absl::Status s = CheckTransferId(open.transfer_id()); !s.ok()) return fail(s);
+  storage::ManifestLimits limits;
+  limits.max_chunk_size = config_.transfer.max_chunk_size;
+  if (absl::Status s = storage::ValidateManifest(open.manifest(), limits); !s.ok()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("manifest refused: ", s.message())));
+  }
+  if (open.single_file() && open.manifest().files_size() != 1) {
+    return fail(absl::InvalidArgumentError("a single-file transfer must have exactly one file"));
+  }
+
+  auto existing = journal_.GetIncoming(open.transfer_id());
+  if (!existing.ok()) return fail(existing.status());
+  if (*existing) {
+    const v1::IncomingTransfer& old = **existing;
+    if (old.source_site() != peer_site) {
+      return fail(absl::PermissionDeniedError(
+          absl::StrCat("transfer ", open.transfer_id(), " belongs to site ", old.source_site())));
+    }
+    if (old.export_name() != open.export_name() || old.dest_path() != open.dest_path() ||
+        old.manifest().files_size() != open.manifest().files_size()) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("transfer ", open.transfer_id(), " was opened with another destination or file list")));
+    }
+    if (old.state() == v1::IncomingTransfer::ABORTED) {
+      return fail(absl::FailedPreconditionError(
+          absl::StrCat("transfer ", open.transfer_id(), " was cancelled")));
+    }
+  }
+
+  v1::IncomingTransfer record;
+  record.set_id(open.transfer_id());
+  record.set_source_site(peer_site);
+  record.set_export_name(open.export_name());
+  record.set_dest_path(open.dest_path());
+  *record.mutable_manifest() = open.manifest();
+  *record.mutable_commit_last() = open.commit_last();
+  record.set_skip_unchanged(open.skip_unchanged());
+  record.set_single_file(open.single_file());
+  record.set_state(v1::IncomingTransfer::RECEIVING);
+  record.set_created_unix_ms(*existing ? (*existing)->created_unix_ms()
+                                       : absl::ToUnixMillis(absl::Now()));
+
+  auto dest = Resolve(record);
+  if (!dest.ok()) return fail(dest.status());
+
+  v1::PeerMessage answer;
+  answer.set_request_id(request.request_id());
+  v1::OpenReply* reply = answer.mutable_open_reply();
+
+  // A transfer already published (the sender missed our commit answer):
+  // everything is durable, and commit will find it published.
+  if (*existing && (*existing)->state() == v1::IncomingTransfer::PUBLISHED) {
+    const v1::IncomingTransfer& old = **existing;
+    for (uint32_t f : old.unchanged_files()) reply->add_unchanged_files(f);
+    for (int f = 0; f < old.manifest().files_size(); ++f) {
+      uint64_t n = storage::ChunkCount(old.manifest().files(f), old.manifest().chunk_size());
+      for (uint64_t c = 0; c < n; ++c) {
+        v1::ChunkId* id = reply->add_durable();
+        id->set_file_index(f);
+        id->set_chunk_index(static_cast<uint32_t>(c));
+      }
+    }
+    return answer;
+  }
+
+  if (open.skip_unchanged()) {
+    for (int f = 0; f < open.manifest().files_size(); ++f) {
+      auto same = storage::PublishedFileMatches(*dest, open.single_file(), open.manifest().files(f));
+      if (!same.ok()) return fail(same.status());
+      if (*same) record.add_unchanged_files(f);
+    }
+  }
+
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& slot = sessions_[open.transfer_id()];
+    if (!slot) slot = std::make_shared<Session>();
+    session = slot;
+  }
+  absl::MutexLock lock(&session->mu);
+  session->DrainDataChannels();
+  if (!session->staging) {
+    auto staging = storage::Staging::Open(*dest, open.transfer_id());
+    if (!staging.ok()) return fail(staging.status());
+    session->staging.emplace(std::move(*staging));
+  }
+  // Files whose source changed since the last attempt start over.
+  if (*existing) {
+    const v1::Manifest& old = (*existing)->manifest();
+    for (int f = 0; f < old.files_size(); ++f) {
+      if (SameContentIdentity(old.files(f), open.manifest().files(f))) continue;
+      spdlog::info("transfer {}: {} changed at the source; discarding its staged chunks",
+                   open.transfer_id(), open.manifest().files(f).path());
+      if (absl::Status s = journal_.DeleteFileChunks(open.transfer_id(), f); !s.ok()) return fail(s);
+      if (absl::Status s = session->staging->DiscardFile(f); !s.ok()) return fail(s);
+    }
+  }
+  if (absl::Status s = journal_.PutIncoming(record); !s.ok()) return fail(s);
+
+  auto chunks = journal_.ListDurableChunks(open.transfer_id());
+  if (!chunks.ok()) return fail(chunks.status());
+  session->durable.clear();
+  for (const storage::ChunkDurability& c : *chunks) {
+    const v1::ManifestFile& file = record.manifest().files(c.file_index);
+    if (c.chunk.generation() != file.generation()) continue;
+    session->durable.insert(ChunkKey(c.file_index, c.chunk_index));
+    v1::ChunkId* id = reply->add_durable();
+    id->set_file_index(c.file_index);
+    id->set_chunk_index(c.chunk_index);
+  }
+  for (uint32_t f : record.unchanged_files()) reply->add_unchanged_files(f);
+  session->dest = *dest;
+  session->record = std::move(record);
+  spdlog::info("transfer {} from {}: opened into {}:{} ({} files, {} chunks already durable)",
+               open.transfer_id(), peer_site, open.export_name(), open.dest_path(),
+               open.manifest().files_size(), reply->durable_size());
+  return answer;
+}
+
+absl::StatusOr<std::shared_ptr<Receiver::Session>> Receiver::FindSession(
+    const std::string& transfer_id, const std::string& peer_site) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(transfer_id);
+  if (it == sessions_.end()) {
+    return absl::UnavailableError(absl::StrCat("transfer ", transfer_id, " is not open here"));
+  }
+  absl::MutexLock session_lock(&it->second->mu);
+  if (it->second->record.source_site() != peer_site) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("transfer ", transfer_id, " belongs to another site"));
+  }
+  return it->second;
+}
+
+void Receiver::ServeData(transport::Channel& channel, const std::string& transfer_id) {
+  auto found = FindSession(transfer_id, channel.peer_site());
+  if (!found.ok()) {
+    spdlog::warn("data connection from {} refused: {}", channel.peer_site(), found.status().message());
+    return;
+  }
+  std::shared_ptr<Session> session = *found;
+  uint64_t chunk_size;
+  {
+    absl::MutexLock lock(&session->mu);
+    session->data_channels.insert(&channel);
+    chunk_size = session->record.manifest().chunk_size();
+  }
+  const uint64_t session_id = SessionIdFor(transfer_id);
+  std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
+  std::vector<uint8_t> buffer(chunk_size);
+
+  auto refuse = [&](const std::string& why) {
+    spdlog::warn("transfer {}: refusing frame from {}: {}", transfer_id, channel.peer_site(), why);
+    absl::MutexLock lock(&mu_);
+    ++stats_.frames_refused;
+  };
+  auto send_ack = [&](const ChunkHeader& h, ChunkAck::Result result, std::string message) {
+    ChunkAck ack{h.file_index, h.chunk_index, h.generation, result, std::move(message)};
+    std::string bytes = EncodeChunkAck(ack);
+    absl::Span<const uint8_t> part(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    return SendFrame(channel, FrameType::kChunkAck, session_id, {part});
+  };
+
+  while (true) {
+    auto header = ReadFrameHeader(channel, static_cast<uint32_t>(kChunkHeaderSize + chunk_size));
+    if (!header.ok()) {
+      if (header.status().code() == absl::StatusCode::kInvalidArgument) refuse(std::string(header.status().message()));
+      break;
+    }
+    if (header->type != FrameType::kChunk || header->session_id != session_id ||
+        header->payload_length < kChunkHeaderSize) {
+      refuse("expected a chunk frame of this session");
+      break;
+    }
+    std::array<uint8_t, kChunkHeaderSize> chunk_header_bytes;
+    if (!channel.ReadExactly(absl::MakeSpan(chunk_header_bytes)).ok()) break;
+    auto chunk = ParseChunkHeader(chunk_header_bytes);
+    if (!chunk.ok()) {
+      refuse(std::string(chunk.status().message()));
+      break;
+    }
+    const uint64_t data_length = header->payload_length - kChunkHeaderSize;
+
+    v1::ManifestFile file;
+    absl::Status valid = absl::OkStatus();
+    {
+      absl::MutexLock lock(&session->mu);
+      const v1::Manifest& manifest = session->record.manifest();
+      if (chunk->file_index >= static_cast<uint32_t>(manifest.files_size())) {
+        valid = absl::InvalidArgumentError(absl::StrCat("no file ", chunk->file_index));
+      } else {
+        file = manifest.files(chunk->file_index);
+        if (chunk->chunk_index >= storage::ChunkCount(file, chunk_size)) {
+          valid = absl::InvalidArgumentError(absl::StrCat("file ", file.path(), " has no chunk ", chunk->chunk_index));
+        } else if (chunk->generation != file.generation()) {
+          valid = absl::InvalidArgumentError(absl::StrCat("stale generation for ", file.path()));
+        } else if (data_length != storage::ChunkSize(file, chunk->chunk_index, chunk_size)) {
+          valid = absl::InvalidArgumentError(absl::StrCat("chunk ", chunk->chunk_index, " of ",
+                                                          file.path(), " has the wrong length"));
+        }
+      }
+    }
+    if (!valid.ok()) {
+      refuse(std::string(valid.message()));
+      send_ack(*chunk, ChunkAck::Result::kRefused, std::string(valid.message())).IgnoreError();
+      break;
+    }
+    absl::Span<uint8_t> data(buffer.data(), data_length);
+    if (!channel.ReadExactly(data).ok()) break;
+
+    storage::Xxh128 expected{chunk->xxh128_low, chunk->xxh128_high};
+    storage::Xxh128 actual = storage::HashBytes(data);
+    if (!(actual == expected)) {
+      spdlog::warn("transfer {}: chunk {} of {} failed its xxh3-128 check; asking for it again",
+                   transfer_id, chunk->chunk_index, file.path());
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.hash_mismatches;
+      }
+      if (!send_ack(*chunk, ChunkAck::Result::kHashMismatch, "digest mismatch").ok()) break;
+      continue;
+    }
+
+    absl::StatusOr<int> fd;
+    {
+      absl::MutexLock lock(&session->mu);
+      fd = session->staging ? session->staging->OpenFile(chunk->file_index, file)
+                            : absl::UnavailableError("transfer is not receiving");
+    }
+    absl::Status durable = fd.status();
+    if (durable.ok()) durable = io->WriteAt(*fd, chunk->chunk_index * chunk_size, data);
+    storage::ChunkDurability record;
+    record.file_index = chunk->file_index;
+    record.chunk_index = chunk->chunk_index;
+    auto digest = actual.ToBytes();
+    record.chunk.set_xxh128(digest.data(), digest.size());
+    record.chunk.set_size(data_length);
+    record.chunk.set_generation(chunk->generation);
+    if (durable.ok()) durable = committer_.MakeDurable(*fd, transfer_id, record);
+    if (!durable.ok()) {
+      spdlog::warn("transfer {}: cannot store chunk {} of {}: {}", transfer_id,
+                   chunk->chunk_index, file.path(), durable.message());
+      if (!send_ack(*chunk, ChunkAck::Result::kRetryLater, std::string(durable.message())).ok()) break;
+      continue;
+    }
+    {
+      absl::MutexLock lock(&session->mu);
+      session->durable.insert(ChunkKey(chunk->file_index, chunk->chunk_index));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.chunks_durable;
+      stats_.bytes_durable += data_length;
+    }
+    if (!send_ack(*chunk, ChunkAck::Result::kDurable, "").ok()) break;
+  }
+  absl::MutexLock lock(&session->mu);
+  session->data_channels.erase(&channel);
+}
+
+v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site, const v1::PeerMessage& request) {
+  const std::string& id = request.commit().transfer_id();
+  auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
+  auto found = FindSession(id, peer_site);
+  if (!found.ok()) return fail(found.status());
+  std::shared_ptr<Session> session = *found;
+  absl::MutexLock lock(&session->mu);
+  session->DrainDataChannels();
+  v1::IncomingTransfer& record = session->record;
+  v1::PeerMessage answer;
+  answer.set_request_id(request.request_id());
+  if (record.state() == v1::IncomingTransfer::PUBLISHED) {
+    answer.mutable_commit_reply()->set_files_published(record.manifest().files_size());
+    return answer;
+  }
+  storage::PublishOptions options;
+  options.single_file = record.single_file();
+  options.commit_last.assign(record.commit_last().begin(), record.commit_last().end());
+  for (uint32_t f : record.unchanged_files()) options.skip_files.insert(f);
+  const v1::Manifest& manifest = record.manifest();
+  uint64_t missing = 0;
+  for (int f = 0; f < manifest.files_size(); ++f) {
+    if (options.skip_files.contains(f)) continue;
+    uint64_t n = storage::ChunkCount(manifest.files(f), manifest.chunk_size());
+    for (uint64_t c = 0; c < n; ++c) missing += !session->durable.contains(ChunkKey(f, c));
+  }
+  if (missing > 0) {
+    return fail(absl::UnavailableError(
+        absl::StrCat("cannot publish ", id, ": ", missing, " chunks are not durable yet")));
+  }
+  if (!session->staging) return fail(absl::UnavailableError("transfer is not staged here"));
+  if (absl::Status s = session->staging->Publish(manifest, options); !s.ok()) return fail(s);
+  session->staging.reset();
+  record.set_state(v1::IncomingTransfer::PUBLISHED);
+  if (absl::Status s = journal_.PutIncoming(record); !s.ok()) return fail(s);
+  spdlog::info("transfer {} from {}: published {} files at {}", id, peer_site,
+               manifest.files_size() - record.unchanged_files_size(), session->dest.absolute);
+  answer.mutable_commit_reply()->set_files_published(manifest.files_size() -
+                                                     record.unchanged_files_size());
+  return answer;
+}
+
+v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site, const v1::PeerMessage& request) {
+  const std::string& id = request.abort().transfer_id();
+  auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
+  if (absl::Status s = CheckTransferId(id); !s.ok()) return fail(s);
+  auto record = journal_.GetIncoming(id);
+  if (!record.ok()) return fail(record.status());
+  v1::PeerMessage answer;
+  answer.set_request_id(request.request_id());
+  answer.mutable_abort_reply();
+  if (!*record) return answer;  // never opened here: nothing to remove
+  if ((*record)->source_site() != peer_site) {
+    return fail(absl::PermissionDeniedError(absl::StrCat("transfer ", id, " belongs to another site")));
+  }
+  if ((*record)->state() == v1::IncomingTransfer::PUBLISHED) {
+    return fail(absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is already published")));
+  }
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it != sessions_.end()) {
+      session = it->second;
+      sessions_.erase(it);
+    }
+  }
+  if (session) {
+    absl::MutexLock lock(&session->mu);
+    session->DrainDataChannels();
+    session->staging.reset();
+  }
+  auto dest = Resolve(**record);
+  if (dest.ok()) {
+    auto staging = storage::Staging::Open(*dest, id);
+    if (staging.ok()) {
+      if (absl::Status s = staging->Remove(); !s.ok()) return fail(s);
+    }
+  }
+  if (absl::Status s = journal_.DeleteChunks(id); !s.ok()) return fail(s);
+  (*record)->set_state(v1::IncomingTransfer::ABORTED);
+  if (absl::Status s = journal_.PutIncoming(**record); !s.ok()) return fail(s);
+  spdlog::info("transfer {} from {}: aborted ({}); staging removed", id, peer_site,
+               request.abort().reason());
+  return answer;
+}
+
+v1::PeerMessage Receiver::HandleVerify(const std::string& peer_site, const v1::PeerMessage& request) {
+  const std::string& id = request.verify().transfer_id();
+  auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
+  if (absl::Status s = CheckTransferId(id); !s.ok()) return fail(s);
+  auto record = journal_.GetIncoming(id);
+  if (!record.ok()) return fail(record.status());
+  if (!*record || (*record)->source_site() != peer_site) {
+    return fail(absl::NotFoundError(absl::StrCat("no transfer ", id, " from ", peer_site, " here")));
+  }
+  if ((*record)->state() != v1::IncomingTransfer::PUBLISHED) {
+    return fail(absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is not published yet")));
+  }
+  auto dest = Resolve(**record);
+  if (!dest.ok()) return fail(dest.status());
+  const v1::Manifest& manifest = (*record)->manifest();
+  std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
+  std::vector<uint8_t> buffer(manifest.chunk_size());
+  v1::PeerMessage answer;
+  answer.set_request_id(request.request_id());
+  v1::VerifyReply* reply = answer.mutable_verify_reply();
+  for (int f = 0; f < manifest.files_size(); ++f) {
+    const v1::ManifestFile& file = manifest.files(f);
+    v1::FileDigest* digest = reply->add_files();
+    digest->set_file_index(f);
+    std::string path = (*record)->single_file() ? dest->absolute : dest->absolute + "/" + file.path();
+    int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+      digest->set_error(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+      continue;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != file.size()) {
+      digest->set_error(absl::StrCat(path, " has size ", st.st_size, ", expected ", file.size()));
+      ::close(fd);
+      continue;
+    }
+    uint64_t n = storage::ChunkCount(file, manifest.chunk_size());
+    for (uint64_t c = 0; c < n; ++c) {
+      uint64_t size = storage::ChunkSize(file, c, manifest.chunk_size());
+      auto hash = storage::ReadChunkHashed(*io, fd, c * manifest.chunk_size(),
+                                           absl::MakeSpan(buffer.data(), size));
+      if (!hash.ok()) {
+        digest->set_error(std::string(hash.status().message()));
+        break;
+      }
+      auto bytes = hash->ToBytes();
+      digest->add_chunk_xxh128(bytes.data(), bytes.size());
+    }
+    ::close(fd);
+  }
+  return answer;
+}
+
+}  // namespace longhaul::peer

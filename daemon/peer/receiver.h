@@ -1,0 +1,75 @@
+#ifndef LONGHAUL_DAEMON_PEER_RECEIVER_H_
+#define LONGHAUL_DAEMON_PEER_RECEIVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/config.h"
+#include "daemon/peer/durability_committer.h"
+#include "daemon/transport/transport.h"
+#include "storage/exports.h"
+#include "storage/journal.h"
+
+namespace longhaul::peer {
+
+// Counters of the destination side, for metrics and tests.
+struct ReceiverStats {
+  uint64_t chunks_durable = 0;
+  uint64_t bytes_durable = 0;
+  uint64_t hash_mismatches = 0;
+  uint64_t frames_refused = 0;
+};
+
+// The destination side of peer sessions. Every channel a Transport admits is
+// handed to Serve(), which answers control requests (open, commit, abort,
+// verify) and receives chunk frames until the channel closes. Nothing is
+// written outside the transfer's staging directory before commit, and a chunk
+// is acknowledged only after DurabilityCommitter made it durable.
+//
+// Thread-safe: Serve runs on each channel's own thread.
+class Receiver {
+ public:
+  Receiver(const daemon::DaemonConfig& config, storage::Journal& journal);
+  ~Receiver();
+
+  void Serve(std::unique_ptr<transport::Channel> channel);
+  // Aborts every open channel; Serve calls return soon after.
+  void Shutdown();
+
+  ReceiverStats stats() const;
+
+ private:
+  struct Session;
+
+  void ServeControl(transport::Channel& channel, const std::string& transfer_id);
+  void ServeData(transport::Channel& channel, const std::string& transfer_id);
+  v1::PeerMessage HandleOpen(transport::Channel& channel, const v1::PeerMessage& request);
+  v1::PeerMessage HandleCommit(const std::string& peer_site, const v1::PeerMessage& request);
+  v1::PeerMessage HandleAbort(const std::string& peer_site, const v1::PeerMessage& request);
+  v1::PeerMessage HandleVerify(const std::string& peer_site, const v1::PeerMessage& request);
+
+  // The open session of `transfer_id` owned by `peer_site`, or an error.
+  absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& transfer_id,
+                                                       const std::string& peer_site);
+  absl::StatusOr<storage::ResolvedDestination> Resolve(const v1::IncomingTransfer& record);
+
+  const daemon::DaemonConfig& config_;
+  storage::Journal& journal_;
+  std::vector<storage::Export> exports_;
+  DurabilityCommitter committer_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<transport::Channel*> channels_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace longhaul::peer
+
+#endif  // LONGHAUL_DAEMON_PEER_RECEIVER_H_

@@ -1,0 +1,477 @@
+#include "daemon/peer/sender.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "daemon/peer/messaging.h"
+#include "common/fmt_absl.h"
+#include "spdlog/spdlog.h"
+#include "storage/chunk_io.h"
+#include "storage/file_io.h"
+#include "storage/manifest.h"
+
+namespace longhaul::peer {
+namespace {
+
+constexpr absl::Duration kMinBackoff = absl::Milliseconds(500);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
+
+// Errors after which trying again later can succeed without an operator.
+bool IsRetryable(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:  // a channel aborted under us
+    case absl::StatusCode::kUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+
+uint64_t ChunkKey(uint32_t file_index, uint32_t chunk_index) {
+  return (static_cast<uint64_t>(file_index) << 32) | chunk_index;
+}
+
+}  // namespace
+
+TransferSender::TransferSender(const daemon::DaemonConfig& config,
+                               transport::Transport& transport, storage::Journal& journal,
+                               v1::OutgoingTransfer record, TransferProgress& progress,
+                               LinkObserver observer)
+    : config_(config),
+      transport_(transport),
+      journal_(journal),
+      progress_(progress),
+      observer_(std::move(observer)),
+      record_(std::move(record)) {
+  // Bytes sent before a crash were counted in the journal just before they
+  // left; take them over so resent bytes stay honest across restarts.
+  auto counters = journal_.GetOutgoingCounters(record_.id());
+  if (counters.ok() && *counters && (*counters)->bytes_sent() > record_.bytes_sent()) {
+    record_.set_bytes_sent((*counters)->bytes_sent());
+  }
+}
+
+v1::OutgoingTransfer TransferSender::record() const {
+  absl::MutexLock lock(&mu_);
+  return record_;
+}
+
+void TransferSender::Drain() {
+  drain_.store(true);
+  if (!wake_.HasBeenNotified()) wake_.Notify();
+}
+
+void TransferSender::Stop() {
+  stop_.store(true);
+  if (!wake_.HasBeenNotified()) wake_.Notify();
+  AbortChannels();
+}
+
+void TransferSender::AbortChannels() {
+  absl::MutexLock lock(&mu_);
+  for (transport::Channel* c : channels_) c->Abort();
+}
+
+absl::Status TransferSender::Run() {
+  int failures = 0;
+  absl::Time last_progress = absl::Now();
+  uint64_t best_done = progress_.Get().bytes_done;
+  while (true) {
+    if (stopping()) return absl::CancelledError("stopped");
+    uint32_t attempts;
+    {
+      absl::MutexLock lock(&mu_);
+      record_.set_attempts(record_.attempts() + 1);
+      attempts = record_.attempts();
+    }
+    progress_.Update([&](TransferProgress::Snapshot& s) { s.attempts = attempts; });
+    absl::Status status = RunAttempt();
+    if (status.ok()) {
+      progress_.Update([](TransferProgress::Snapshot& s) { s.error.clear(); });
+      return status;
+    }
+    if (stopping()) return absl::CancelledError("stopped");
+
+    std::optional<uint32_t> changed;
+    {
+      absl::MutexLock lock(&mu_);
+      changed.swap(changed_file_);
+    }
+    if (changed) {
+      // Not a failure: re-send that file whole under a new generation.
+      if (absl::Status s = RefreshChangedFile(*changed); !s.ok()) return s;
+      failures = 0;
+      continue;
+    }
+
+    progress_.Update([&](TransferProgress::Snapshot& s) { s.error = std::string(status.message()); });
+    if (!IsRetryable(status)) return status;
+
+    uint64_t done = progress_.Get().bytes_done;
+    if (done > best_done) {
+      best_done = done;
+      failures = 0;
+      last_progress = absl::Now();
+    }
+    if (config_.transfer.give_up_after_us > 0 &&
+        absl::Now() - last_progress > absl::Microseconds(config_.transfer.give_up_after_us)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no progress for ", absl::FormatDuration(absl::Now() - last_progress),
+                       "; last error: ", status.message()));
+    }
+    absl::Duration backoff = std::min(kMaxBackoff, kMinBackoff * (1 << std::min(failures, 6)));
+    ++failures;
+    spdlog::warn("transfer {}: {}; retrying in {}", record().id(), status.message(),
+                 absl::FormatDuration(backoff));
+    wake_.WaitForNotificationWithTimeout(backoff);
+  }
+}
+
+absl::Status TransferSender::RunAttempt() {
+  const v1::OutgoingTransfer record = this->record();
+  const v1::TransferSpec& spec = record.spec();
+  const daemon::PeerConfig* peer = config_.FindPeer(spec.dest_site());
+  if (peer == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("site ", spec.dest_site(), " is not a configured peer of ", config_.site));
+  }
+  const uint64_t session_id = SessionIdFor(record.id());
+
+  v1::Hello hello;
+  hello.set_role(v1::Hello::CONTROL);
+  hello.set_transfer_id(record.id());
+  auto control = DialSession(transport_, peer->site, peer->address, hello);
+  if (!control.ok()) return control.status();
+  {
+    absl::MutexLock lock(&mu_);
+    channels_.insert(control->get());
+  }
+  struct Unregister {
+    TransferSender* self;
+    transport::Channel* channel;
+    ~Unregister() {
+      absl::MutexLock lock(&self->mu_);
+      self->channels_.erase(channel);
+    }
+  } unregister{this, control->get()};
+  if (stop_.load()) return absl::CancelledError("stopped");
+
+  v1::PeerMessage request;
+  v1::OpenRequest* open = request.mutable_open();
+  open->set_transfer_id(record.id());
+  open->set_source_site(config_.site);
+  open->set_export_name(spec.dest_export());
+  open->set_dest_path(spec.dest_path());
+  *open->mutable_manifest() = record.manifest();
+  *open->mutable_commit_last() = record.commit_last();
+  open->set_skip_unchanged(spec.sync());
+  open->set_single_file(record.single_file());
+  auto opened = Call(**control, session_id, request);
+  if (!opened.ok()) return opened.status();
+  const v1::OpenReply& reply = opened->open_reply();
+
+  const v1::Manifest& manifest = record.manifest();
+  const uint64_t chunk_size = manifest.chunk_size();
+  absl::flat_hash_set<uint32_t> unchanged(reply.unchanged_files().begin(),
+                                          reply.unchanged_files().end());
+  absl::flat_hash_set<uint64_t> durable;
+  for (const v1::ChunkId& id : reply.durable()) durable.insert(ChunkKey(id.file_index(), id.chunk_index()));
+
+  TransferProgress::Snapshot totals;
+  std::deque<Chunk> queue;
+  for (int f = 0; f < manifest.files_size(); ++f) {
+    if (unchanged.contains(f)) {
+      ++totals.files_unchanged;
+      continue;
+    }
+    const v1::ManifestFile& file = manifest.files(f);
+    totals.bytes_total += file.size();
+    uint64_t n = storage::ChunkCount(file, chunk_size);
+    totals.chunks_total += n;
+    for (uint64_t c = 0; c < n; ++c) {
+      uint64_t size = storage::ChunkSize(file, c, chunk_size);
+      if (durable.contains(ChunkKey(f, c))) {
+        totals.bytes_done += size;
+        ++totals.chunks_done;
+      } else {
+        queue.push_back({static_cast<uint32_t>(f), static_cast<uint32_t>(c), size});
+      }
+    }
+  }
+  uint64_t bytes_sent;
+  {
+    absl::MutexLock lock(&mu_);
+    queue_ = std::move(queue);
+    in_flight_bytes_ = 0;
+    bytes_sent = record_.bytes_sent();
+  }
+  progress_.Update([&](TransferProgress::Snapshot& s) {
+    s.bytes_total = totals.bytes_total;
+    s.bytes_done = totals.bytes_done;
+    s.chunks_total = totals.chunks_total;
+    s.chunks_done = totals.chunks_done;
+    s.files_unchanged = totals.files_unchanged;
+    s.bytes_sent = bytes_sent;
+    s.resent_bytes = bytes_sent > totals.bytes_done ? bytes_sent - totals.bytes_done : 0;
+  });
+
+  uint32_t streams = spec.streams() ? spec.streams() : config_.transfer.streams;
+  size_t pending;
+  {
+    absl::MutexLock lock(&mu_);
+    pending = queue_.size();
+  }
+  streams = static_cast<uint32_t>(std::min<size_t>(streams, pending));
+  if (streams > 0) {
+    std::vector<absl::Status> results(streams);
+    std::vector<std::thread> threads;
+    for (uint32_t i = 0; i < streams; ++i) {
+      threads.emplace_back([&, i] {
+        v1::Hello data_hello;
+        data_hello.set_role(v1::Hello::DATA);
+        data_hello.set_transfer_id(record.id());
+        data_hello.set_stream_index(i);
+        auto channel = DialSession(transport_, peer->site, peer->address, data_hello);
+        if (!channel.ok()) {
+          results[i] = channel.status();
+        } else {
+          results[i] = StreamLoop(i, session_id, std::move(*channel));
+        }
+        if (!results[i].ok() && !stopping()) AbortChannels();  // fail the attempt fast
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    progress_.Update([](TransferProgress::Snapshot& s) { s.active_streams = 0; });
+    if (stopping()) return absl::CancelledError("stopped");
+    // Report the cause, not the aborts it triggered in sibling streams.
+    absl::Status first = absl::OkStatus();
+    for (const absl::Status& r : results) {
+      if (r.ok()) continue;
+      if (first.ok() || first.code() == absl::StatusCode::kCancelled) first = r;
+    }
+    if (!first.ok()) return first;
+  }
+
+  // Every chunk is durable. A source file touched after its chunks were read
+  // must not be published mixed: check them all once more.
+  if (std::optional<uint32_t> changed = FindChangedSource()) {
+    absl::MutexLock lock(&mu_);
+    changed_file_ = changed;
+    return absl::AbortedError("source changed");
+  }
+  progress_.Update([](TransferProgress::Snapshot& s) { s.error.clear(); });
+  v1::PeerMessage commit;
+  commit.mutable_commit()->set_transfer_id(record.id());
+  auto committed = Call(**control, session_id, commit);
+  if (!committed.ok()) return committed.status();
+  return absl::OkStatus();
+}
+
+void TransferSender::AddBytesSent(uint64_t bytes) {
+  v1::OutgoingCounters counters;
+  std::string id;
+  {
+    absl::MutexLock lock(&mu_);
+    record_.set_bytes_sent(record_.bytes_sent() + bytes);
+    counters.set_bytes_sent(record_.bytes_sent());
+    id = record_.id();
+  }
+  // Unsynced: it only has to survive a process crash, which it does.
+  if (absl::Status s = journal_.PutOutgoingCounters(id, counters); !s.ok()) {
+    spdlog::warn("transfer {}: cannot journal counters: {}", id, s.message());
+  }
+}
+
+absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_id,
+                                        std::unique_ptr<transport::Channel> channel) {
+  {
+    absl::MutexLock lock(&mu_);
+    channels_.insert(channel.get());
+  }
+  struct Unregister {
+    TransferSender* self;
+    transport::Channel* channel;
+    ~Unregister() {
+      absl::MutexLock lock(&self->mu_);
+      self->channels_.erase(channel);
+    }
+  } unregister{this, channel.get()};
+  if (stop_.load()) return absl::CancelledError("stopped");
+  progress_.Update([](TransferProgress::Snapshot& s) { ++s.active_streams; });
+
+  const v1::OutgoingTransfer record = this->record();
+  const v1::Manifest& manifest = record.manifest();
+  const uint64_t chunk_size = manifest.chunk_size();
+  std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
+  std::vector<uint8_t> buffer(chunk_size);
+  int fd = -1;
+  uint32_t fd_file = UINT32_MAX;
+  struct CloseFd {
+    int* fd;
+    ~CloseFd() {
+      if (*fd >= 0) ::close(*fd);
+    }
+  } close_fd{&fd};
+
+  auto source_changed = [&](uint32_t file_index, const absl::Status& why) {
+    spdlog::info("transfer {}: {}; it will be sent again whole", record.id(), why.message());
+    absl::MutexLock lock(&mu_);
+    changed_file_ = file_index;
+    return absl::AbortedError(why.message());
+  };
+
+  while (!stopping()) {
+    Chunk chunk;
+    {
+      absl::MutexLock lock(&mu_);
+      if (queue_.empty()) break;
+      chunk = queue_.front();
+      queue_.pop_front();
+      in_flight_bytes_ += chunk.size;
+    }
+    const v1::ManifestFile& file = manifest.files(chunk.file_index);
+    if (fd_file != chunk.file_index) {
+      if (fd >= 0) ::close(fd);
+      const std::string& path = record.source_paths(chunk.file_index);
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      fd_file = chunk.file_index;
+      if (fd < 0) {
+        if (errno == ENOENT) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("source file ", path, " was removed during the transfer"));
+        }
+        return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+      }
+    }
+    // The identity is checked before and after the read, so the bytes we
+    // hash belong to the file the manifest describes.
+    if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) {
+      return s.code() == absl::StatusCode::kAborted ? source_changed(chunk.file_index, s) : s;
+    }
+    absl::Span<uint8_t> data(buffer.data(), chunk.size);
+    auto hash = storage::ReadChunkHashed(*io, fd, chunk.chunk_index * chunk_size, data);
+    if (!hash.ok()) {
+      return hash.status().code() == absl::StatusCode::kAborted
+                 ? source_changed(chunk.file_index, hash.status())
+                 : hash.status();
+    }
+    if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) {
+      return s.code() == absl::StatusCode::kAborted ? source_changed(chunk.file_index, s) : s;
+    }
+
+    ChunkHeader header{chunk.file_index, chunk.chunk_index, file.generation(), hash->low, hash->high};
+    std::array<uint8_t, kChunkHeaderSize> header_bytes;
+    EncodeChunkHeader(header, header_bytes);
+    AddBytesSent(chunk.size);
+    progress_.Update([&](TransferProgress::Snapshot& s) { s.bytes_sent += chunk.size; });
+    if (absl::Status s = SendFrame(*channel, FrameType::kChunk, session_id,
+                                   {absl::Span<const uint8_t>(header_bytes), data});
+        !s.ok()) {
+      return s;
+    }
+
+    auto ack_header = ReadFrameHeader(*channel, kChunkAckFixedSize + kMaxAckMessage);
+    if (!ack_header.ok()) return ack_header.status();
+    if (ack_header->type != FrameType::kChunkAck || ack_header->session_id != session_id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(channel->peer_site(), " answered a chunk with an unexpected frame"));
+    }
+    std::vector<uint8_t> ack_bytes(ack_header->payload_length);
+    if (absl::Status s = channel->ReadExactly(absl::MakeSpan(ack_bytes)); !s.ok()) return s;
+    auto ack = ParseChunkAck(ack_bytes);
+    if (!ack.ok()) return ack.status();
+    if (ack->file_index != chunk.file_index || ack->chunk_index != chunk.chunk_index) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(channel->peer_site(), " acknowledged a chunk that was not sent"));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_bytes_ -= chunk.size;
+      if (ack->result == ChunkAck::Result::kHashMismatch) queue_.push_front(chunk);
+    }
+    switch (ack->result) {
+      case ChunkAck::Result::kDurable: {
+        progress_.Update([&](TransferProgress::Snapshot& s) {
+          s.bytes_done += chunk.size;
+          ++s.chunks_done;
+        });
+        if (observer_) observer_(channel->peer_site(), channel->Stats());
+        break;
+      }
+      case ChunkAck::Result::kHashMismatch:
+        spdlog::warn("transfer {}: {} reports a corrupted chunk {} of {}; sending it again",
+                     record.id(), channel->peer_site(), chunk.chunk_index, file.path());
+        break;
+      case ChunkAck::Result::kRetryLater:
+        return absl::ResourceExhaustedError(
+            absl::StrCat(channel->peer_site(), " cannot store data: ", ack->message));
+      case ChunkAck::Result::kRefused:
+        return absl::FailedPreconditionError(
+            absl::StrCat(channel->peer_site(), " refused a chunk: ", ack->message));
+    }
+    // Bytes that left more than once: everything sent beyond what is durable
+    // or still on its way.
+    uint64_t in_flight;
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight = in_flight_bytes_;
+    }
+    progress_.Update([&](TransferProgress::Snapshot& s) {
+      uint64_t accounted = s.bytes_done + in_flight;
+      s.resent_bytes = s.bytes_sent > accounted ? s.bytes_sent - accounted : 0;
+    });
+  }
+  return absl::OkStatus();
+}
+
+std::optional<uint32_t> TransferSender::FindChangedSource() {
+  const v1::OutgoingTransfer record = this->record();
+  for (int f = 0; f < record.manifest().files_size(); ++f) {
+    int fd = ::open(record.source_paths(f).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return f;
+    absl::Status s = storage::CheckSourceUnchanged(record.manifest().files(f), fd);
+    ::close(fd);
+    if (!s.ok()) {
+      spdlog::info("transfer {}: {}", record.id(), s.message());
+      return f;
+    }
+  }
+  return std::nullopt;
+}
+
+absl::Status TransferSender::RefreshChangedFile(uint32_t file_index) {
+  v1::OutgoingTransfer copy;
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string& path = record_.source_paths(file_index);
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("source file ", path, " changed and can no longer be read: ", std::strerror(errno)));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat("source ", path, " is no longer a regular file"));
+    }
+    v1::ManifestFile* file = record_.mutable_manifest()->mutable_files(file_index);
+    file->set_size(st.st_size);
+    file->set_mtime_ns(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
+    file->set_mode(st.st_mode & 07777);
+    file->set_inode(st.st_ino);
+    file->set_device(st.st_dev);
+    file->set_generation(file->generation() + 1);
+    copy = record_;
+  }
+  return journal_.PutOutgoing(copy, /*sync=*/true);
+}
+
+}  // namespace longhaul::peer

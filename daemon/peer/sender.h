@@ -1,0 +1,124 @@
+#ifndef LONGHAUL_DAEMON_PEER_SENDER_H_
+#define LONGHAUL_DAEMON_PEER_SENDER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "daemon/config.h"
+#include "daemon/transport/transport.h"
+#include "longhaul/v1/journal.pb.h"
+#include "storage/journal.h"
+
+namespace longhaul::peer {
+
+// Live figures of one outgoing transfer, read by the control service while
+// the sender updates them. Thread-safe.
+class TransferProgress {
+ public:
+  struct Snapshot {
+    uint64_t bytes_total = 0;
+    uint64_t bytes_done = 0;
+    uint64_t chunks_total = 0;
+    uint64_t chunks_done = 0;
+    uint64_t bytes_sent = 0;
+    uint64_t resent_bytes = 0;
+    uint64_t files_unchanged = 0;
+    uint32_t active_streams = 0;
+    uint32_t attempts = 0;
+    std::string error;
+  };
+  Snapshot Get() const {
+    absl::MutexLock lock(&mu_);
+    return s_;
+  }
+  template <typename F>
+  void Update(F&& f) {
+    absl::MutexLock lock(&mu_);
+    f(s_);
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  Snapshot s_ ABSL_GUARDED_BY(mu_);
+};
+
+// Link figures a sender saw last for its peer (for `longhaul peers`).
+using LinkObserver = std::function<void(const std::string& site, const transport::LinkStats&)>;
+
+// Drives one outgoing transfer to its end: opens a session with the
+// destination, sends every chunk it lacks over N streams (one chunk in flight
+// per stream, so a crash re-sends at most streams x chunk size), re-sends
+// files whose source changed, and asks the destination to publish.
+// Transient failures (a broken connection, a restarted peer, a full disk at
+// the destination) are retried with exponential backoff; the journal record
+// is kept current so a restarted daemon resumes where this one stopped.
+//
+// Run() is called once, on a thread of its own; Drain() and Stop() may be
+// called from any thread.
+class TransferSender {
+ public:
+  TransferSender(const daemon::DaemonConfig& config, transport::Transport& transport,
+                 storage::Journal& journal, v1::OutgoingTransfer record,
+                 TransferProgress& progress, LinkObserver observer);
+
+  // OK: published at the destination. Cancelled: stopped by Drain/Stop.
+  // Another error: the transfer cannot complete without an operator.
+  absl::Status Run();
+
+  // Finish the chunks in flight, then stop (SIGTERM, pause).
+  void Drain();
+  // Stop now, abandoning chunks in flight.
+  void Stop();
+
+  // The record as last journaled (the manifest may have new generations).
+  v1::OutgoingTransfer record() const;
+
+ private:
+  struct Chunk {
+    uint32_t file_index;
+    uint32_t chunk_index;
+    uint64_t size;
+  };
+
+  absl::Status RunAttempt();
+  absl::Status StreamLoop(uint32_t stream_index, uint64_t session_id,
+                          std::unique_ptr<transport::Channel> channel);
+  // Re-reads the source file's identity and bumps its generation.
+  absl::Status RefreshChangedFile(uint32_t file_index);
+  // Any source file whose identity differs from the manifest, or nullopt.
+  std::optional<uint32_t> FindChangedSource();
+  bool stopping() const { return drain_.load() || stop_.load(); }
+  void AbortChannels();
+  void AddBytesSent(uint64_t bytes);
+
+  const daemon::DaemonConfig& config_;
+  transport::Transport& transport_;
+  storage::Journal& journal_;
+  TransferProgress& progress_;
+  LinkObserver observer_;
+  std::string peer_address_;
+
+  mutable absl::Mutex mu_;
+  v1::OutgoingTransfer record_ ABSL_GUARDED_BY(mu_);
+  std::deque<Chunk> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<uint32_t> changed_file_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<transport::Channel*> channels_ ABSL_GUARDED_BY(mu_);
+
+  std::atomic<bool> drain_{false};
+  std::atomic<bool> stop_{false};
+  absl::Notification wake_;  // cuts a backoff short on Drain/Stop
+};
+
+}  // namespace longhaul::peer
+
+#endif  // LONGHAUL_DAEMON_PEER_SENDER_H_

@@ -1,0 +1,547 @@
+#include "daemon/transfer_manager.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "daemon/peer/messaging.h"
+#include "common/fmt_absl.h"
+#include "spdlog/spdlog.h"
+#include "storage/chunk_io.h"
+#include "storage/file_io.h"
+#include "storage/manifest.h"
+
+namespace longhaul::daemon {
+namespace {
+
+// How long Pause and Shutdown let chunks in flight finish before cutting them.
+constexpr absl::Duration kDrainTimeout = absl::Seconds(20);
+
+int PriorityRank(v1::PriorityClass p) {
+  switch (p) {
+    case v1::EXCHANGE:
+      return 0;
+    case v1::BACKGROUND:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+std::string NewTransferId() {
+  absl::BitGen gen;
+  return absl::StrFormat("t-%016x", absl::Uniform<uint64_t>(gen));
+}
+
+}  // namespace
+
+bool IsEndState(v1::TransferState state) {
+  return state == v1::COMPLETED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+TransferManager::TransferManager(const DaemonConfig& config, transport::Transport& transport,
+                                 storage::Journal& journal)
+    : config_(config), transport_(transport), journal_(journal) {}
+
+TransferManager::~TransferManager() { Shutdown(); }
+
+absl::Status TransferManager::Start() {
+  auto records = journal_.ListOutgoing();
+  if (!records.ok()) return records.status();
+  absl::MutexLock lock(&mu_);
+  int resumed = 0;
+  for (v1::OutgoingTransfer& record : *records) {
+    auto t = std::make_unique<Transfer>();
+    if (record.state() == v1::RUNNING || record.state() == v1::PUBLISHING) {
+      record.set_state(v1::QUEUED);
+      ++resumed;
+    }
+    t->progress.Update([&](peer::TransferProgress::Snapshot& s) {
+      s.bytes_done = record.bytes_done();
+      s.chunks_done = record.chunks_done();
+      s.bytes_sent = record.bytes_sent();
+      s.resent_bytes = record.resent_bytes();
+      s.files_unchanged = record.files_unchanged();
+      s.attempts = record.attempts();
+      s.error = record.error();
+      for (const auto& f : record.manifest().files()) s.bytes_total += f.size();
+    });
+    t->record = std::move(record);
+    transfers_[t->record.id()] = std::move(t);
+  }
+  if (resumed > 0) spdlog::info("resuming {} unfinished transfers from the journal", resumed);
+  ScheduleLocked();
+  return absl::OkStatus();
+}
+
+void TransferManager::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  for (auto& [id, t] : transfers_) {
+    if (t->sender) {
+      t->stop_reason = StopReason::kShutdown;
+      t->sender->Drain();
+    }
+  }
+  auto none_running = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_threads_ == 0; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&none_running), kDrainTimeout)) {
+    spdlog::warn("chunks still in flight after {}; stopping them", absl::FormatDuration(kDrainTimeout));
+    for (auto& [id, t] : transfers_) {
+      if (t->sender) t->sender->Stop();
+    }
+    mu_.Await(absl::Condition(&none_running));
+  }
+}
+
+absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& request_id,
+                                                           v1::TransferSpec spec) {
+  absl::MutexLock submit_lock(&submit_mu_);
+  if (!request_id.empty()) {
+    auto existing = journal_.LookupRequest(request_id);
+    if (!existing.ok()) return existing.status();
+    if (*existing) return Get(**existing);
+  }
+  if (spec.sources().empty()) return absl::InvalidArgumentError("no source given");
+  for (const std::string& source : spec.sources()) {
+    if (source.empty() || source[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat("source '", source, "' must be an absolute path"));
+    }
+  }
+  if (config_.FindPeer(spec.dest_site()) == nullptr) {
+    std::vector<std::string> sites;
+    for (const PeerConfig& p : config_.peers) sites.push_back(p.site);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown peer site '", spec.dest_site(), "'; configured peers: ",
+        sites.empty() ? "(none)" : absl::StrJoin(sites, ", ")));
+  }
+  if (spec.dest_export().empty()) {
+    return absl::InvalidArgumentError("destination must be SITE:/EXPORT/PATH (no export given)");
+  }
+  if (spec.streams() > 64) return absl::InvalidArgumentError("streams must be between 1 and 64");
+  if (spec.streams() == 0) {
+    const PeerConfig* peer = config_.FindPeer(spec.dest_site());
+    spec.set_streams(peer->streams ? peer->streams : config_.transfer.streams);
+  }
+  if (spec.chunk_size() == 0) spec.set_chunk_size(config_.transfer.chunk_size);
+  if (spec.chunk_size() < (64u << 10) || spec.chunk_size() > config_.transfer.max_chunk_size) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk size must be between 64KiB and ",
+                                                   config_.transfer.max_chunk_size, " bytes"));
+  }
+  if (!spec.transport().empty() && spec.transport() != "tcp") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown transport '", spec.transport(), "' (supported: tcp)"));
+  }
+
+  auto built = storage::BuildManifest({spec.sources().begin(), spec.sources().end()}, spec.chunk_size());
+  if (!built.ok()) return built.status();
+  if (built->single_file && spec.dest_path().empty()) {
+    return absl::InvalidArgumentError("copying a single file needs a destination file name");
+  }
+
+  v1::OutgoingTransfer record;
+  record.set_id(NewTransferId());
+  record.set_request_id(request_id);
+  *record.mutable_manifest() = std::move(built->manifest);
+  for (std::string& p : built->source_paths) record.add_source_paths(std::move(p));
+  record.set_single_file(built->single_file);
+  for (const std::string& g : config_.transfer.commit_last) record.add_commit_last(g);
+  for (const std::string& g : spec.commit_last()) record.add_commit_last(g);
+  *record.mutable_spec() = std::move(spec);
+  record.set_state(v1::QUEUED);
+  record.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+
+  absl::Status persisted = request_id.empty() ? journal_.PutOutgoing(record, /*sync=*/true)
+                                              : journal_.PutOutgoingWithRequest(record, request_id);
+  if (!persisted.ok()) return persisted;
+
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("daemon is shutting down");
+  auto t = std::make_unique<Transfer>();
+  uint64_t total = 0;
+  for (const auto& f : record.manifest().files()) total += f.size();
+  t->progress.Update([&](peer::TransferProgress::Snapshot& s) { s.bytes_total = total; });
+  t->record = std::move(record);
+  Transfer& ref = *t;
+  transfers_[ref.record.id()] = std::move(t);
+  spdlog::info("transfer {} queued: {} files, {} bytes to {}:/{}/{}", ref.record.id(),
+               ref.record.manifest().files_size(), total, ref.record.spec().dest_site(),
+               ref.record.spec().dest_export(), ref.record.spec().dest_path());
+  ScheduleLocked();
+  return StatusOf(ref);
+}
+
+void TransferManager::ScheduleLocked() {
+  if (shutting_down_) return;
+  int running = 0;
+  std::vector<Transfer*> queued;
+  for (auto& [id, t] : transfers_) {
+    if (t->sender) ++running;
+    if (t->record.state() == v1::QUEUED && !t->sender) queued.push_back(t.get());
+  }
+  std::sort(queued.begin(), queued.end(), [](const Transfer* a, const Transfer* b) {
+    int pa = PriorityRank(a->record.spec().priority()), pb = PriorityRank(b->record.spec().priority());
+    if (pa != pb) return pa < pb;
+    return a->record.created_unix_ms() < b->record.created_unix_ms();
+  });
+  for (Transfer* t : queued) {
+    if (running >= static_cast<int>(config_.transfer.max_active)) break;
+    StartLocked(*t);
+    ++running;
+  }
+}
+
+void TransferManager::StartLocked(Transfer& t) {
+  t.record.set_state(v1::RUNNING);
+  t.stop_reason = StopReason::kNone;
+  t.running_since = absl::Now();
+  t.run_start_bytes = t.progress.Get().bytes_done;
+  PersistLocked(t);
+  std::string site = t.record.spec().dest_site();
+  t.sender = std::make_unique<peer::TransferSender>(
+      config_, transport_, journal_, t.record, t.progress,
+      [this](const std::string& peer_site, const transport::LinkStats& stats) {
+        absl::MutexLock lock(&mu_);
+        link_stats_[peer_site] = stats;
+      });
+  ++running_threads_;
+  std::thread([this, tp = &t] { RunTransfer(tp); }).detach();
+}
+
+void TransferManager::RunTransfer(Transfer* t) {
+  absl::Status result = t->sender->Run();
+  v1::OutgoingTransfer remote_abort;
+  {
+    absl::MutexLock lock(&mu_);
+    v1::OutgoingTransfer updated = t->sender->record();
+    t->record.mutable_manifest()->Swap(updated.mutable_manifest());
+    t->record.set_attempts(updated.attempts());
+    t->record.set_active_seconds(t->record.active_seconds() +
+                                 absl::ToDoubleSeconds(absl::Now() - t->running_since));
+    t->running_since = absl::InfinitePast();
+    if (result.ok()) {
+      t->record.set_state(v1::COMPLETED);
+      t->record.clear_error();
+      spdlog::info("transfer {} completed", t->record.id());
+    } else if (result.code() == absl::StatusCode::kCancelled) {
+      switch (t->stop_reason) {
+        case StopReason::kPause:
+          t->record.set_state(v1::PAUSED);
+          break;
+        case StopReason::kCancel:
+          t->record.set_state(v1::CANCELLED);
+          remote_abort = t->record;
+          break;
+        default:  // shutdown: stays RUNNING in the journal, resumed on start
+          break;
+      }
+    } else {
+      t->record.set_state(v1::FAILED);
+      t->record.set_error(std::string(result.message()));
+      spdlog::error("transfer {} failed: {}", t->record.id(), result.message());
+    }
+    if (IsEndState(t->record.state())) t->record.set_finished_unix_ms(absl::ToUnixMillis(absl::Now()));
+    PersistLocked(*t);
+    t->sender.reset();
+  }
+  if (!remote_abort.id().empty()) AbortRemote(remote_abort);
+  absl::MutexLock lock(&mu_);
+  --running_threads_;
+  ScheduleLocked();
+}
+
+void TransferManager::PersistLocked(Transfer& t) {
+  peer::TransferProgress::Snapshot s = t.progress.Get();
+  t.record.set_bytes_done(s.bytes_done);
+  t.record.set_chunks_done(s.chunks_done);
+  t.record.set_resent_bytes(s.resent_bytes);
+  t.record.set_files_unchanged(s.files_unchanged);
+  if (s.bytes_sent > t.record.bytes_sent()) t.record.set_bytes_sent(s.bytes_sent);
+  if (!s.error.empty() && t.record.state() != v1::COMPLETED && t.record.error().empty()) {
+    t.record.set_error(s.error);
+  }
+  if (absl::Status st = journal_.PutOutgoing(t.record, /*sync=*/true); !st.ok()) {
+    spdlog::error("cannot journal transfer {}: {}", t.record.id(), st.message());
+  }
+}
+
+v1::TransferStatus TransferManager::StatusOf(const Transfer& t) const {
+  peer::TransferProgress::Snapshot s = t.progress.Get();
+  v1::TransferStatus status;
+  status.set_id(t.record.id());
+  status.set_state(t.record.state());
+  *status.mutable_spec() = t.record.spec();
+  status.set_bytes_total(s.bytes_total);
+  status.set_bytes_done(s.bytes_done);
+  status.set_files(t.record.manifest().files_size());
+  status.set_chunks_total(s.chunks_total);
+  status.set_chunks_done(s.chunks_done);
+  status.set_bytes_sent(std::max<uint64_t>(s.bytes_sent, t.record.bytes_sent()));
+  status.set_resent_bytes(s.resent_bytes);
+  status.set_active_streams(s.active_streams);
+  status.set_files_unchanged(s.files_unchanged);
+  status.set_attempts(s.attempts);
+  double seconds = t.record.active_seconds();
+  if (t.running_since != absl::InfinitePast()) {
+    double run = absl::ToDoubleSeconds(absl::Now() - t.running_since);
+    seconds += run;
+    if (run > 0) status.set_rate_bytes_per_sec((s.bytes_done - t.run_start_bytes) / run);
+  } else if (seconds > 0) {
+    status.set_rate_bytes_per_sec(s.bytes_total / seconds);
+  }
+  status.set_seconds(seconds);
+  if (t.record.state() == v1::FAILED) {
+    status.set_error(t.record.error());
+  } else if (!IsEndState(t.record.state())) {
+    status.set_error(s.error);
+  }
+  status.set_created_unix_ms(t.record.created_unix_ms());
+  status.set_finished_unix_ms(t.record.finished_unix_ms());
+  return status;
+}
+
+absl::StatusOr<TransferManager::Transfer*> TransferManager::FindLocked(const std::string& id) const {
+  auto it = transfers_.find(id);
+  if (it == transfers_.end()) return absl::NotFoundError(absl::StrCat("no transfer ", id));
+  return it->second.get();
+}
+
+absl::StatusOr<v1::TransferStatus> TransferManager::Get(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto t = FindLocked(id);
+  if (!t.ok()) return t.status();
+  return StatusOf(**t);
+}
+
+std::vector<v1::TransferStatus> TransferManager::List(bool all) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::TransferStatus> out;
+  for (const auto& [id, t] : transfers_) {
+    if (all || !IsEndState(t->record.state())) out.push_back(StatusOf(*t));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.created_unix_ms() != b.created_unix_ms() ? a.created_unix_ms() < b.created_unix_ms()
+                                                      : a.id() < b.id();
+  });
+  return out;
+}
+
+void TransferManager::StopLocked(Transfer& t, StopReason reason) {
+  t.stop_reason = reason;
+  if (reason == StopReason::kPause) {
+    t.sender->Drain();
+  } else {
+    t.sender->Stop();
+  }
+  auto stopped = [&t]() { return t.sender == nullptr; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&stopped), kDrainTimeout) && t.sender) {
+    t.sender->Stop();
+    mu_.Await(absl::Condition(&stopped));
+  }
+}
+
+absl::StatusOr<v1::TransferStatus> TransferManager::Cancel(const std::string& id) {
+  v1::OutgoingTransfer remote_abort;
+  v1::TransferStatus status;
+  {
+    absl::MutexLock lock(&mu_);
+    auto found = FindLocked(id);
+    if (!found.ok()) return found.status();
+    Transfer& t = **found;
+    if (t.record.state() == v1::COMPLETED) {
+      return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " already completed"));
+    }
+    if (t.sender) {
+      StopLocked(t, StopReason::kCancel);  // RunTransfer aborts the remote staging
+    } else if (t.record.state() != v1::CANCELLED) {
+      t.record.set_state(v1::CANCELLED);
+      t.record.set_finished_unix_ms(absl::ToUnixMillis(absl::Now()));
+      PersistLocked(t);
+      remote_abort = t.record;
+    }
+    status = StatusOf(t);
+  }
+  if (!remote_abort.id().empty()) AbortRemote(remote_abort);
+  return status;
+}
+
+absl::StatusOr<v1::TransferStatus> TransferManager::Pause(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto found = FindLocked(id);
+  if (!found.ok()) return found.status();
+  Transfer& t = **found;
+  if (t.sender) {
+    StopLocked(t, StopReason::kPause);
+  } else if (t.record.state() == v1::QUEUED) {
+    t.record.set_state(v1::PAUSED);
+    PersistLocked(t);
+  } else if (t.record.state() != v1::PAUSED) {
+    return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is ",
+                                                      v1::TransferState_Name(t.record.state()),
+                                                      " and cannot be paused"));
+  }
+  return StatusOf(t);
+}
+
+absl::StatusOr<v1::TransferStatus> TransferManager::Resume(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto found = FindLocked(id);
+  if (!found.ok()) return found.status();
+  Transfer& t = **found;
+  // A failed transfer can be resumed too, once the operator fixed the cause.
+  if (t.record.state() == v1::PAUSED || t.record.state() == v1::FAILED) {
+    t.record.set_state(v1::QUEUED);
+    t.record.clear_error();
+    t.progress.Update([](peer::TransferProgress::Snapshot& s) { s.error.clear(); });
+    PersistLocked(t);
+    ScheduleLocked();
+  } else if (t.record.state() == v1::COMPLETED || t.record.state() == v1::CANCELLED) {
+    return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " has ended (",
+                                                      v1::TransferState_Name(t.record.state()), ")"));
+  }
+  return StatusOf(t);
+}
+
+void TransferManager::AbortRemote(const v1::OutgoingTransfer& record) {
+  const PeerConfig* peer = config_.FindPeer(record.spec().dest_site());
+  if (peer == nullptr) return;
+  v1::Hello hello;
+  hello.set_role(v1::Hello::CONTROL);
+  hello.set_transfer_id(record.id());
+  auto channel = peer::DialSession(transport_, peer->site, peer->address, hello);
+  absl::Status status = channel.status();
+  if (channel.ok()) {
+    v1::PeerMessage request;
+    request.mutable_abort()->set_transfer_id(record.id());
+    request.mutable_abort()->set_reason("cancelled by the source site's operator");
+    status = peer::Call(**channel, peer::SessionIdFor(record.id()), request).status();
+  }
+  if (!status.ok()) {
+    spdlog::warn("transfer {}: could not remove staging at {}: {}", record.id(), peer->site,
+                 status.message());
+  }
+}
+
+absl::StatusOr<v1::VerifyResponse> TransferManager::Verify(const std::string& id) {
+  v1::OutgoingTransfer record;
+  {
+    absl::MutexLock lock(&mu_);
+    auto found = FindLocked(id);
+    if (!found.ok()) return found.status();
+    record = (*found)->record;
+  }
+  if (record.state() != v1::COMPLETED) {
+    return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is ",
+                                                      v1::TransferState_Name(record.state()),
+                                                      "; only completed transfers can be verified"));
+  }
+  const PeerConfig* peer = config_.FindPeer(record.spec().dest_site());
+  if (peer == nullptr) return absl::FailedPreconditionError("destination site is no longer a peer");
+  v1::Hello hello;
+  hello.set_role(v1::Hello::CONTROL);
+  hello.set_transfer_id(id);
+  auto channel = peer::DialSession(transport_, peer->site, peer->address, hello);
+  if (!channel.ok()) return channel.status();
+  v1::PeerMessage request;
+  request.mutable_verify()->set_transfer_id(id);
+  auto answer = peer::Call(**channel, peer::SessionIdFor(id), request);
+  if (!answer.ok()) return answer.status();
+  const v1::VerifyReply& reply = answer->verify_reply();
+
+  const v1::Manifest& manifest = record.manifest();
+  std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
+  std::vector<uint8_t> buffer(manifest.chunk_size());
+  v1::VerifyResponse response;
+  for (const v1::FileDigest& remote : reply.files()) {
+    if (remote.file_index() >= static_cast<uint32_t>(manifest.files_size())) continue;
+    const v1::ManifestFile& file = manifest.files(remote.file_index());
+    const std::string& source = record.source_paths(remote.file_index());
+    response.set_files_checked(response.files_checked() + 1);
+    if (!remote.error().empty()) {
+      response.add_mismatches(absl::StrCat(file.path(), ": destination: ", remote.error()));
+      continue;
+    }
+    int fd = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      response.add_mismatches(absl::StrCat(file.path(), ": cannot read source ", source));
+      continue;
+    }
+    uint64_t n = storage::ChunkCount(file, manifest.chunk_size());
+    std::string problem;
+    if (storage::CheckSourceUnchanged(file, fd).code() == absl::StatusCode::kAborted) {
+      problem = "source changed since the transfer";
+    } else if (static_cast<uint64_t>(remote.chunk_xxh128_size()) != n) {
+      problem = "destination has a different number of chunks";
+    }
+    for (uint64_t c = 0; c < n && problem.empty(); ++c) {
+      uint64_t size = storage::ChunkSize(file, c, manifest.chunk_size());
+      auto hash = storage::ReadChunkHashed(*io, fd, c * manifest.chunk_size(),
+                                           absl::MakeSpan(buffer.data(), size));
+      if (!hash.ok()) {
+        problem = std::string(hash.status().message());
+      } else if (auto bytes = hash->ToBytes();
+                 remote.chunk_xxh128(c) != std::string(bytes.begin(), bytes.end())) {
+        problem = absl::StrCat("chunk ", c, " differs");
+      }
+      response.set_bytes_checked(response.bytes_checked() + size);
+    }
+    ::close(fd);
+    if (!problem.empty()) response.add_mismatches(absl::StrCat(file.path(), ": ", problem));
+  }
+  if (reply.files_size() != manifest.files_size()) {
+    response.add_mismatches("destination reported a different number of files");
+  }
+  response.set_ok(response.mismatches().empty());
+  return response;
+}
+
+v1::PeersResponse TransferManager::Peers(bool probe) {
+  v1::PeersResponse response;
+  response.set_site(config_.site);
+  for (const PeerConfig& peer : config_.peers) {
+    v1::PeerStatus* status = response.add_peers();
+    status->set_site(peer.site);
+    status->set_address(peer.address);
+    status->set_transport(peer.transport);
+    if (probe) {
+      v1::Hello hello;
+      hello.set_role(v1::Hello::PROBE);
+      absl::Time start = absl::Now();
+      auto channel = peer::DialSession(transport_, peer.site, peer.address, hello);
+      status->set_reachable(channel.ok());
+      if (channel.ok()) {
+        status->set_handshake_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+        transport::LinkStats stats = (*channel)->Stats();
+        status->set_congestion_control(stats.congestion_control);
+        status->set_rtt_ms(stats.rtt_ms);
+        status->set_socket_buffer_bytes(stats.socket_buffer_bytes);
+      } else {
+        status->set_error(std::string(channel.status().message()));
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = link_stats_.find(peer.site);
+    if (it != link_stats_.end()) {
+      const transport::LinkStats& s = it->second;
+      status->set_congestion_control(s.congestion_control);
+      status->set_rtt_ms(s.rtt_ms);
+      status->set_delivery_rate_mbit(s.delivery_rate_mbit);
+      status->set_retransmits(s.retransmits);
+      status->set_socket_buffer_bytes(s.socket_buffer_bytes);
+    }
+    uint32_t streams = 0;
+    for (const auto& [id, t] : transfers_) {
+      if (t->record.spec().dest_site() == peer.site) streams += t->progress.Get().active_streams;
+    }
+    status->set_active_streams(streams);
+  }
+  return response;
+}
+
+}  // namespace longhaul::daemon

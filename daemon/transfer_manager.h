@@ -1,0 +1,92 @@
+#ifndef LONGHAUL_DAEMON_TRANSFER_MANAGER_H_
+#define LONGHAUL_DAEMON_TRANSFER_MANAGER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/config.h"
+#include "daemon/peer/sender.h"
+#include "daemon/transport/transport.h"
+#include "longhaul/v1/control.pb.h"
+#include "longhaul/v1/journal.pb.h"
+#include "storage/journal.h"
+
+namespace longhaul::daemon {
+
+// The source side's scheduler: accepts transfers, journals them, runs up to
+// transfer.max_active at once (exchange before checkpoint before background,
+// then oldest first), and carries each to an end state. Pause, resume and
+// cancel act at chunk boundaries. After a restart, Start() picks up every
+// transfer that was queued or running.
+//
+// Thread-safe.
+class TransferManager {
+ public:
+  TransferManager(const DaemonConfig& config, transport::Transport& transport,
+                  storage::Journal& journal);
+  ~TransferManager();
+
+  // Loads the journal and resumes unfinished transfers.
+  absl::Status Start();
+  // Drains running transfers (chunks in flight finish) and keeps them
+  // resumable. Idempotent.
+  void Shutdown();
+
+  // Idempotent by `request_id`: a retried request returns the first one's
+  // transfer.
+  absl::StatusOr<v1::TransferStatus> Submit(const std::string& request_id, v1::TransferSpec spec);
+  absl::StatusOr<v1::TransferStatus> Get(const std::string& id) const;
+  std::vector<v1::TransferStatus> List(bool all) const;
+  absl::StatusOr<v1::TransferStatus> Cancel(const std::string& id);
+  absl::StatusOr<v1::TransferStatus> Pause(const std::string& id);
+  absl::StatusOr<v1::TransferStatus> Resume(const std::string& id);
+  // Re-reads the source and the published destination and compares digests.
+  absl::StatusOr<v1::VerifyResponse> Verify(const std::string& id);
+  v1::PeersResponse Peers(bool probe);
+
+ private:
+  enum class StopReason { kNone, kPause, kCancel, kShutdown };
+  struct Transfer {
+    v1::OutgoingTransfer record;
+    peer::TransferProgress progress;
+    std::unique_ptr<peer::TransferSender> sender;
+    StopReason stop_reason = StopReason::kNone;
+    absl::Time running_since = absl::InfinitePast();
+    uint64_t run_start_bytes = 0;
+  };
+
+  void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartLocked(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunTransfer(Transfer* t);
+  // Stops a running transfer and waits (bounded) until it has stopped.
+  void StopLocked(Transfer& t, StopReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::TransferStatus StatusOf(const Transfer& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Transfer*> FindLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PersistLocked(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Best effort: tells the destination to drop the staging of `record`.
+  void AbortRemote(const v1::OutgoingTransfer& record);
+
+  const DaemonConfig& config_;
+  transport::Transport& transport_;
+  storage::Journal& journal_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, transport::LinkStats> link_stats_ ABSL_GUARDED_BY(mu_);
+  int running_threads_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Mutex submit_mu_;  // makes request-id lookup and insert one step
+};
+
+bool IsEndState(v1::TransferState state);
+
+}  // namespace longhaul::daemon
+
+#endif  // LONGHAUL_DAEMON_TRANSFER_MANAGER_H_

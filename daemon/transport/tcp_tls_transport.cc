@@ -1,0 +1,472 @@
+// The tcp transport: TLS 1.3 (AES-256-GCM only) over kernel TCP, with both
+// ends authenticated by certificates from one CA that must name a configured
+// site. Channels use blocking I/O on their owner's thread; a watchdog bounds
+// the handshake so a silent or plaintext client cannot hold a thread.
+
+#include "absl/strings/string_view.h"
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <optional>
+#include <utility>
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/transport/tcp_info.h"
+#include "daemon/transport/transport.h"
+#include "common/fmt_absl.h"
+#include "spdlog/spdlog.h"
+
+namespace longhaul::transport {
+namespace {
+
+namespace asio = boost::asio;
+namespace ssl = boost::asio::ssl;
+using tcp = asio::ip::tcp;
+
+constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+
+absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(const std::string& address) {
+  std::string host, port;
+  if (!address.empty() && address[0] == '[') {
+    size_t close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not [host]:port"));
+    }
+    host = address.substr(1, close - 1);
+    port = address.substr(close + 2);
+  } else {
+    size_t colon = address.rfind(':');
+    if (colon == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("address '", address, "' has no :port"));
+    }
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+  }
+  uint32_t port_number;
+  if (host.empty() || !absl::SimpleAtoi(port, &port_number) || port_number > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not host:port"));
+  }
+  return std::make_pair(host, port);
+}
+
+std::string OpenSslErrors() {
+  std::string out;
+  while (unsigned long err = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(err, buf, sizeof buf);
+    if (!out.empty()) out += "; ";
+    out += buf;
+  }
+  return out;
+}
+
+// The first site from `candidates` that the certificate names (SAN DNS, or
+// CN when there is no SAN), or "" if none.
+std::string MatchSite(X509* cert, const std::vector<std::string>& candidates) {
+  for (const std::string& site : candidates) {
+    if (X509_check_host(cert, site.data(), site.size(), X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS,
+                        nullptr) == 1) {
+      return site;
+    }
+  }
+  return "";
+}
+
+std::string CertificateSubject(X509* cert) {
+  char buf[256];
+  X509_NAME_oneline(X509_get_subject_name(cert), buf, sizeof buf);
+  return buf;
+}
+
+// Runs callbacks at deadlines on one thread; used to abort handshakes that
+// take too long. Thread-safe.
+class Watchdog {
+ public:
+  Watchdog() : thread_([this] { Run(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  using Handle = std::list<std::pair<std::chrono::steady_clock::time_point, std::function<void()>>>::iterator;
+
+  Handle Arm(std::chrono::steady_clock::duration after, std::function<void()> fn) {
+    std::lock_guard lock(mu_);
+    auto it = entries_.emplace(entries_.end(), std::chrono::steady_clock::now() + after, std::move(fn));
+    cv_.notify_all();
+    return it;
+  }
+  void Disarm(Handle h) {
+    std::lock_guard lock(mu_);
+    entries_.erase(h);
+  }
+
+ private:
+  void Run() {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      auto now = std::chrono::steady_clock::now();
+      auto next = now + std::chrono::seconds(1);
+      for (auto it = entries_.begin(); it != entries_.end();) {
+        if (it->first <= now) {
+          it->second();
+          it = entries_.erase(it);
+        } else {
+          next = std::min(next, it->first);
+          ++it;
+        }
+      }
+      cv_.wait_until(lock, next);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::list<std::pair<std::chrono::steady_clock::time_point, std::function<void()>>> entries_;
+  std::thread thread_;
+};
+
+class TcpTlsChannel final : public Channel {
+ public:
+  TcpTlsChannel(asio::io_context& io, ssl::context& ctx) : stream_(io, ctx) {}
+  ~TcpTlsChannel() override {
+    boost::system::error_code ec;
+    stream_.lowest_layer().close(ec);
+  }
+
+  ssl::stream<tcp::socket>& stream() { return stream_; }
+  void set_identity(std::string site, std::string address) {
+    peer_site_ = std::move(site);
+    peer_address_ = std::move(address);
+  }
+  void set_congestion_control(std::string cc) { congestion_control_ = std::move(cc); }
+
+  absl::Status Write(absl::Span<const absl::Span<const uint8_t>> parts) override {
+    absl::InlinedVector<asio::const_buffer, 4> buffers;
+    for (absl::Span<const uint8_t> part : parts) buffers.emplace_back(part.data(), part.size());
+    boost::system::error_code ec;
+    asio::write(stream_, buffers, ec);
+    return ToStatus(ec, "write");
+  }
+
+  absl::Status ReadExactly(absl::Span<uint8_t> out) override {
+    boost::system::error_code ec;
+    asio::read(stream_, asio::buffer(out.data(), out.size()), ec);
+    return ToStatus(ec, "read");
+  }
+
+  void Abort() override {
+    aborted_.store(true);
+    ::shutdown(stream_.lowest_layer().native_handle(), SHUT_RDWR);
+  }
+
+  const std::string& peer_site() const override { return peer_site_; }
+  const std::string& peer_address() const override { return peer_address_; }
+
+  LinkStats Stats() const override {
+    LinkStats stats;
+    stats.congestion_control = congestion_control_;
+    int fd = const_cast<ssl::stream<tcp::socket>&>(stream_).lowest_layer().native_handle();
+    KernelTcpInfo info;
+    if (ReadKernelTcpInfo(fd, &info)) {
+      stats.rtt_ms = info.rtt_ms;
+      stats.delivery_rate_mbit = info.delivery_rate_mbit;
+      stats.retransmits = info.total_retrans;
+    }
+    int sndbuf = 0;
+    socklen_t len = sizeof sndbuf;
+    if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &len) == 0) stats.socket_buffer_bytes = sndbuf;
+    return stats;
+  }
+
+ private:
+  absl::Status ToStatus(const boost::system::error_code& ec, absl::string_view op) const {
+    if (!ec) return absl::OkStatus();
+    if (aborted_.load()) return absl::CancelledError(absl::StrCat(op, " aborted"));
+    if (ec == asio::error::eof || ec == ssl::error::stream_truncated) {
+      return absl::UnavailableError(
+          absl::StrCat(peer_site_, " at ", peer_address_, " closed the connection"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat(op, " to ", peer_site_, " at ", peer_address_, " failed: ", ec.message()));
+  }
+
+  ssl::stream<tcp::socket> stream_;
+  std::string peer_site_;
+  std::string peer_address_;
+  std::string congestion_control_;
+  std::atomic<bool> aborted_{false};
+};
+
+class TcpTlsTransport final : public Transport {
+ public:
+  TcpTlsTransport(TlsIdentity identity, TcpTuning tuning)
+      : identity_(std::move(identity)), tuning_(tuning), ctx_(ssl::context::tls) {}
+
+  ~TcpTlsTransport() override { Shutdown(); }
+
+  absl::Status Init() {
+    SSL_CTX* ctx = ctx_.native_handle();
+    // TLS 1.3 only, AES-256-GCM only: no downgrade, no plaintext, ever.
+    if (SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) != 1 ||
+        SSL_CTX_set_max_proto_version(ctx, TLS1_3_VERSION) != 1 ||
+        SSL_CTX_set_ciphersuites(ctx, "TLS_AES_256_GCM_SHA384") != 1) {
+      return absl::InternalError(absl::StrCat("TLS setup failed: ", OpenSslErrors()));
+    }
+    if (SSL_CTX_load_verify_locations(ctx, identity_.ca_file.c_str(), nullptr) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot load CA certificate ", identity_.ca_file,
+                                                     ": ", OpenSslErrors()));
+    }
+    if (SSL_CTX_use_certificate_chain_file(ctx, identity_.cert_file.c_str()) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot load site certificate ", identity_.cert_file, ": ", OpenSslErrors()));
+    }
+    if (SSL_CTX_use_PrivateKey_file(ctx, identity_.key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(ctx) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot load private key ", identity_.key_file,
+                                                     " for ", identity_.cert_file, ": ",
+                                                     OpenSslErrors()));
+    }
+    X509* own = SSL_CTX_get0_certificate(ctx);
+    if (MatchSite(own, {identity_.local_site}).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("certificate ", identity_.cert_file, " (",
+                                                     CertificateSubject(own), ") does not name site ",
+                                                     identity_.local_site));
+    }
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+    SSL_CTX_set_num_tickets(ctx, 0);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<Channel>> Dial(const std::string& site,
+                                                const std::string& address) override {
+    auto host_port = SplitHostPort(address);
+    if (!host_port.ok()) return host_port.status();
+    auto channel = std::make_unique<TcpTlsChannel>(io_, ctx_);
+    boost::system::error_code ec;
+    tcp::resolver resolver(io_);
+    auto endpoints = resolver.resolve(host_port->first, host_port->second, ec);
+    if (ec) {
+      return absl::UnavailableError(absl::StrCat("cannot resolve ", site, " address ", address, ": ",
+                                                 ec.message()));
+    }
+    asio::connect(channel->stream().lowest_layer(), endpoints, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot connect to ", site, " at ", address, ": ", ec.message()));
+    }
+    channel->set_congestion_control(TuneSocket(channel->stream().lowest_layer()));
+    channel->set_identity(site, address);
+    SSL_set_tlsext_host_name(channel->stream().native_handle(), site.c_str());
+    absl::Status handshake = Handshake(*channel, ssl::stream_base::client);
+    if (!handshake.ok()) {
+      return absl::Status(handshake.code(), absl::StrCat("TLS handshake with ", site, " at ",
+                                                         address, " failed: ", handshake.message()));
+    }
+    X509* cert = SSL_get0_peer_certificate(channel->stream().native_handle());
+    if (MatchSite(cert, {site}).empty()) {
+      std::string named = MatchSite(cert, identity_.peer_sites);
+      return absl::PermissionDeniedError(
+          absl::StrCat("peer at ", address, " presented a certificate for ",
+                       named.empty() ? CertificateSubject(cert) : named, ", expected ", site));
+    }
+    return std::unique_ptr<Channel>(std::move(channel));
+  }
+
+  absl::Status Listen(const std::string& address, ChannelHandler on_channel) override {
+    auto host_port = SplitHostPort(address);
+    if (!host_port.ok()) return host_port.status();
+    boost::system::error_code ec;
+    tcp::resolver resolver(io_);
+    auto endpoints = resolver.resolve(host_port->first, host_port->second, ec);
+    if (ec || endpoints.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot resolve listen address ", address, ": ", ec.message()));
+    }
+    acceptor_.emplace(io_);
+    tcp::endpoint endpoint = endpoints.begin()->endpoint();
+    acceptor_->open(endpoint.protocol(), ec);
+    if (!ec) acceptor_->set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_->bind(endpoint, ec);
+    if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", ec.message()));
+    }
+    port_ = acceptor_->local_endpoint().port();
+    on_channel_ = std::move(on_channel);
+    accept_thread_ = std::thread([this] { AcceptLoop(); });
+    return absl::OkStatus();
+  }
+
+  uint16_t listen_port() const override { return port_; }
+
+  void Shutdown() override {
+    if (stopping_.exchange(true)) return;
+    if (acceptor_) ::shutdown(acceptor_->native_handle(), SHUT_RDWR);
+    if (accept_thread_.joinable()) accept_thread_.join();
+    // Wait for connection threads: they end once their handler returns.
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &live_handlers_));
+  }
+
+ private:
+  void AcceptLoop() {
+    while (!stopping_.load()) {
+      auto channel = std::make_unique<TcpTlsChannel>(io_, ctx_);
+      boost::system::error_code ec;
+      tcp::endpoint remote;
+      acceptor_->accept(channel->stream().lowest_layer(), remote, ec);
+      if (ec) {
+        if (stopping_.load()) return;
+        spdlog::warn("accept on port {} failed: {}", port_, ec.message());
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        ++live_handlers_;
+      }
+      std::thread([this, channel = std::move(channel), remote]() mutable {
+        std::string address = absl::StrCat(remote.address().to_string(), ":", remote.port());
+        absl::Status admitted = Admit(*channel, address);
+        if (admitted.ok()) {
+          on_channel_(std::move(channel));
+        } else {
+          spdlog::warn("refused connection from {}: {}", address, admitted.message());
+        }
+        absl::MutexLock lock(&mu_);
+        --live_handlers_;
+      }).detach();
+    }
+  }
+
+  absl::Status Admit(TcpTlsChannel& channel, const std::string& address) {
+    channel.set_congestion_control(TuneSocket(channel.stream().lowest_layer()));
+    channel.set_identity("(unauthenticated)", address);
+    absl::Status handshake = Handshake(channel, ssl::stream_base::server);
+    if (!handshake.ok()) return handshake;
+    X509* cert = SSL_get0_peer_certificate(channel.stream().native_handle());
+    std::string site = MatchSite(cert, identity_.peer_sites);
+    if (site.empty()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "certificate ", CertificateSubject(cert), " chains to our CA but names no configured peer site (",
+          absl::StrJoin(identity_.peer_sites, ", "), ")"));
+    }
+    channel.set_identity(site, address);
+    return absl::OkStatus();
+  }
+
+  // Runs the TLS handshake with a deadline and explains certificate failures.
+  absl::Status Handshake(TcpTlsChannel& channel, ssl::stream_base::handshake_type type) {
+    auto handle = watchdog_.Arm(kHandshakeTimeout, [&channel] { channel.Abort(); });
+    boost::system::error_code ec;
+    channel.stream().handshake(type, ec);
+    watchdog_.Disarm(handle);
+    if (!ec) return absl::OkStatus();
+    long verify = SSL_get_verify_result(channel.stream().native_handle());
+    if (verify != X509_V_OK) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "certificate of ", channel.peer_address(), " rejected: ", X509_verify_cert_error_string(verify),
+          type == ssl::stream_base::client ? "" : " (does its certificate come from our CA?)"));
+    }
+    std::string reason = ec.message();
+    if (ec.category() == asio::error::get_ssl_category()) {
+      reason = ERR_reason_error_string(ec.value()) ? ERR_reason_error_string(ec.value()) : reason;
+    }
+    if (reason.find("wrong version number") != std::string::npos ||
+        reason.find("http request") != std::string::npos) {
+      reason += " (not a TLS 1.3 client: plaintext and older TLS are refused)";
+    }
+    if (reason.find("alert") != std::string::npos) {
+      reason += " (the peer rejected our certificate or TLS settings; check its log)";
+    }
+    return absl::PermissionDeniedError(absl::StrCat("TLS handshake failed: ", reason));
+  }
+
+  // Socket options for long fat pipes; returns the congestion control in use.
+  std::string TuneSocket(ssl::stream<tcp::socket>::lowest_layer_type& socket) {
+    int fd = socket.native_handle();
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    // Detect a dead peer or a cut link even while we only wait to read.
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    int idle = 10, interval = 5, count = 3;
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+    unsigned user_timeout_ms = 30000;
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
+
+    int buffer = static_cast<int>(std::min<uint64_t>(tuning_.socket_buffer_bytes, 1u << 30));
+    // The FORCE variants pass net.core.[rw]mem_max when we have CAP_NET_ADMIN.
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer) != 0) {
+      setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
+    }
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer, sizeof buffer) != 0) {
+      setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
+    }
+
+    const std::string& wanted = tuning_.congestion_control;
+    if (!wanted.empty() &&
+        setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, wanted.data(), wanted.size()) != 0) {
+      int err = errno;
+      if (!cc_fallback_logged_.exchange(true)) {
+        spdlog::warn("kernel congestion control '{}' unavailable ({}); using the kernel default",
+                     wanted, std::strerror(err));
+      }
+    }
+    char name[16] = {};
+    socklen_t len = sizeof name;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return "unknown";
+    return std::string(name, strnlen(name, sizeof name));
+  }
+
+  TlsIdentity identity_;
+  TcpTuning tuning_;
+  asio::io_context io_;  // never run: channels use blocking calls
+  ssl::context ctx_;
+  Watchdog watchdog_;
+  std::optional<tcp::acceptor> acceptor_;
+  uint16_t port_ = 0;
+  ChannelHandler on_channel_;
+  std::thread accept_thread_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> cc_fallback_logged_{false};
+  absl::Mutex mu_;
+  int live_handlers_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeTcpTlsTransport(const TlsIdentity& identity,
+                                                               const TcpTuning& tuning) {
+  auto transport = std::make_unique<TcpTlsTransport>(identity, tuning);
+  absl::Status status = transport->Init();
+  if (!status.ok()) return status;
+  return std::unique_ptr<Transport>(std::move(transport));
+}
+
+}  // namespace longhaul::transport

@@ -1,0 +1,100 @@
+#ifndef LONGHAUL_DAEMON_TRANSPORT_TRANSPORT_H_
+#define LONGHAUL_DAEMON_TRANSPORT_TRANSPORT_H_
+
+// The data-plane seam. A Transport makes authenticated, encrypted channels to
+// peer sites; everything above it (frames, sessions, the journal) is the same
+// whichever transport carries the bytes. Implementations: tcp_tls_transport
+// (N TLS 1.3 connections); a udp transport plugs in here too.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace longhaul::transport {
+
+// What the kernel (or our own controller) reports about one channel's path.
+struct LinkStats {
+  std::string congestion_control;  // e.g. "bbr", or "cubic" after a fallback
+  double rtt_ms = 0;
+  double delivery_rate_mbit = 0;
+  uint64_t retransmits = 0;         // segments/packets retransmitted so far
+  uint64_t socket_buffer_bytes = 0;  // send buffer granted by the kernel
+};
+
+// A reliable, ordered, encrypted byte stream to one authenticated peer site.
+// Not thread-safe: one thread reads and writes it. Abort() is the exception:
+// any thread may call it to fail the channel's pending and future calls, which
+// is how sessions are cancelled and daemons shut down.
+class Channel {
+ public:
+  virtual ~Channel() = default;
+
+  // Writes all parts, in order, or fails.
+  virtual absl::Status Write(absl::Span<const absl::Span<const uint8_t>> parts) = 0;
+  // Fills `out` completely or fails (a clean close by the peer is Unavailable).
+  virtual absl::Status ReadExactly(absl::Span<uint8_t> out) = 0;
+  virtual void Abort() = 0;
+
+  // The site named by the peer's verified certificate.
+  virtual const std::string& peer_site() const = 0;
+  // "host:port" of the peer, for logs.
+  virtual const std::string& peer_address() const = 0;
+  virtual LinkStats Stats() const = 0;
+};
+
+using ChannelHandler = std::function<void(std::unique_ptr<Channel>)>;
+
+// Makes and accepts channels. Thread-safe.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Connects to `address` ("host:port") and authenticates: the peer must
+  // present a certificate chaining to our CA that names `site`. Errors say
+  // which check failed, e.g. "peer at 10.0.0.2:7700 presented a certificate
+  // for site-c, expected site-b".
+  virtual absl::StatusOr<std::unique_ptr<Channel>> Dial(const std::string& site,
+                                                        const std::string& address) = 0;
+
+  // Listens on `address` ("host:port", port 0 picks one). Each channel that
+  // authenticates as a configured site is handed to `on_channel` on a thread
+  // of its own; refused connections are logged and closed.
+  virtual absl::Status Listen(const std::string& address, ChannelHandler on_channel) = 0;
+  // The bound port once Listen has succeeded.
+  virtual uint16_t listen_port() const = 0;
+
+  // Stops accepting and aborts every open channel. Idempotent.
+  virtual void Shutdown() = 0;
+};
+
+// The identity and trust material shared by every transport of a daemon.
+struct TlsIdentity {
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  std::string local_site;
+  // Sites allowed to connect to us (the configured peers).
+  std::vector<std::string> peer_sites;
+};
+
+struct TcpTuning {
+  // SO_SNDBUF/SO_RCVBUF per connection, sized by the caller from the BDP.
+  uint64_t socket_buffer_bytes = 4 << 20;
+  // Kernel congestion control requested per socket; on failure the kernel
+  // default is kept, logged, and reported in LinkStats.
+  std::string congestion_control = "bbr";
+};
+
+// N TLS 1.3 connections over kernel TCP (AES-256-GCM).
+absl::StatusOr<std::unique_ptr<Transport>> MakeTcpTlsTransport(const TlsIdentity& identity,
+                                                               const TcpTuning& tuning);
+
+}  // namespace longhaul::transport
+
+#endif  // LONGHAUL_DAEMON_TRANSPORT_TRANSPORT_H_

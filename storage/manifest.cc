@@ -1,0 +1,271 @@
+#include "storage/manifest.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string_view>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
+#include "storage/posix_util.h"
+
+namespace longhaul::storage {
+
+using internal::ErrnoError;
+using internal::JoinPath;
+
+namespace {
+
+int64_t MtimeNs(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+std::string_view Basename(std::string_view path) {
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  size_t slash = path.rfind('/');
+  return slash == std::string_view::npos ? path : path.substr(slash + 1);
+}
+
+class Builder {
+ public:
+  explicit Builder(ManifestBuild& out) : out_(out) {}
+
+  void AddFile(std::string rel, const std::string& abs, const struct stat& st) {
+    v1::ManifestFile* f = out_.manifest.add_files();
+    f->set_path(std::move(rel));
+    f->set_size(static_cast<uint64_t>(st.st_size));
+    f->set_mtime_ns(MtimeNs(st));
+    f->set_mode(st.st_mode & 07777);
+    f->set_inode(st.st_ino);
+    f->set_device(st.st_dev);
+    f->set_generation(0);
+    out_.source_paths.push_back(abs);
+  }
+
+  // Adds the contents of directory `abs` under relative prefix `rel` ("" for
+  // the transfer root). Records `rel` as an empty dir if nothing lands in it.
+  absl::Status WalkDir(const std::string& abs, const std::string& rel) {
+    DIR* d = opendir(abs.c_str());
+    if (d == nullptr) return ErrnoError(errno, "cannot open source directory", abs);
+    std::vector<std::string> names;
+    errno = 0;
+    while (struct dirent* e = readdir(d)) {
+      std::string_view name = e->d_name;
+      if (name == "." || name == "..") continue;
+      names.emplace_back(name);
+      errno = 0;
+    }
+    const int err = errno;
+    closedir(d);
+    if (err != 0) return ErrnoError(err, "cannot list source directory", abs);
+    std::sort(names.begin(), names.end());
+
+    bool has_entries = false;
+    for (const std::string& name : names) {
+      const std::string child_abs = JoinPath(abs, name);
+      const std::string child_rel = rel.empty() ? name : absl::StrCat(rel, "/", name);
+      struct stat st;
+      if (lstat(child_abs.c_str(), &st) != 0) {
+        if (errno == ENOENT) continue;  // removed while we walked
+        return ErrnoError(errno, "cannot stat source", child_abs);
+      }
+      if (S_ISLNK(st.st_mode)) {
+        spdlog::warn("storage: skipping symlink {} (symlinks are not transferred)", child_abs);
+        continue;
+      }
+      if (S_ISDIR(st.st_mode)) {
+        has_entries = true;
+        if (absl::Status s = WalkDir(child_abs, child_rel); !s.ok()) return s;
+      } else if (S_ISREG(st.st_mode)) {
+        has_entries = true;
+        AddFile(child_rel, child_abs, st);
+      } else {
+        spdlog::warn("storage: skipping {}: not a regular file or directory", child_abs);
+      }
+    }
+    if (!has_entries && !rel.empty()) out_.manifest.add_empty_dirs(rel);
+    return absl::OkStatus();
+  }
+
+ private:
+  ManifestBuild& out_;
+};
+
+}  // namespace
+
+absl::StatusOr<ManifestBuild> BuildManifest(const std::vector<std::string>& sources,
+                                            uint64_t chunk_size) {
+  if (sources.empty()) return absl::InvalidArgumentError("no source paths given");
+  if (chunk_size == 0) return absl::InvalidArgumentError("chunk size must be positive");
+  ManifestBuild out;
+  out.manifest.set_chunk_size(chunk_size);
+  Builder builder(out);
+  absl::flat_hash_set<std::string> basenames;
+  for (const std::string& source : sources) {
+    if (source.empty() || source.front() != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("source path \"", source, "\" is not absolute"));
+    }
+    struct stat st;
+    // A source named explicitly is followed if it is a symlink.
+    if (stat(source.c_str(), &st) != 0) return ErrnoError(errno, "cannot stat source", source);
+    const std::string base(Basename(source));
+    if (sources.size() > 1) {
+      if (base.empty() || base == "/" || base == "." || base == "..") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("source ", source, " has no usable name to place it under"));
+      }
+      if (!basenames.insert(base).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "two sources are named \"", base, "\" (", source, "); they would collide"));
+      }
+    }
+    if (S_ISREG(st.st_mode)) {
+      if (base.empty() || base == "/" || base == "." || base == "..") {
+        return absl::InvalidArgumentError(absl::StrCat("source ", source, " has no file name"));
+      }
+      builder.AddFile(base, source, st);
+      out.single_file = sources.size() == 1;
+    } else if (S_ISDIR(st.st_mode)) {
+      if (absl::Status s = builder.WalkDir(source, sources.size() > 1 ? base : ""); !s.ok()) {
+        return s;
+      }
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("source ", source, " is not a regular file or directory"));
+    }
+  }
+  return out;
+}
+
+uint64_t ChunkCount(const v1::ManifestFile& file, uint64_t chunk_size) {
+  return file.size() / chunk_size + (file.size() % chunk_size != 0 ? 1 : 0);
+}
+
+uint64_t ChunkSize(const v1::ManifestFile& file, uint64_t chunk_index, uint64_t chunk_size) {
+  const uint64_t begin = chunk_index * chunk_size;
+  if (begin >= file.size()) return 0;
+  return std::min(chunk_size, file.size() - begin);
+}
+
+namespace {
+
+// Checks one relative path; returns a description of what is wrong or "".
+std::string PathProblem(std::string_view path, size_t max_len) {
+  if (path.empty()) return "path is empty";
+  if (path.size() > max_len) return absl::StrCat("path is longer than ", max_len, " bytes");
+  if (path.find('\0') != std::string_view::npos) return "path contains a NUL byte";
+  if (path.front() == '/') return "path is absolute";
+  size_t start = 0;
+  while (true) {
+    size_t slash = path.find('/', start);
+    std::string_view comp =
+        path.substr(start, slash == std::string_view::npos ? std::string_view::npos
+                                                            : slash - start);
+    if (comp.empty()) return "path has an empty component";
+    if (comp == ".") return "path has a \".\" component";
+    if (comp == "..") return "path has a \"..\" component";
+    if (comp.size() > 255) return "path has a component longer than 255 bytes";
+    if (slash == std::string_view::npos) break;
+    start = slash + 1;
+  }
+  return "";
+}
+
+std::string Quote(std::string_view s) {
+  return absl::StrCat("\"", absl::CHexEscape(internal::Av(s.substr(0, 512))), s.size() > 512 ? "...\"" : "\"");
+}
+
+}  // namespace
+
+absl::Status ValidateManifest(const v1::Manifest& m, const ManifestLimits& limits) {
+  if (m.chunk_size() < limits.min_chunk_size || m.chunk_size() > limits.max_chunk_size) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest chunk size ", m.chunk_size(),
+                                                   " is outside [", limits.min_chunk_size, ", ",
+                                                   limits.max_chunk_size, "]"));
+  }
+  if (static_cast<uint64_t>(m.files_size()) > limits.max_files) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest has ", m.files_size(),
+                                                   " files; the limit is ", limits.max_files));
+  }
+  absl::flat_hash_set<std::string_view> files;
+  files.reserve(m.files_size());
+  for (int i = 0; i < m.files_size(); ++i) {
+    const v1::ManifestFile& f = m.files(i);
+    auto bad = [&](std::string_view what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest file ", i, " ", Quote(f.path()), ": ", internal::Av(what)));
+    };
+    if (std::string p = PathProblem(f.path(), limits.max_path_length); !p.empty()) return bad(p);
+    if (!files.insert(f.path()).second) return bad("duplicate path");
+    if (f.size() > limits.max_file_size) {
+      return bad(absl::StrCat("size ", f.size(), " exceeds the limit ", limits.max_file_size));
+    }
+    if (ChunkCount(f, m.chunk_size()) > UINT32_MAX) {
+      return bad("size needs more than 2^32-1 chunks at this chunk size");
+    }
+    if ((f.mode() & ~07777u) != 0) {
+      return bad(absl::StrFormat("mode 0%o has bits beyond 07777", f.mode()));
+    }
+  }
+  // A path may not be both a file and a directory on the way to another.
+  auto check_prefixes = [&](std::string_view path, std::string_view kind,
+                            int index) -> absl::Status {
+    for (size_t slash = path.find('/'); slash != std::string_view::npos;
+         slash = path.find('/', slash + 1)) {
+      if (files.contains(path.substr(0, slash))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "manifest ", internal::Av(kind), " ", index, " ", Quote(path), ": its parent ",
+            Quote(path.substr(0, slash)), " is also a file in the manifest"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < m.files_size(); ++i) {
+    if (absl::Status s = check_prefixes(m.files(i).path(), "file", i); !s.ok()) return s;
+  }
+  for (int i = 0; i < m.empty_dirs_size(); ++i) {
+    const std::string& d = m.empty_dirs(i);
+    if (std::string p = PathProblem(d, limits.max_path_length); !p.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest empty dir ", i, " ", Quote(d), ": ", p));
+    }
+    if (files.contains(d)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest empty dir ", i, " ", Quote(d), " is also a file"));
+    }
+    if (absl::Status s = check_prefixes(d, "empty dir", i); !s.ok()) return s;
+  }
+  if (static_cast<uint64_t>(m.empty_dirs_size()) > limits.max_files) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest has ", m.empty_dirs_size(),
+                                                   " empty dirs; the limit is ",
+                                                   limits.max_files));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSourceUnchanged(const v1::ManifestFile& file, int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return ErrnoError(errno, "cannot stat source", internal::FdPath(fd));
+  std::string why;
+  if (static_cast<uint64_t>(st.st_size) != file.size()) {
+    why = absl::StrCat("size is ", st.st_size, ", was ", file.size());
+  } else if (MtimeNs(st) != file.mtime_ns()) {
+    why = absl::StrCat("mtime is ", MtimeNs(st), " ns, was ", file.mtime_ns());
+  } else if (st.st_ino != file.inode() || st.st_dev != file.device()) {
+    why = "it was replaced by another file (inode or device differs)";
+  } else {
+    return absl::OkStatus();
+  }
+  return absl::AbortedError(absl::StrCat("source file changed since its manifest: ",
+                                         internal::FdPath(fd), ": ", why));
+}
+
+}  // namespace longhaul::storage

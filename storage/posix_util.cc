@@ -1,0 +1,71 @@
+#include "storage/posix_util.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace longhaul::storage::internal {
+
+absl::Status ErrnoError(int err, std::string_view what, std::string_view path) {
+  std::string msg = absl::StrCat(Av(what), " ", Av(path), ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT:
+      return absl::NotFoundError(msg);
+    case EEXIST:
+      return absl::AlreadyExistsError(msg);
+    case EACCES:
+    case EPERM:
+    case ELOOP:
+      return absl::PermissionDeniedError(msg);
+    case ENOSPC:
+    case EDQUOT:
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM:
+      return absl::ResourceExhaustedError(msg);
+    case EINTR:
+    case EAGAIN:
+      return absl::UnavailableError(msg);
+    case EINVAL:
+    case ENAMETOOLONG:
+      return absl::InvalidArgumentError(msg);
+    case ENOTDIR:
+    case EISDIR:
+    case ENOTEMPTY:
+    case EXDEV:
+    case EROFS:
+      return absl::FailedPreconditionError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+std::string FdPath(int fd) {
+  char buf[4096];
+  const std::string link = absl::StrCat("/proc/self/fd/", fd);
+  ssize_t n = readlink(link.c_str(), buf, sizeof(buf) - 1);
+  if (n <= 0) return absl::StrCat("<fd ", fd, ">");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+ScopedFd& ScopedFd::operator=(ScopedFd&& o) noexcept {
+  if (this != &o) reset(o.release());
+  return *this;
+}
+
+void ScopedFd::reset(int fd) {
+  if (fd_ >= 0) close(fd_);
+  fd_ = fd;
+}
+
+std::string JoinPath(std::string_view dir, std::string_view rel) {
+  if (dir.empty()) return std::string(rel);
+  if (rel.empty()) return std::string(dir);
+  if (dir.back() == '/') return absl::StrCat(Av(dir), Av(rel));
+  return absl::StrCat(Av(dir), "/", Av(rel));
+}
+
+}  // namespace longhaul::storage::internal

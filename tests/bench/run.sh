@@ -1,0 +1,501 @@
+#!/usr/bin/env bash
+# Runs one benchmark scenario of ../../../shared/BENCHMARKS.md end to end:
+# the emulated link, the anchors and longhaul side by side, every file
+# destination verified, then tears everything down.
+#
+#   tests/bench/run.sh SCENARIO [--json FILE] [--smoke] [--size BYTES]
+#
+#   SCENARIO  lan wan-clean wan-lossy wan-far small-files ckpt-dcp fairness
+#             resume exchange
+#   --json    write the result object to FILE
+#   --smoke   small data and short iperf3 runs (CI)
+#   --size    total data bytes for the bulk scenarios (e.g. 256MiB)
+#
+# Environment:
+#   LONGHAUL_BIN_DIR            where longhauld, longhaul and longhaul-wanem are
+#                               [build/bin]
+#   LONGHAUL_WANEM              the emulator binary [$LONGHAUL_BIN_DIR/longhaul-wanem]
+#   LONGHAUL_BENCH_SCALE        multiplies the data sizes (e.g. 0.1) [1]
+#   LONGHAUL_BENCH_SECONDS      iperf3 duration [20; 3 with --smoke]
+#   LONGHAUL_BENCH_TOOL_TIMEOUT seconds before a tool's row is an error [1800]
+#   LONGHAUL_BENCH_TMP          parent of the work directory [/tmp]
+#   LONGHAUL_BENCH_KEEP         keep the work directory (logs) when set
+#
+# Needs root (namespaces), iproute2, iperf3, rsync, openssh, rclone, python3.
+set -uo pipefail
+
+BENCH_LIB="$(cd "$(dirname "${BASH_SOURCE[0]}")/lib" && pwd)"
+REPO="$(cd "$BENCH_LIB/../../.." && pwd)"
+BIN_DIR="${LONGHAUL_BIN_DIR:-$REPO/build/bin}"
+WANEM="${LONGHAUL_WANEM:-$BIN_DIR/longhaul-wanem}"
+BENCH_TMP_PARENT="${LONGHAUL_BENCH_TMP:-/tmp}"
+
+# shellcheck source=lib/common.sh
+. "$BENCH_LIB/common.sh"
+# shellcheck source=lib/link.sh
+. "$BENCH_LIB/link.sh"
+# shellcheck source=lib/anchors.sh
+. "$BENCH_LIB/anchors.sh"
+# shellcheck source=lib/longhaul.sh
+. "$BENCH_LIB/longhaul.sh"
+
+usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+
+SCENARIO=""
+JSON_OUT=""
+SMOKE=0
+SIZE=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --json) JSON_OUT=$2; shift 2 ;;
+    --json=*) JSON_OUT=${1#--json=}; shift ;;
+    --smoke) SMOKE=1; shift ;;
+    --size) SIZE=$2; shift 2 ;;
+    --size=*) SIZE=${1#--size=}; shift ;;
+    -h|--help) usage ;;
+    -*) echo "unknown option $1" >&2; usage ;;
+    *) [[ -z "$SCENARIO" ]] || usage; SCENARIO=$1; shift ;;
+  esac
+done
+[[ -n "$SCENARIO" ]] || usage
+[[ -z "$JSON_OUT" || "$JSON_OUT" == /* ]] || JSON_OUT="$PWD/$JSON_OUT"
+
+[[ $(id -u) -eq 0 ]] || die "needs root (network namespaces)"
+for tool in ip python3 iperf3 rsync ssh scp rclone sha256sum openssl; do
+  command -v "$tool" >/dev/null || die "missing $tool (run deploy/install-deps.sh)"
+done
+[[ -x /usr/sbin/sshd ]] || die "missing /usr/sbin/sshd (openssh-server)"
+
+SCALE="${LONGHAUL_BENCH_SCALE:-1}"
+IPERF_SECS="${LONGHAUL_BENCH_SECONDS:-20}"
+TOOL_TIMEOUT="${LONGHAUL_BENCH_TOOL_TIMEOUT:-1800}"
+if [[ $SMOKE == 1 ]]; then
+  IPERF_SECS="${LONGHAUL_BENCH_SECONDS:-3}"
+fi
+
+# Sizes: "--size" wins, then --smoke, then BENCHMARKS.md x SCALE.
+GiB=$((1 << 30))
+MiB=$((1 << 20))
+scaled() { awk -v b="$1" -v s="$SCALE" 'BEGIN { v = int(b * s); if (v < 4096) v = 4096; print v }'; }
+to_bytes() {
+  python3 - "$1" <<'PY'
+import re, sys
+m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?i?B?)?\s*", sys.argv[1], re.I)
+if not m:
+    raise SystemExit(f"bad size {sys.argv[1]}")
+unit = (m.group(2) or "").upper().rstrip("B")
+mult = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+        "KI": 1 << 10, "MI": 1 << 20, "GI": 1 << 30, "TI": 1 << 40}[unit]
+print(int(float(m.group(1)) * mult))
+PY
+}
+# bulk_size FILES FULL_BYTES SMOKE_BYTES: bytes per file.
+bulk_size() {
+  local files=$1 full=$2 smoke=$3 total
+  if [[ -n "$SIZE" ]]; then
+    total=$(to_bytes "$SIZE") || die "bad --size"
+  elif [[ $SMOKE == 1 ]]; then
+    total=$smoke
+  else
+    total=$(scaled "$full")
+  fi
+  echo $((total / files))
+}
+
+mkdir -p "$BENCH_TMP_PARENT"
+cleanup_stale_workdirs
+"$WANEM" --cleanup-stale >/dev/null 2>&1 || true
+WORK=$(mktemp -d "$BENCH_TMP_PARENT/lhbench.$$.XXXXXX")
+trap teardown EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+: >"$WORK/rows.jsonl"
+SRC="$WORK/src/data"
+
+# Every tool runs under a time limit so one stuck anchor cannot hang the run.
+# `timeout` runs programs, not shell functions, so the helpers the rows use
+# (in_src, lh_cli...) are exported to the bash it starts.
+eval "$(declare -f measure | sed '1s/measure/_measure_unlimited/')"
+measure() {
+  export NS_SRC NS_DST LONGHAUL WORK
+  export -f in_src in_dst lh_cli
+  _measure_unlimited "$1" timeout --kill-after=10 "$TOOL_TIMEOUT" bash -c '"$@"' _ "${@:2}"
+  if [[ "$M_RC" == 124 || "$M_RC" == 137 ]]; then
+    echo "timed out after ${TOOL_TIMEOUT}s (LONGHAUL_BENCH_TOOL_TIMEOUT)" >>"$WORK/$1.err"
+  fi
+}
+
+# --- links of BENCHMARKS.md ---------------------------------------------------
+# name -> "rate one-way-delay loss mtu"
+link_params() {
+  case "$1" in
+    lan) echo "0 0ms 0 65000" ;;
+    wan-clean|small-files|ckpt-dcp|fairness|resume|exchange) echo "1Gbit 20ms 0 9000" ;;
+    wan-lossy) echo "1Gbit 20ms 1% 9000" ;;
+    wan-far) echo "500Mbit 75ms 0.1% 1500" ;;
+    *) return 1 ;;
+  esac
+}
+read -r L_RATE L_DELAY L_LOSS L_MTU < <(link_params "$SCENARIO") || die "unknown scenario '$SCENARIO'"
+
+link_json() {
+  python3 - "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU" "$1" <<'PY'
+import json, sys
+rate, delay, loss, mtu, emu = sys.argv[1:6]
+if rate == "0":
+    link = {"kind": "loopback (one namespace, no emulation)", "mtu": int(mtu)}
+else:
+    d = float(delay.rstrip("ms"))
+    l = float(loss.rstrip("%")) / (100 if loss.endswith("%") else 1)
+    link = {"kind": "longhaul-wanem", "rate": rate, "rtt_ms": 2 * d,
+            "loss": l, "queue": "1 BDP", "mtu": int(mtu)}
+try:
+    link["emulator"] = json.load(open(emu))
+except (OSError, ValueError):
+    pass
+print(json.dumps(link))
+PY
+}
+
+finish() {
+  local stats="$WORK/wanem.final.json"
+  link_stats >"$stats" 2>/dev/null || rm -f "$stats"
+  link_json "$stats" >"$WORK/link.json"
+  REPORT final "$SCENARIO" "$WORK/link.json" "$WORK/rows.jsonl" "$WORK/extra.json" ${JSON_OUT:+"$JSON_OUT"}
+}
+
+# Data set in $SRC; sets DATA_BYTES, DATA_FILES and the source digest.
+make_data() {
+  log "generating data: $*"
+  python3 "$BENCH_LIB/gen_data.py" "$1" "$SRC" "${@:2}" || die "data generation failed"
+  DATA_BYTES=$(tree_bytes "$SRC")
+  DATA_FILES=$(tree_files "$SRC")
+  digest_tree "$SRC" "$WORK/digest.src"
+  log "data: $DATA_FILES files, $DATA_BYTES bytes"
+}
+
+LH_BANDWIDTH=${L_RATE/0/10Gbit}
+[[ "$L_RATE" == 0 ]] && LH_BANDWIDTH=10Gbit || LH_BANDWIDTH=$L_RATE
+LH_RTT=$(awk -v d="${L_DELAY%ms}" 'BEGIN { v = 2 * d; if (v < 1) v = 1; print v "ms" }')
+
+iperf_cc_ok() { grep -qw "$1" /proc/sys/net/ipv4/tcp_available_congestion_control; }
+
+# --- scenarios -----------------------------------------------------------------
+scenario_lan() {
+  make_data files 4 "$(bulk_size 4 $((4 * GiB)) $((64 * MiB)))"
+  link_up "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU"
+  sshd_up
+  anchor_iperf3 "iperf3 1 stream" "$IPERF_SECS"
+  anchor_rsync
+  anchor_scp
+  longhaul_up
+  longhaul_row longhaul
+  longhaul_udp_row
+}
+
+scenario_wan_clean() {
+  make_data files 2 "$(bulk_size 2 $((2 * GiB)) $((32 * MiB)))"
+  link_up "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU"
+  sshd_up
+  anchor_iperf3 "iperf3 -P 8" "$IPERF_SECS" -P 8
+  anchor_rsync
+  anchor_rclone
+  longhaul_up
+  longhaul_row longhaul
+  longhaul_udp_row
+}
+
+scenario_wan_lossy() {
+  make_data files 2 "$(bulk_size 2 $((2 * GiB)) $((32 * MiB)))"
+  link_up "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU"
+  sshd_up
+  local cc
+  for cc in bbr cubic; do
+    if iperf_cc_ok "$cc"; then
+      anchor_iperf3 "iperf3 -P 8 -C $cc" "$IPERF_SECS" -P 8 -C "$cc"
+    else
+      result_error "iperf3 -P 8 -C $cc" "kernel has no $cc congestion control"
+    fi
+  done
+  anchor_rsync
+  longhaul_up
+  longhaul_row longhaul
+  longhaul_udp_row
+}
+
+scenario_wan_far() {
+  make_data files 1 "$(bulk_size 1 $((1 * GiB)) $((16 * MiB)))"
+  link_up "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU"
+  sshd_up
+  anchor_iperf3 "iperf3 -P 8" "$IPERF_SECS" -P 8
+  anchor_rsync
+  longhaul_up
+  longhaul_row longhaul
+  longhaul_udp_row
+}
+
+scenario_small_files() {
+  local dirs=100 files=100
+  if [[ $SMOKE == 1 ]]; then
+    dirs=10 files=10
+  else
+    dirs=$(awk -v s="$SCALE" 'BEGIN { v = int(100 * s); if (v < 1) v = 1; print v }')
+  fi
+  make_data tree "$dirs" "$files" $((64 << 10))
+  link_up "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU"
+  sshd_up
+  anchor_rsync
+  anchor_rclone
+  longhaul_up
+  longhaul_row longhaul
+  longhaul_udp_row
+}
+
+scenario_ckpt_dcp() {
+  make_data dcp 8 "$(bulk_size 8 $((2 * GiB)) $((32 * MiB)))"
+  link_up "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU"
+  sshd_up
+  anchor_rsync
+  longhaul_up
+  longhaul_row longhaul
+  longhaul_udp_row
+}
+
+# jain X...: Jain's fairness index of the given rates.
+jain() { awk 'BEGIN { for (i = 1; i < ARGC; i++) { s += ARGV[i]; q += ARGV[i] ^ 2 } n = ARGC - 1; if (q > 0) printf "%.4f", s * s / (n * q); else print 0 }' "$@"; }
+
+scenario_fairness() {
+  local secs=30
+  [[ $SMOKE == 1 ]] && secs=5
+  [[ -n "${LONGHAUL_BENCH_SECONDS:-}" ]] && secs=$LONGHAUL_BENCH_SECONDS
+  # Enough data to keep longhaul busy for the whole window at the link rate.
+  make_data files 4 "$(bulk_size 4 $((secs * 125 * 1000 * 1000 * 12 / 10)) $((64 * MiB)))"
+  link_up "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU"
+  # Reference pair from the kernel alone: 8 TCP flows against 1, same start.
+  local port1 port8
+  port1=$(free_port)
+  port8=$((port1 + 1))
+  in_dst iperf3 -s -1 -B "$ADDR_DST" -p "$port1" >/dev/null 2>&1 &
+  BG_PIDS+=($!)
+  in_dst iperf3 -s -1 -B "$ADDR_DST" -p "$port8" >/dev/null 2>&1 &
+  BG_PIDS+=($!)
+  sleep 0.5
+  link_mark
+  in_src iperf3 -c "$ADDR_DST" -p "$port8" -P 8 -t "$secs" -J >"$WORK/f8.json" 2>&1 &
+  local p8=$!
+  in_src iperf3 -c "$ADDR_DST" -p "$port1" -t "$secs" -J >"$WORK/f1.json" 2>&1
+  wait "$p8"
+  local b1 s1 b8 s8 x
+  if read -r b1 s1 x x < <(REPORT iperf3 "$WORK/f1.json" 2>/dev/null) &&
+     read -r b8 s8 x x < <(REPORT iperf3 "$WORK/f8.json" 2>/dev/null); then
+    local g1 g8
+    g1=$(mbit "$b1" "$s1")
+    g8=$(mbit "$b8" "$s8")
+    local tot
+    tot=$(add "$g1" "$g8")
+    result "iperf3 -P 8 (vs iperf3 x1)" "$b8" "$(printf %.3f "$s8")" 0 "$([[ $b8 -gt 0 ]] && echo true || echo false)" \
+      "share=$(awk -v a="$g8" -v t="$tot" 'BEGIN { printf "%.4f", a / t }')" "note=\"kernel reference pair; cpu not measured\""
+    result "iperf3 x1 (vs iperf3 -P 8)" "$b1" "$(printf %.3f "$s1")" 0 "$([[ $b1 -gt 0 ]] && echo true || echo false)" \
+      "share=$(awk -v a="$g1" -v t="$tot" 'BEGIN { printf "%.4f", a / t }')" "note=\"kernel reference pair; cpu not measured\""
+    extra jain_reference "$(jain "$g8" "$g1")"
+  else
+    result_error "iperf3 -P 8 vs iperf3 x1" "iperf3 failed: $(head -c 200 "$WORK/f1.json")"
+  fi
+  # The scenario proper: longhaul against one iperf3 flow, started together.
+  longhaul_up
+  if [[ -n "$LH_ERROR" ]]; then
+    result_error "longhaul (vs iperf3 x1)" "$LH_ERROR"
+    return
+  fi
+  in_dst iperf3 -s -1 -B "$ADDR_DST" -p "$port1" >/dev/null 2>&1 &
+  BG_PIDS+=($!)
+  sleep 0.5
+  in_src iperf3 -c "$ADDR_DST" -p "$port1" -t "$secs" -J >"$WORK/fl.json" 2>&1 &
+  local pi=$!
+  longhaul_row "longhaul (vs iperf3 x1)"
+  wait "$pi"
+  local gl gi bl sl
+  bl=$(tail -1 "$WORK/rows.jsonl" | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r.get("goodput_mbit", ""))')
+  if [[ -n "$bl" ]] && read -r b1 s1 x x < <(REPORT iperf3 "$WORK/fl.json" 2>/dev/null); then
+    gi=$(mbit "$b1" "$s1")
+    gl=$bl
+    result "iperf3 x1 (vs longhaul)" "$b1" "$(printf %.3f "$s1")" 0 true "note=\"cpu not measured\""
+    extra share "{\"longhaul\": $(awk -v a="$gl" -v b="$gi" 'BEGIN { printf "%.4f", a / (a + b) }'), \"iperf3\": $(awk -v a="$gl" -v b="$gi" 'BEGIN { printf "%.4f", b / (a + b) }')}"
+    extra jain "$(jain "$gl" "$gi")"
+  fi
+}
+
+scenario_resume() {
+  make_data files 2 "$(bulk_size 2 $((2 * GiB)) $((64 * MiB)))"
+  link_up "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU"
+  sshd_up
+  # Anchor: rsync --partial, its receiving side killed at 50 %, then rerun.
+  local dest="$WORK/dst/rsync-resume"
+  rm -rf "$dest"
+  link_mark
+  local t0 t1
+  t0=$(date +%s%N)
+  in_src rsync -a --partial -e "$SSH_CMD" "$SRC/" "bench-dst:$dest/" >/dev/null 2>&1 &
+  local rs=$!
+  while kill -0 "$rs" 2>/dev/null; do
+    local have
+    have=$(du -sb --apparent-size "$dest" 2>/dev/null | awk '{ print $1 }')
+    if [[ -n "$have" && "$have" -ge $((DATA_BYTES / 2)) ]]; then
+      local p
+      for p in $(ip netns pids "$NS_DST"); do
+        [[ "$(cat /proc/"$p"/comm 2>/dev/null)" == rsync ]] && kill -KILL "$p"
+      done
+      break
+    fi
+    sleep 0.05
+  done
+  wait "$rs" 2>/dev/null
+  in_src rsync -a --partial -e "$SSH_CMD" "$SRC/" "bench-dst:$dest/" >/dev/null 2>"$WORK/rsync-resume.err"
+  t1=$(date +%s%N)
+  local lc
+  lc=$(row_counters)
+  local wire
+  wire=$(python3 -c 'import json,sys; c=json.loads(sys.argv[1]); print(c["a2b"]["forwarded_bytes"] if c else 0)' "$lc")
+  local verified
+  verified=$(verify_tree "$dest")
+  link_mark  # row_counters above consumed the mark; keep it for result()
+  cp "$WORK/emu.before" "$WORK/emu.before" 2>/dev/null
+  REPORT row "$WORK/rows.jsonl" "tool=\"rsync/ssh --partial\"" "bytes=$DATA_BYTES" \
+    "seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')" \
+    "goodput_mbit=$(mbit "$DATA_BYTES" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print (b - a) / 1e9 }')")" \
+    "cpu_seconds=null" "verified=$verified" "link_counters=$lc" \
+    "resent_ratio=$(awk -v w="$wire" -v n="$DATA_BYTES" 'BEGIN { printf "%.4f", w / n }')" \
+    "note=\"resent_ratio = IP bytes the link carried a->b / bytes needed\""
+  rm -rf "$dest"
+  # longhaul: the receiving daemon is SIGKILLed at 50 % and restarted.
+  longhaul_up
+  if [[ -n "$LH_ERROR" ]]; then
+    result_error longhaul "$LH_ERROR"
+    return
+  fi
+  local name=run-resume
+  link_mark
+  t0=$(date +%s%N)
+  lh_cli site-a cp "$SRC" "site-b:/ckpt/$name" --wait --json >"$WORK/lh-resume.out" 2>"$WORK/lh-resume.err" &
+  local cp=$!
+  local killed=0
+  while kill -0 "$cp" 2>/dev/null; do
+    local have
+    have=$(du -sb --apparent-size "$LH_EXPORT_B" 2>/dev/null | awk '{ print $1 }')
+    if [[ $killed == 0 && -n "$have" && "$have" -ge $((DATA_BYTES / 2)) ]]; then
+      kill -KILL "$LH_PID_site_b"
+      wait "$LH_PID_site_b" 2>/dev/null
+      killed=1
+      lh_start site-b "$NS_DST" || { result_error longhaul "$LH_ERROR"; return; }
+    fi
+    sleep 0.05
+  done
+  wait "$cp"
+  local rc=$?
+  t1=$(date +%s%N)
+  lc=$(row_counters)
+  if [[ $rc != 0 ]]; then
+    result_error longhaul "cp failed after the restart (exit $rc): $(tail -c 300 "$WORK/lh-resume.err")"
+    return
+  fi
+  wire=$(python3 -c 'import json,sys; c=json.loads(sys.argv[1]); print(c["a2b"]["forwarded_bytes"] if c else 0)' "$lc")
+  local secs
+  secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
+  verified=$(verify_tree "$(lh_dest_tree "$LH_EXPORT_B/$name")")
+  local resent
+  resent=$(REPORT get "$WORK/lh-resume.out" resent_bytes)
+  REPORT row "$WORK/rows.jsonl" "tool=\"longhaul\"" "bytes=$DATA_BYTES" "seconds=$secs" \
+    "goodput_mbit=$(mbit "$DATA_BYTES" "$secs")" "cpu_seconds=null" "verified=$verified" \
+    "link_counters=$lc" "killed_at_half=$([[ $killed == 1 ]] && echo true || echo false)" \
+    "resent_bytes=${resent:-null}" \
+    "resent_ratio=$(awk -v w="$wire" -v n="$DATA_BYTES" 'BEGIN { printf "%.4f", w / n }')"
+  extra resent_ratio "$(tail -1 "$WORK/rows.jsonl" | python3 -c 'import json,sys; print(json.load(sys.stdin)["resent_ratio"])')"
+}
+
+scenario_exchange() {
+  local rounds=20
+  [[ $SMOKE == 1 ]] && rounds=3
+  mkdir -p "$WORK/xa" "$WORK/xb"
+  local big=$((64 * MiB))
+  [[ -n "$SIZE" ]] && big=$(to_bytes "$SIZE")
+  [[ -z "$SIZE" && $SMOKE == 1 ]] && big=$((4 * MiB))
+  openssl enc -aes-128-ctr -nosalt -pbkdf2 -pass pass:a -in /dev/zero 2>/dev/null | head -c "$big" >"$WORK/xa/big"
+  openssl enc -aes-128-ctr -nosalt -pbkdf2 -pass pass:b -in /dev/zero 2>/dev/null | head -c "$big" >"$WORK/xb/big"
+  head -c 4096 "$WORK/xa/big" >"$WORK/xa/small"
+  head -c 4096 "$WORK/xb/big" >"$WORK/xb/small"
+  link_up "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU"
+  sshd_up
+  local rate_bps
+  rate_bps=$(python3 -c 'import sys; s=sys.argv[1].lower(); m={"gbit":1e9,"mbit":1e6,"kbit":1e3}; print(next(float(s[:-len(k)])*v for k,v in m.items() if s.endswith(k)))' "$L_RATE")
+  local rtt_s
+  rtt_s=$(awk -v d="${L_DELAY%ms}" 'BEGIN { print 2 * d / 1000 }')
+  extra ideal_seconds "{\"big\": $(awk -v b="$big" -v r="$rate_bps" -v t="$rtt_s" 'BEGIN { printf "%.4f", b * 8 / r + t }'), \"small\": $(awk -v r="$rate_bps" -v t="$rtt_s" 'BEGIN { printf "%.4f", 4096 * 8 / r + t }')}"
+  extra exchange_sizes "{\"big\": $big, \"small\": 4096, \"rounds\": $rounds}"
+  # exchange_rounds TOOL SIZE_NAME BYTES PUSH_CMD PULL_CMD CHECK_A CHECK_B
+  local kind
+  for kind in big small; do
+    local bytes=$big
+    [[ $kind == small ]] && bytes=4096
+    # Anchor: rsync over ssh, a->b push and b->a pull at the same time.
+    local times=() r ok=true
+    for ((r = 0; r < rounds; r++)); do
+      rm -rf "$WORK/xb/in" "$WORK/xa/in"
+      local t0 t1
+      t0=$(date +%s%N)
+      in_src rsync -a -e "$SSH_CMD" "$WORK/xa/$kind" "bench-dst:$WORK/xb/in/" >/dev/null 2>>"$WORK/x.err" &
+      local p1=$!
+      in_src rsync -a -e "$SSH_CMD" "bench-dst:$WORK/xb/$kind" "$WORK/xa/in/" >/dev/null 2>>"$WORK/x.err"
+      wait "$p1"
+      t1=$(date +%s%N)
+      times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f", (b - a) / 1e9 }')")
+      cmp -s "$WORK/xa/$kind" "$WORK/xb/in/$kind" && cmp -s "$WORK/xb/$kind" "$WORK/xa/in/$kind" || ok=false
+    done
+    local med
+    med=$(printf '%s\n' "${times[@]}" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+    result "rsync/ssh exchange $kind" "$bytes" "$med" null "$ok" \
+      "note=\"median round of $rounds, both directions at once; bytes per direction\""
+  done
+  longhaul_up
+  for kind in big small; do
+    if [[ -n "$LH_ERROR" ]]; then
+      result_error "longhaul exchange $kind" "$LH_ERROR"
+      continue
+    fi
+    local bytes=$big
+    [[ $kind == small ]] && bytes=4096
+    local times=() r ok=true
+    for ((r = 0; r < rounds; r++)); do
+      local t0 t1
+      t0=$(date +%s%N)
+      lh_cli site-a cp "$WORK/xa/$kind" "site-b:/ckpt/x$r-$kind" --wait --json >/dev/null 2>>"$WORK/x.err" &
+      local p1=$!
+      lh_cli site-b cp "$WORK/xb/$kind" "site-a:/ckpt/x$r-$kind" --wait --json >/dev/null 2>>"$WORK/x.err" || ok=false
+      wait "$p1" || ok=false
+      t1=$(date +%s%N)
+      times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f", (b - a) / 1e9 }')")
+      local got_b got_a
+      got_b=$(find "$LH_EXPORT_B/x$r-$kind" -type f 2>/dev/null | head -1)
+      got_a=$(find "$LH_EXPORT_A/x$r-$kind" -type f 2>/dev/null | head -1)
+      cmp -s "$WORK/xa/$kind" "$got_b" && cmp -s "$WORK/xb/$kind" "$got_a" || ok=false
+      rm -rf "$LH_EXPORT_B/x$r-$kind" "$LH_EXPORT_A/x$r-$kind"
+    done
+    if [[ $ok == false && ! -s "$WORK/x.err" ]]; then :; fi
+    local med
+    med=$(printf '%s\n' "${times[@]}" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+    result "longhaul exchange $kind" "$bytes" "$med" null "$ok" \
+      "note=\"median round of $rounds, both directions at once; bytes per direction\""
+  done
+}
+
+case "$SCENARIO" in
+  lan) scenario_lan ;;
+  wan-clean) scenario_wan_clean ;;
+  wan-lossy) scenario_wan_lossy ;;
+  wan-far) scenario_wan_far ;;
+  small-files) scenario_small_files ;;
+  ckpt-dcp) scenario_ckpt_dcp ;;
+  fairness) scenario_fairness ;;
+  resume) scenario_resume ;;
+  exchange) scenario_exchange ;;
+esac
+finish

@@ -1,0 +1,36 @@
+// Helpers shared by the storage tests: temporary directories and files.
+#ifndef LONGHAUL_TESTS_STORAGE_TEST_UTIL_H_
+#define LONGHAUL_TESTS_STORAGE_TEST_UTIL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace longhaul::storage::testing {
+
+// A fresh directory under $TEST_TMPDIR or /tmp, removed (recursively) on
+// destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string Sub(const std::string& rel) const { return path_ + "/" + rel; }
+
+ private:
+  std::string path_;
+};
+
+// Deterministic pseudo-random bytes.
+std::vector<uint8_t> Bytes(size_t n, uint32_t seed);
+void WriteFile(const std::string& path, const std::vector<uint8_t>& data);
+void WriteFile(const std::string& path, const std::string& data);
+std::string ReadFile(const std::string& path);
+void MakeDirs(const std::string& path);
+bool Exists(const std::string& path);  // lstat
+
+}  // namespace longhaul::storage::testing
+
+#endif  // LONGHAUL_TESTS_STORAGE_TEST_UTIL_H_

@@ -1,0 +1,267 @@
+#!/usr/bin/env bash
+# Tests of longhaul-wanem against real kernel stacks: ping, iperf3, and the
+# namespace bookkeeping. Needs root, /dev/net/tun, iproute2, ping and iperf3.
+#
+#   wan_test.sh CASE    CASE: rtt rate loss cut cleanup_normal
+#                             cleanup_parent_killed cleanup_emulator_killed
+#                             bench_killed
+#
+# LONGHAUL_WANEM points at the binary (ctest sets it). All traffic stays on
+# 198.18.0.0/15 inside the namespaces the emulator makes.
+set -uo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+WANEM="${LONGHAUL_WANEM:-$HERE/../../build/bin/longhaul-wanem}"
+TMP="$(mktemp -d /tmp/lhw-test.XXXXXX)"
+WANEM_PID=""
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pass() { echo "PASS: $*"; }
+
+cleanup() {
+  if [[ -n "$WANEM_PID" ]] && kill -0 "$WANEM_PID" 2>/dev/null; then
+    kill -TERM "$WANEM_PID" 2>/dev/null
+    wait "$WANEM_PID" 2>/dev/null
+  fi
+  "$WANEM" --cleanup-stale >/dev/null 2>&1
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+[[ $(id -u) -eq 0 ]] || fail "needs root (network namespaces and TUN)"
+[[ -x "$WANEM" ]] || fail "no emulator at $WANEM"
+for tool in ip ping iperf3 awk; do
+  command -v "$tool" >/dev/null || fail "missing $tool"
+done
+"$WANEM" --cleanup-stale >/dev/null || fail "cleanup-stale failed"
+
+# wait_for FILE SECONDS
+wait_for() {
+  local i
+  for ((i = 0; i < $2 * 20; i++)); do
+    [[ -s "$1" ]] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+# start_wanem ARGS...: runs the emulator in the background and loads its
+# ready file (LHW_NS_A, LHW_NS_B, LHW_ADDR_A, LHW_ADDR_B, LHW_PID).
+start_wanem() {
+  rm -f "$TMP/ready"
+  "$WANEM" --control="$TMP/ctl.sock" --ready-file="$TMP/ready" \
+    --stats-json="$TMP/stats.json" "$@" >"$TMP/wanem.out" 2>&1 &
+  WANEM_PID=$!
+  wait_for "$TMP/ready" 10 || { cat "$TMP/wanem.out" >&2; fail "emulator did not come up"; }
+  # shellcheck disable=SC1091
+  . "$TMP/ready"
+}
+
+stop_wanem() {
+  kill -TERM "$WANEM_PID"
+  wait "$WANEM_PID" || fail "emulator exited with $?"
+  WANEM_PID=""
+}
+
+ctl() { "$WANEM" ctl "$TMP/ctl.sock" "$@"; }
+in_a() { ip netns exec "$LHW_NS_A" "$@"; }
+in_b() { ip netns exec "$LHW_NS_B" "$@"; }
+
+# json_field JSON DIRECTION FIELD: a counter from the stats JSON.
+json_field() {
+  sed -e "s/.*\"$2\":{\([^}]*\)}.*/\1/" <<<"$1" | tr ',' '\n' |
+    awk -F: -v f="\"$3\"" '$1 == f { print $2 }'
+}
+
+# Within TOL of WANT (all in the same unit)?
+within() { awk -v got="$1" -v want="$2" -v tol="$3" \
+  'BEGIN { d = got - want; if (d < 0) d = -d; exit !(d <= tol) }'; }
+
+# No namespace, TUN or process of emulator PID is left.
+assert_gone() {
+  local pid=$1 i
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  kill -0 "$pid" 2>/dev/null && fail "emulator $pid still running"
+  ip netns list | grep -q "^lhw-$pid-" && fail "namespace of $pid left: $(ip netns list | grep "lhw-$pid-")"
+  [[ -e /run/netns/lhw-$pid-a || -e /run/netns/lhw-$pid-b ]] && fail "netns mount of $pid left"
+  for p in "${@:2}"; do
+    kill -0 "$p" 2>/dev/null && fail "process $p started in the namespace is still running"
+  done
+  # TUN devices exist only inside the namespaces; none may appear here.
+  ip -o link show type tun 2>/dev/null | grep -q lhw0 && fail "TUN device left in the root namespace"
+  return 0
+}
+
+case_rtt() {
+  local delay
+  for delay in 5 20; do
+    start_wanem --rate=1Gbit --delay=${delay}ms
+    local out avg
+    out=$(in_a ping -q -c 30 -i 0.02 -s 56 "$LHW_ADDR_B") || fail "ping failed: $out"
+    avg=$(awk -F/ '/^rtt/ { print $5 }' <<<"$out")
+    echo "delay ${delay}ms one way: measured RTT avg ${avg} ms"
+    within "$avg" $((2 * delay)) 1 || fail "RTT $avg ms not within 2x${delay} ms +-1 ms"
+    stop_wanem
+  done
+  pass "RTT = 2 x delay +- 1 ms"
+}
+
+case_rate() {
+  local mtu rate mbit got
+  for spec in "9000 200" "1500 100"; do
+    read -r mtu mbit <<<"$spec"
+    start_wanem --rate=${mbit}Mbit --delay=5ms --queue=bdp --mtu="$mtu"
+    in_b iperf3 -s -1 -B "$LHW_ADDR_B" >/dev/null 2>&1 &
+    local server=$!
+    sleep 0.3
+    got=$(in_a iperf3 -c "$LHW_ADDR_B" -t 5 -f m | awk '/receiver/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec") print $(i - 1) }')
+    wait "$server"
+    # The link's rate counts whole IP packets; TCP/IP headers (52 bytes with
+    # timestamps) are not goodput.
+    local want
+    want=$(awk -v r="$mbit" -v m="$mtu" 'BEGIN { print r * (m - 52) / m }')
+    echo "MTU $mtu, rate $mbit Mbit/s: iperf3 goodput $got Mbit/s (payload share of the rate: $want)"
+    [[ -n "$got" ]] || fail "iperf3 gave no result"
+    within "$got" "$want" "$(awk -v r="$mbit" 'BEGIN { print r * 0.05 }')" ||
+      fail "goodput $got Mbit/s not within 5% of $mbit Mbit/s (expected $want)"
+    stop_wanem
+  done
+  pass "iperf3 within 5% of the set rate"
+}
+
+case_loss() {
+  start_wanem --delay=2ms --a2b="loss=2%" --seed=$RANDOM
+  in_b iperf3 -s -1 -B "$LHW_ADDR_B" >/dev/null 2>&1 &
+  local server=$!
+  sleep 0.3
+  local line lost total
+  line=$(in_a iperf3 -c "$LHW_ADDR_B" -u -b 40M -l 1200 -t 4 | grep receiver)
+  wait "$server"
+  read -r lost total < <(sed -E 's#.* ([0-9]+)/([0-9]+) .*#\1 \2#' <<<"$line")
+  local stats
+  stats=$(ctl stats)
+  local counted
+  counted=$(json_field "$stats" a2b dropped_loss)
+  echo "set 2% loss: iperf3 lost $lost of $total datagrams; emulator dropped_loss $counted"
+  [[ "$total" -gt 10000 ]] || fail "too few datagrams ($total) for a statistical check"
+  # Binomial bounds: |lost - n p| <= 5 sd.
+  awk -v l="$lost" -v n="$total" 'BEGIN { p = 0.02; sd = sqrt(n * p * (1 - p));
+      d = l - n * p; if (d < 0) d = -d; exit !(d <= 5 * sd) }' ||
+    fail "loss $lost/$total outside 5 sd of 2%"
+  # Our own counter saw the same drops (the iperf3 control packets and the
+  # sender's last datagrams may add a few).
+  within "$counted" "$lost" 20 || fail "emulator counted $counted lost, iperf3 saw $lost"
+  stop_wanem
+  pass "loss within statistical bounds of the set rate"
+}
+
+case_cut() {
+  start_wanem --rate=1Gbit --delay=5ms
+  in_a ping -q -c 5 -i 0.1 -W 1 "$LHW_ADDR_B" >/dev/null || fail "no traffic before the cut"
+  ctl cut >/dev/null || fail "ctl cut failed"
+  if in_a ping -q -c 5 -i 0.1 -W 1 "$LHW_ADDR_B" >/dev/null; then fail "traffic passed a cut link"; fi
+  local cut_drops
+  cut_drops=$(json_field "$(ctl stats)" a2b dropped_cut)
+  [[ "$cut_drops" -ge 5 ]] || fail "cut drops not counted ($cut_drops)"
+  ctl restore >/dev/null || fail "ctl restore failed"
+  in_a ping -q -c 5 -i 0.1 -W 1 "$LHW_ADDR_B" >/dev/null || fail "no traffic after restore"
+  # The signals do the same.
+  kill -USR1 "$WANEM_PID"
+  sleep 0.1
+  if in_a ping -q -c 3 -i 0.1 -W 1 "$LHW_ADDR_B" >/dev/null; then fail "traffic passed a SIGUSR1 cut"; fi
+  kill -USR2 "$WANEM_PID"
+  sleep 0.1
+  in_a ping -q -c 3 -i 0.1 -W 1 "$LHW_ADDR_B" >/dev/null || fail "no traffic after SIGUSR2"
+  # A one-way cut stops the round trip too, and a TCP flow survives a short cut.
+  in_b iperf3 -s -1 -B "$LHW_ADDR_B" >/dev/null 2>&1 &
+  local server=$!
+  sleep 0.3
+  in_a iperf3 -c "$LHW_ADDR_B" -t 4 -b 50M -f m >"$TMP/iperf.txt" 2>&1 &
+  local client=$!
+  sleep 1
+  ctl cut a2b >/dev/null
+  sleep 1
+  ctl restore a2b >/dev/null
+  wait "$client" || { cat "$TMP/iperf.txt" >&2; fail "TCP flow did not survive a 1 s cut"; }
+  wait "$server"
+  grep -q receiver "$TMP/iperf.txt" || fail "TCP flow did not finish"
+  awk '/sec/ && !/sender|receiver/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec" && $(i-1) + 0 < 5) z++ } END { exit !(z >= 1) }' "$TMP/iperf.txt" ||
+    { cat "$TMP/iperf.txt" >&2; fail "no interval without traffic during the cut"; }
+  stop_wanem
+  pass "a cut stops traffic and a restore brings it back"
+}
+
+case_cleanup_normal() {
+  start_wanem --delay=1ms
+  local pid=$LHW_PID
+  ip netns exec "$LHW_NS_B" sleep 300 &
+  local sleeper=$!
+  sleep 0.2
+  stop_wanem
+  assert_gone "$pid" "$sleeper"
+  pass "nothing left after SIGTERM"
+}
+
+case_cleanup_parent_killed() {
+  # A parent shell (standing in for a test or the harness) starts the link
+  # and a process inside it, then dies by SIGKILL.
+  bash -c '"$1" --ready-file="$2/ready" --delay=1ms >/dev/null 2>&1 &
+           wait' _ "$WANEM" "$TMP" &
+  local parent=$!
+  wait_for "$TMP/ready" 10 || fail "emulator did not come up"
+  . "$TMP/ready"
+  ip netns exec "$LHW_NS_A" sleep 300 &
+  local sleeper=$!
+  sleep 0.2
+  kill -KILL "$parent"
+  wait "$parent" 2>/dev/null
+  assert_gone "$LHW_PID" "$sleeper"
+  pass "nothing left after the parent was SIGKILLed"
+}
+
+case_cleanup_emulator_killed() {
+  start_wanem --delay=1ms
+  ip netns exec "$LHW_NS_A" sleep 300 &
+  local sleeper=$!
+  sleep 0.2
+  kill -KILL "$WANEM_PID"
+  wait "$WANEM_PID" 2>/dev/null
+  WANEM_PID=""
+  ip netns list | grep -q "^$LHW_NS_A" || fail "expected a stale namespace to clean"
+  "$WANEM" --cleanup-stale || fail "--cleanup-stale failed"
+  assert_gone "$LHW_PID" "$sleeper"
+  pass "--cleanup-stale removes what a SIGKILLed emulator left"
+}
+
+case_bench_killed() {
+  # The benchmark harness killed half-way leaves nothing behind.
+  local runsh="$HERE/../bench/run.sh"
+  LONGHAUL_BENCH_TMP="$TMP" bash "$runsh" wan-lossy --smoke >"$TMP/bench.out" 2>&1 &
+  local bench=$!
+  local i ns="" pids=""
+  for ((i = 0; i < 600; i++)); do
+    ns=$(ip netns list | awk '/^lhw-/ { print $1; exit }')
+    if [[ -n "$ns" ]]; then
+      pids=$(ip netns pids "${ns%-?}-b" 2>/dev/null | tr '\n' ' ')
+      [[ -n "$pids" ]] && break
+    fi
+    sleep 0.1
+  done
+  [[ -n "$pids" ]] || { cat "$TMP/bench.out" >&2; fail "bench never started servers in a namespace"; }
+  sleep 1
+  local owner=${ns#lhw-}
+  owner=${owner%%-*}
+  kill -KILL "$bench"
+  wait "$bench" 2>/dev/null
+  # shellcheck disable=SC2086
+  assert_gone "$owner" $pids
+  pass "nothing left after the bench harness was SIGKILLed (servers were: $pids)"
+}
+
+case_name="${1:-}"
+declare -F "case_$case_name" >/dev/null || fail "unknown case '$case_name'"
+"case_$case_name"
