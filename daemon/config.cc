@@ -119,9 +119,9 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
       if (peer.site == c.site) {
         return absl::InvalidArgumentError(absl::StrCat("peer '", peer.site, "' is this site itself"));
       }
-      if (peer.transport != "tcp") {
+      if (peer.transport != "tcp" && peer.transport != "udp") {
         return absl::InvalidArgumentError(absl::StrCat("peer ", peer.site, ": unknown transport '",
-                                                       peer.transport, "' (supported: tcp)"));
+                                                       peer.transport, "' (tcp or udp)"));
       }
       if (!sites.insert(peer.site).second) {
         return absl::InvalidArgumentError(absl::StrCat("peer '", peer.site, "' is listed twice"));

@@ -13,6 +13,8 @@
 #include "daemon/config.h"
 #include "daemon/control_service.h"
 #include "daemon/peer/receiver.h"
+#include "daemon/peer/priority_gate.h"
+#include "daemon/peer/router.h"
 #include "daemon/transfer_manager.h"
 #include "daemon/transport/transport.h"
 #include "common/fmt_absl.h"
@@ -55,14 +57,24 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   if (!transport.ok()) return Fail("cannot set up TLS", transport.status());
 
   peer::Receiver receiver(*config, **journal);
-  if (absl::Status s = (*transport)->Listen(config->listen, [&receiver](auto channel) {
-        receiver.Serve(std::move(channel));
+  peer::PeerRouter router;
+  auto serve_transfer = [&receiver](std::unique_ptr<transport::Channel> channel,
+                                    const v1::Hello& hello) {
+    receiver.Serve(std::move(channel), hello);
+  };
+  router.Register(v1::Hello::CONTROL, serve_transfer);
+  router.Register(v1::Hello::DATA, serve_transfer);
+  router.Register(v1::Hello::PROBE, [](auto, const v1::Hello&) {});  // the handshake was the point
+  if (absl::Status s = (*transport)->Listen(config->listen, [&router](auto channel) {
+        router.Serve(std::move(channel));
       });
       !s.ok()) {
     return Fail("cannot listen for peers", s);
   }
 
-  TransferManager manager(*config, **transport, **journal);
+  peer::PriorityGate gate;
+  transport::TransportSet transports = {{"tcp", transport->get()}};
+  TransferManager manager(*config, transports, **journal, gate);
   if (absl::Status s = manager.Start(); !s.ok()) return Fail("cannot resume transfers", s);
 
   ControlService service(manager);

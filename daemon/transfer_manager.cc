@@ -45,9 +45,14 @@ bool IsEndState(v1::TransferState state) {
   return state == v1::COMPLETED || state == v1::FAILED || state == v1::CANCELLED;
 }
 
-TransferManager::TransferManager(const DaemonConfig& config, transport::Transport& transport,
-                                 storage::Journal& journal)
-    : config_(config), transport_(transport), journal_(journal) {}
+TransferManager::TransferManager(const DaemonConfig& config,
+                                 const transport::TransportSet& transports,
+                                 storage::Journal& journal, peer::PriorityGate& gate)
+    : config_(config),
+      transports_(transports),
+      control_transport_(*transport::FindTransport(transports, "tcp")),
+      gate_(gate),
+      journal_(journal) {}
 
 TransferManager::~TransferManager() { Shutdown(); }
 
@@ -134,9 +139,12 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
     return absl::InvalidArgumentError(absl::StrCat("chunk size must be between 64KiB and ",
                                                    config_.transfer.max_chunk_size, " bytes"));
   }
-  if (!spec.transport().empty() && spec.transport() != "tcp") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown transport '", spec.transport(), "' (supported: tcp)"));
+  if (spec.transport().empty()) spec.set_transport(config_.FindPeer(spec.dest_site())->transport);
+  if (transport::FindTransport(transports_, spec.transport()) == nullptr) {
+    std::vector<std::string> names;
+    for (const auto& [name, t] : transports_) names.push_back(name);
+    return absl::InvalidArgumentError(absl::StrCat("unknown transport '", spec.transport(),
+                                                   "' (this daemon runs: ", absl::StrJoin(names, ", "), ")"));
   }
 
   auto built = storage::BuildManifest({spec.sources().begin(), spec.sources().end()}, spec.chunk_size());
@@ -204,8 +212,10 @@ void TransferManager::StartLocked(Transfer& t) {
   t.run_start_bytes = t.progress.Get().bytes_done;
   PersistLocked(t);
   std::string site = t.record.spec().dest_site();
+  transport::Transport* data = transport::FindTransport(transports_, t.record.spec().transport());
+  if (data == nullptr) data = &control_transport_;  // journaled before that transport was removed
   t.sender = std::make_unique<peer::TransferSender>(
-      config_, transport_, journal_, t.record, t.progress,
+      config_, control_transport_, *data, gate_, journal_, t.record, t.progress,
       [this](const std::string& peer_site, const transport::LinkStats& stats) {
         absl::MutexLock lock(&mu_);
         link_stats_[peer_site] = stats;
@@ -414,7 +424,7 @@ void TransferManager::AbortRemote(const v1::OutgoingTransfer& record) {
   v1::Hello hello;
   hello.set_role(v1::Hello::CONTROL);
   hello.set_transfer_id(record.id());
-  auto channel = peer::DialSession(transport_, peer->site, peer->address, hello);
+  auto channel = peer::DialSession(control_transport_, peer->site, peer->address, hello);
   absl::Status status = channel.status();
   if (channel.ok()) {
     v1::PeerMessage request;
@@ -446,7 +456,7 @@ absl::StatusOr<v1::VerifyResponse> TransferManager::Verify(const std::string& id
   v1::Hello hello;
   hello.set_role(v1::Hello::CONTROL);
   hello.set_transfer_id(id);
-  auto channel = peer::DialSession(transport_, peer->site, peer->address, hello);
+  auto channel = peer::DialSession(control_transport_, peer->site, peer->address, hello);
   if (!channel.ok()) return channel.status();
   v1::PeerMessage request;
   request.mutable_verify()->set_transfer_id(id);
@@ -513,7 +523,7 @@ v1::PeersResponse TransferManager::Peers(bool probe) {
       v1::Hello hello;
       hello.set_role(v1::Hello::PROBE);
       absl::Time start = absl::Now();
-      auto channel = peer::DialSession(transport_, peer.site, peer.address, hello);
+      auto channel = peer::DialSession(control_transport_, peer.site, peer.address, hello);
       status->set_reachable(channel.ok());
       if (channel.ok()) {
         status->set_handshake_ms(absl::ToDoubleMilliseconds(absl::Now() - start));

@@ -29,8 +29,9 @@ namespace longhaul::daemon {
 // Thread-safe.
 class TransferManager {
  public:
-  TransferManager(const DaemonConfig& config, transport::Transport& transport,
-                  storage::Journal& journal);
+  // `transports` must hold "tcp"; transfers may pick any other by name.
+  TransferManager(const DaemonConfig& config, const transport::TransportSet& transports,
+                  storage::Journal& journal, peer::PriorityGate& gate);
   ~TransferManager();
 
   // Loads the journal and resumes unfinished transfers.
@@ -74,7 +75,9 @@ class TransferManager {
   void AbortRemote(const v1::OutgoingTransfer& record);
 
   const DaemonConfig& config_;
-  transport::Transport& transport_;
+  const transport::TransportSet transports_;
+  transport::Transport& control_transport_;  // "tcp"
+  peer::PriorityGate& gate_;
   storage::Journal& journal_;
 
   mutable absl::Mutex mu_;

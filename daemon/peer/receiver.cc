@@ -73,21 +73,13 @@ ReceiverStats Receiver::stats() const {
   return stats_;
 }
 
-void Receiver::Serve(std::unique_ptr<transport::Channel> channel) {
+void Receiver::Serve(std::unique_ptr<transport::Channel> channel, const v1::Hello& hello) {
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return;
     channels_.insert(channel.get());
   }
-  v1::Hello hello;
-  absl::Status status = ReadProto(*channel, FrameType::kHello, 0, &hello);
-  if (!status.ok()) {
-    spdlog::warn("closing connection from {} ({}): no valid hello: {}", channel->peer_site(),
-                 channel->peer_address(), status.message());
-  } else if (hello.protocol_version() != kProtocolVersion) {
-    spdlog::warn("closing connection from {}: protocol version {} (we speak {})",
-                 channel->peer_site(), hello.protocol_version(), kProtocolVersion);
-  } else if (hello.role() == v1::Hello::CONTROL) {
+  if (hello.role() == v1::Hello::CONTROL) {
     ServeControl(*channel, hello.transfer_id());
   } else if (hello.role() == v1::Hello::DATA) {
     ServeData(*channel, hello.transfer_id());

@@ -25,8 +25,8 @@ struct ReceiverStats {
   uint64_t frames_refused = 0;
 };
 
-// The destination side of peer sessions. Every channel a Transport admits is
-// handed to Serve(), which answers control requests (open, commit, abort,
+// The destination side of peer sessions. The PeerRouter hands it CONTROL and
+// DATA channels; Serve() answers control requests (open, commit, abort,
 // verify) and receives chunk frames until the channel closes. Nothing is
 // written outside the transfer's staging directory before commit, and a chunk
 // is acknowledged only after DurabilityCommitter made it durable.
@@ -37,7 +37,8 @@ class Receiver {
   Receiver(const daemon::DaemonConfig& config, storage::Journal& journal);
   ~Receiver();
 
-  void Serve(std::unique_ptr<transport::Channel> channel);
+  // Serves a CONTROL or DATA channel (its hello already read) until it closes.
+  void Serve(std::unique_ptr<transport::Channel> channel, const v1::Hello& hello);
   // Aborts every open channel; Serve calls return soon after.
   void Shutdown();
 

@@ -44,11 +44,14 @@ uint64_t ChunkKey(uint32_t file_index, uint32_t chunk_index) {
 }  // namespace
 
 TransferSender::TransferSender(const daemon::DaemonConfig& config,
-                               transport::Transport& transport, storage::Journal& journal,
+                               transport::Transport& control, transport::Transport& data,
+                               PriorityGate& gate, storage::Journal& journal,
                                v1::OutgoingTransfer record, TransferProgress& progress,
                                LinkObserver observer)
     : config_(config),
-      transport_(transport),
+      control_transport_(control),
+      data_transport_(data),
+      gate_(gate),
       journal_(journal),
       progress_(progress),
       observer_(std::move(observer)),
@@ -150,7 +153,7 @@ absl::Status TransferSender::RunAttempt() {
   v1::Hello hello;
   hello.set_role(v1::Hello::CONTROL);
   hello.set_transfer_id(record.id());
-  auto control = DialSession(transport_, peer->site, peer->address, hello);
+  auto control = DialSession(control_transport_, peer->site, peer->address, hello);
   if (!control.ok()) return control.status();
   {
     absl::MutexLock lock(&mu_);
@@ -233,6 +236,7 @@ absl::Status TransferSender::RunAttempt() {
   }
   streams = static_cast<uint32_t>(std::min<size_t>(streams, pending));
   if (streams > 0) {
+    PriorityGate::Scope active = gate_.Enter(peer->site, spec.priority());
     std::vector<absl::Status> results(streams);
     std::vector<std::thread> threads;
     for (uint32_t i = 0; i < streams; ++i) {
@@ -241,7 +245,7 @@ absl::Status TransferSender::RunAttempt() {
         data_hello.set_role(v1::Hello::DATA);
         data_hello.set_transfer_id(record.id());
         data_hello.set_stream_index(i);
-        auto channel = DialSession(transport_, peer->site, peer->address, data_hello);
+        auto channel = DialSession(data_transport_, peer->site, peer->address, data_hello);
         if (!channel.ok()) {
           results[i] = channel.status();
         } else {
@@ -331,6 +335,9 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
   };
 
   while (!stopping()) {
+    // Chunk boundary: a higher class on this link goes first.
+    gate_.WaitForTurn(record.spec().dest_site(), record.spec().priority(), stop_);
+    if (stopping()) break;
     Chunk chunk;
     {
       absl::MutexLock lock(&mu_);

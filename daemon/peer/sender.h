@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "daemon/config.h"
+#include "daemon/peer/priority_gate.h"
 #include "daemon/transport/transport.h"
 #include "longhaul/v1/journal.pb.h"
 #include "storage/journal.h"
@@ -66,9 +67,11 @@ using LinkObserver = std::function<void(const std::string& site, const transport
 // called from any thread.
 class TransferSender {
  public:
-  TransferSender(const daemon::DaemonConfig& config, transport::Transport& transport,
-                 storage::Journal& journal, v1::OutgoingTransfer record,
-                 TransferProgress& progress, LinkObserver observer);
+  // Control messages go over `control` (TLS over TCP, also the key source
+  // for other transports); chunks over `data`.
+  TransferSender(const daemon::DaemonConfig& config, transport::Transport& control,
+                 transport::Transport& data, PriorityGate& gate, storage::Journal& journal,
+                 v1::OutgoingTransfer record, TransferProgress& progress, LinkObserver observer);
 
   // OK: published at the destination. Cancelled: stopped by Drain/Stop.
   // Another error: the transfer cannot complete without an operator.
@@ -101,7 +104,9 @@ class TransferSender {
   void AddBytesSent(uint64_t bytes);
 
   const daemon::DaemonConfig& config_;
-  transport::Transport& transport_;
+  transport::Transport& control_transport_;
+  transport::Transport& data_transport_;
+  PriorityGate& gate_;
   storage::Journal& journal_;
   TransferProgress& progress_;
   LinkObserver observer_;

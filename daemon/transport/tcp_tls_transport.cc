@@ -182,6 +182,16 @@ class TcpTlsChannel final : public Channel {
     ::shutdown(stream_.lowest_layer().native_handle(), SHUT_RDWR);
   }
 
+  absl::StatusOr<std::vector<uint8_t>> ExportKeyingMaterial(absl::string_view label,
+                                                            size_t length) override {
+    std::vector<uint8_t> out(length);
+    if (SSL_export_keying_material(stream_.native_handle(), out.data(), out.size(), label.data(),
+                                   label.size(), nullptr, 0, 0) != 1) {
+      return absl::InternalError(absl::StrCat("TLS key export failed: ", OpenSslErrors()));
+    }
+    return out;
+  }
+
   const std::string& peer_site() const override { return peer_site_; }
   const std::string& peer_address() const override { return peer_address_; }
 
@@ -391,6 +401,11 @@ class TcpTlsTransport final : public Transport {
       return absl::PermissionDeniedError(absl::StrCat(
           "certificate of ", channel.peer_address(), " rejected: ", X509_verify_cert_error_string(verify),
           type == ssl::stream_base::client ? "" : " (does its certificate come from our CA?)"));
+    }
+    if (ec == asio::error::eof || ec == ssl::error::stream_truncated ||
+        ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
+        ec == asio::error::operation_aborted || ec == asio::error::timed_out) {
+      return absl::UnavailableError(absl::StrCat("TLS handshake interrupted: ", ec.message()));
     }
     std::string reason = ec.message();
     if (ec.category() == asio::error::get_ssl_category()) {

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace longhaul::transport {
@@ -46,6 +47,14 @@ class Channel {
   // "host:port" of the peer, for logs.
   virtual const std::string& peer_address() const = 0;
   virtual LinkStats Stats() const = 0;
+
+  // RFC 5705 / RFC 8446 §7.5 exporter over the channel's TLS session, for
+  // keys of protocols keyed by this handshake (the udp transport). Channels
+  // without a TLS session return Unimplemented.
+  virtual absl::StatusOr<std::vector<uint8_t>> ExportKeyingMaterial(absl::string_view label,
+                                                                    size_t length) {
+    return absl::UnimplementedError("this channel has no TLS session to export keys from");
+  }
 };
 
 using ChannelHandler = std::function<void(std::unique_ptr<Channel>)>;
@@ -72,6 +81,16 @@ class Transport {
   // Stops accepting and aborts every open channel. Idempotent.
   virtual void Shutdown() = 0;
 };
+
+// The transports a daemon runs, by the name configs use ("tcp", "udp").
+// Control connections always use "tcp"; data may use any.
+using TransportSet = std::vector<std::pair<std::string, Transport*>>;
+inline Transport* FindTransport(const TransportSet& set, absl::string_view name) {
+  for (const auto& [n, t] : set) {
+    if (n == name) return t;
+  }
+  return nullptr;
+}
 
 // The identity and trust material shared by every transport of a daemon.
 struct TlsIdentity {
