@@ -332,6 +332,7 @@ scenario_resume() {
   # Anchor: rsync --partial, its receiving side killed at 50 %, then rerun.
   local dest="$WORK/dst/rsync-resume"
   rm -rf "$dest"
+  mkdir -p "$WORK/dst"
   link_mark
   local t0 t1
   t0=$(date +%s%N)
@@ -358,8 +359,6 @@ scenario_resume() {
   wire=$(python3 -c 'import json,sys; c=json.loads(sys.argv[1]); print(c["a2b"]["forwarded_bytes"] if c else 0)' "$lc")
   local verified
   verified=$(verify_tree "$dest")
-  link_mark  # row_counters above consumed the mark; keep it for result()
-  cp "$WORK/emu.before" "$WORK/emu.before" 2>/dev/null
   REPORT row "$WORK/rows.jsonl" "tool=\"rsync/ssh --partial\"" "bytes=$DATA_BYTES" \
     "seconds=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')" \
     "goodput_mbit=$(mbit "$DATA_BYTES" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print (b - a) / 1e9 }')")" \

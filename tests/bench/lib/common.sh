@@ -106,7 +106,14 @@ verify_tree() {
     return
   fi
   digest_tree "$dir" "$WORK/digest.$tag"
-  if cmp -s "$WORK/digest.src" "$WORK/digest.$tag"; then
+  # Every source file must be there with the same digest. Files the source
+  # does not have (e.g. a temp file of a killed receiver) are reported, not
+  # counted against the copy.
+  local extra
+  extra=$(awk 'NR == FNR { want[$2] = 1; next } !($2 in want)' "$WORK/digest.src" "$WORK/digest.$tag" | wc -l)
+  [[ "$extra" -gt 0 ]] && log "$tag: $extra extra file(s) at the destination"
+  awk 'NR == FNR { want[$2] = 1; next } ($2 in want)' "$WORK/digest.src" "$WORK/digest.$tag" >"$WORK/digest.$tag.common"
+  if cmp -s "$WORK/digest.src" "$WORK/digest.$tag.common"; then
     echo true
   else
     log "$tag: destination differs from the source ($(diff "$WORK/digest.src" "$WORK/digest.$tag" | grep -c '^[<>]') lines differ)"

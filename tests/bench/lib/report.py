@@ -84,7 +84,7 @@ def final(scenario, link_path, rows_path, extra_path, out=None):
             table.append([r["tool"], "-", "-", "-", "-", "-", "error: " + r["error"]])
             continue
         notes = []
-        for k in ("share", "note", "resent_bytes", "retransmits"):
+        for k in ("share", "resent_ratio", "note", "resent_bytes", "retransmits"):
             if k in r:
                 notes.append(f"{k}={fmt(r[k], 3)}")
         lc = r.get("link_counters")
