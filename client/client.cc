@@ -4,8 +4,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "longhaul/v1/control.grpc.pb.h"
 
 namespace longhaul {
@@ -39,10 +37,11 @@ absl::StatusOr<Destination> ParseDestination(absl::string_view text) {
   rest.remove_prefix(1);
   size_t slash = rest.find('/');
   d.export_name = std::string(rest.substr(0, slash));
-  if (slash != absl::string_view::npos) {
-    std::vector<absl::string_view> parts = absl::StrSplit(rest.substr(slash + 1), '/', absl::SkipEmpty());
-    d.path = absl::StrJoin(parts, "/");
-  }
+  // The path goes to the destination daemon as typed (less trailing
+  // slashes): it alone decides what is inside its export, and refuses ".."
+  // and absolute paths with a message that names them.
+  if (slash != absl::string_view::npos) d.path = std::string(rest.substr(slash + 1));
+  while (!d.path.empty() && d.path.back() == '/') d.path.pop_back();
   if (d.export_name.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("destination '", text, "' has no export name"));
   }
@@ -134,6 +133,22 @@ absl::StatusOr<v1::PeersResponse> Client::Peers(bool probe) {
   v1::PeersRequest request;
   request.set_probe(probe);
   return impl_->Unary<v1::PeersRequest, v1::PeersResponse>(&v1::Control::Stub::Peers, request);
+}
+
+absl::StatusOr<std::vector<v1::RateLimit>> Client::SetLimit(const v1::RateLimit& limit) {
+  v1::SetLimitRequest request;
+  *request.mutable_limit() = limit;
+  auto r = impl_->Unary<v1::SetLimitRequest, v1::SetLimitResponse>(&v1::Control::Stub::SetLimit,
+                                                                    request);
+  if (!r.ok()) return r.status();
+  return std::vector<v1::RateLimit>(r->limits().begin(), r->limits().end());
+}
+
+absl::StatusOr<std::vector<v1::RateLimit>> Client::GetLimits() {
+  auto r = impl_->Unary<v1::GetLimitsRequest, v1::GetLimitsResponse>(
+      &v1::Control::Stub::GetLimits, v1::GetLimitsRequest());
+  if (!r.ok()) return r.status();
+  return std::vector<v1::RateLimit>(r->limits().begin(), r->limits().end());
 }
 
 absl::StatusOr<v1::TransferStatus> Client::Watch(

@@ -15,7 +15,7 @@ namespace longhaul {
 // Converts an errno value into a Status whose message reads
 // "<context>: <strerror>", with a code a caller can branch on
 // (e.g. ENOSPC -> ResourceExhausted, which transfers treat as retryable).
-inline absl::Status ErrnoToStatus(int err, absl::string_view context) {
+inline absl::Status ErrnoError(int err, absl::string_view context) {
   std::string message = absl::StrCat(context, ": ", std::strerror(err));
   switch (err) {
     case ENOENT:
@@ -51,7 +51,7 @@ inline absl::Status ErrnoToStatus(int err, absl::string_view context) {
   }
 }
 
-inline absl::Status ErrnoToStatus(absl::string_view context) { return ErrnoToStatus(errno, context); }
+inline absl::Status ErrnoError(absl::string_view context) { return ErrnoError(errno, context); }
 
 }  // namespace longhaul
 

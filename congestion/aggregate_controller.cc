@@ -15,6 +15,9 @@ struct AggregateController::Shared {
   ByteCount total_inflight = 0;
   int num_flows = 0;
   int app_limited_flows = 0;
+  // Bytes in flight of the flows that are app-limited (no data to send). The flows that have
+  // data share what is left of the model's cwnd.
+  ByteCount idle_inflight = 0;
   // Reused per event, so translating an ACK allocates nothing once warm.
   absl::InlinedVector<AckedPacket, 64> acked;
   absl::InlinedVector<LostPacket, 16> lost;
@@ -36,7 +39,10 @@ class FlowView final : public Controller {
       s.core.ForgetPacket(m->aggregate_pn, m->bytes);
       s.total_inflight -= std::min(s.total_inflight, m->bytes);
     }
-    if (app_limited_) --s.app_limited_flows;
+    if (app_limited_) {
+      --s.app_limited_flows;
+      s.idle_inflight -= std::min(s.idle_inflight, inflight_);
+    }
     --s.num_flows;
   }
 
@@ -44,15 +50,20 @@ class FlowView final : public Controller {
                     ByteCount bytes_in_flight, bool is_retransmittable) override {
     if (!is_retransmittable) return;
     Shared& s = *shared_;
+    if (app_limited_) {
+      // The flow has data again: it takes a share of the model from this packet on.
+      app_limited_ = false;
+      --s.app_limited_flows;
+      s.idle_inflight -= std::min(s.idle_inflight, inflight_);
+    }
     const uint64_t agg = s.next_pn++;
     packets_.Insert(packet_number, Mapping{agg, bytes});
     s.core.OnPacketSent(now, agg, bytes, s.total_inflight, true);
     s.total_inflight += bytes;
     inflight_ += bytes;
-    if (app_limited_) {
-      app_limited_ = false;
-      --s.app_limited_flows;
-    }
+    // This flow is full: the model is cwnd-limited even if the other flows' rounding left the
+    // aggregate a few packets short of its cwnd.
+    if (inflight_ + s.params.mss > cwnd()) s.core.OnCwndLimited();
   }
 
   void OnCongestionEvent(Timestamp now, ByteCount prior_in_flight,
@@ -79,6 +90,7 @@ class FlowView final : public Controller {
     const ByteCount prior_total = s.total_inflight;
     s.total_inflight -= std::min(s.total_inflight, gone);
     inflight_ -= std::min(inflight_, gone);
+    if (app_limited_) s.idle_inflight -= std::min(s.idle_inflight, gone);
     s.core.OnCongestionEvent(now, prior_total, s.acked, s.lost);
   }
 
@@ -87,20 +99,25 @@ class FlowView final : public Controller {
     if (!app_limited_) {
       app_limited_ = true;
       ++s.app_limited_flows;
+      s.idle_inflight += inflight_;
     }
     if (s.app_limited_flows == s.num_flows) s.core.OnAppLimited();
   }
 
+  // The model is split among the flows that have data to send (this one counted as one of them,
+  // since it asks because it wants to send): an idle flow's share goes to the busy ones instead of
+  // going unused while the idle flow waits for its application.
   ByteCount cwnd() const override {
     const Shared& s = *shared_;
-    return std::max(s.core.cwnd() / static_cast<ByteCount>(s.num_flows), 2 * s.params.mss);
+    const ByteCount others_idle = s.idle_inflight - (app_limited_ ? std::min(s.idle_inflight, inflight_) : 0);
+    const ByteCount model = s.core.cwnd();
+    const ByteCount available = model > others_idle ? model - others_idle : 0;
+    return std::max(available / static_cast<ByteCount>(SharingFlows()), 2 * s.params.mss);
   }
-  Bandwidth pacing_rate() const override {
-    return shared_->core.pacing_rate() / shared_->num_flows;
-  }
+  Bandwidth pacing_rate() const override { return shared_->core.pacing_rate() / SharingFlows(); }
   ByteCount send_quantum() const override {
     const Shared& s = *shared_;
-    return std::max(s.core.send_quantum() / static_cast<ByteCount>(s.num_flows), s.params.mss);
+    return std::max(s.core.send_quantum() / static_cast<ByteCount>(SharingFlows()), s.params.mss);
   }
   ControllerState DebugState() const override {
     ControllerState st = shared_->core.DebugState();
@@ -112,6 +129,11 @@ class FlowView final : public Controller {
 
  private:
   using Shared = AggregateController::Shared;
+  // How many flows share the model: those with data to send, and this one.
+  int SharingFlows() const {
+    const Shared& s = *shared_;
+    return std::max(1, s.num_flows - s.app_limited_flows + (app_limited_ ? 1 : 0));
+  }
   struct Mapping {
     uint64_t aggregate_pn = 0;
     ByteCount bytes = 0;

@@ -5,7 +5,16 @@
 // Controller view from AddFlow() and drives it exactly as it would drive its own controller, in
 // its own packet-number space. The views map every packet into one aggregate sequence, feed a
 // single Bbr3 (so its rate samples, rounds, loss rate and min_rtt pool all flows), and split the
-// model's cwnd and pacing rate equally across the registered flows.
+// model's cwnd and pacing rate equally across the flows that have data to send.
+//
+// A flow is idle from its OnAppLimited() until its next OnPacketSent(). Idle flows give their
+// share to the busy ones: a busy flow's cwnd is (model cwnd - bytes in flight of idle flows) /
+// busy flows, and its pacing rate the model's rate / busy flows. (A flow that sits idle between
+// application writes, e.g. waiting for an end-to-end acknowledgement, would otherwise strand
+// 1/N of the pipe; and since the busy flows fill the whole cwnd, the model is rightly not
+// app-limited then.) An idle flow that asks is quoted the share it would get as a busy one.
+// Each flow's cwnd is at least 2 x MSS (so a flow can always make progress), so with many flows
+// and a tiny model cwnd the flows together may exceed the model's cwnd by a few packets.
 //
 // The model is app-limited only when every flow has reported OnAppLimited() since its last send.
 // A flow view may be destroyed at any time; its outstanding packets are then forgotten without a

@@ -15,8 +15,10 @@ Bbr3::Bbr3(const Bbr3Params& params, Random& random, Timestamp now)
     : params_(params),
       random_(random),
       now_(now),
-      max_bw_filter_(params.max_bw_filter_len, Bandwidth::Zero(), 0),
-      extra_acked_filter_(params.extra_acked_filter_len, 0, 0) {
+      // The filters keep a sample while now - sample_time <= window, so a filter over the last N
+      // cycles (or rounds), the current one included, has window N - 1.
+      max_bw_filter_(params.max_bw_filter_len - 1, Bandwidth::Zero(), 0),
+      extra_acked_filter_(params.extra_acked_filter_len - 1, 0, 0) {
   // draft-ietf-ccwg-bbr-06, "Initialization" (BBROnInit).
   cwnd_ = InitialCwnd();
   min_rtt_stamp_ = now;
@@ -214,12 +216,50 @@ void Bbr3::UpdateCongestionSignals() {
   UpdateMaxBw();
   round_acked_ += rs_.newly_acked;
   round_lost_ += rs_.newly_lost;
+  round_min_rtt_ = std::min(round_min_rtt_, rs_.rtt);
   if (!loss_round_start_) return;
-  loss_in_round_ = IsCongestiveLoss(round_lost_, round_acked_ + round_lost_);
+  const ByteCount round_total = round_acked_ + round_lost_;
+  const double loss_rate = round_total == 0 ? 0.0
+                                            : static_cast<double>(round_lost_) /
+                                                  static_cast<double>(round_total);
+  // Only in CRUISE: in DOWN the queue is usually the one our own ProbeBW_UP just built.
+  const bool standing_queue = mode_ == Mode::kProbeBwCruise && !min_rtt_.IsInfinite() &&
+                              !round_min_rtt_.IsInfinite() &&
+                              round_min_rtt_ > min_rtt_ * params_.standing_queue_rtt_factor;
+  loss_in_round_ = round_lost_ > 0 &&
+                   (standing_queue || IsCongestiveLoss(round_lost_, round_acked_ + round_lost_));
+  // What the path delivered over the whole round: unlike bw_latest (a max over per-packet
+  // samples), it has no samples whose interval straddles a drop in the path's rate.
+  const TimeDelta round_time = now_ - loss_round_start_time_;
+  const Bandwidth round_rate = round_time > TimeDelta::Zero()
+                                   ? Bandwidth::FromBytesAndTimeDelta(round_acked_, round_time)
+                                   : Bandwidth::Zero();
+  loss_round_start_time_ = now_;
   round_acked_ = 0;
   round_lost_ = 0;
+  round_min_rtt_ = TimeDelta::Infinite();
+  const bool heavy = params_.heavy_loss_rate > 0 && loss_rate >= params_.heavy_loss_rate;
+  const bool path_shrank = heavy && HandleHeavyLoss(std::min(bw_latest_, round_rate));
   AdaptLowerBoundsFromCongestion();
   loss_in_round_ = false;
+  loss_noted_in_round_ = false;
+  // After AdaptLowerBoundsFromCongestion, which needs this round's bw_latest.
+  if (path_shrank && mode_ == Mode::kProbeBwCruise) StartProbeBwDown();
+}
+
+// A longhaul deviation (Bbr3Params::heavy_loss_rate): a round outside bandwidth probing lost at
+// least heavy_loss_rate of its data, so the path delivers far less than max_bw. Restarts max_bw
+// (and caps bw_shortterm) at `delivered_rate`, what the round actually delivered; returns whether
+// it did.
+bool Bbr3::HandleHeavyLoss(Bandwidth delivered_rate) {
+  if (!full_bw_reached_ || IsProbingBw() || mode_ == Mode::kDrain) return false;
+  if (delivered_rate.IsZero() || delivered_rate >= max_bw_) return false;
+  // Later samples above it raise max_bw again at once, so an underestimate is short-lived.
+  max_bw_filter_.Reset(delivered_rate, cycle_count_);
+  max_bw_ = delivered_rate;
+  bw_shortterm_ = std::min(bw_shortterm_, delivered_rate);
+  bw_latest_ = std::min(bw_latest_, delivered_rate);
+  return true;
 }
 
 bool Bbr3::IsCongestiveLoss(ByteCount lost, ByteCount total) const {
@@ -255,6 +295,7 @@ void Bbr3::ResetShortTermModel() {
 
 void Bbr3::ResetCongestionSignals() {
   loss_in_round_ = false;
+  loss_noted_in_round_ = false;
   bw_latest_ = Bandwidth::Zero();
   inflight_latest_ = 0;
 }
@@ -317,9 +358,13 @@ void Bbr3::CheckStartupDone() {
   if (mode_ == Mode::kStartup && full_bw_reached_) EnterDrain();
 }
 
-// draft-ietf-ccwg-bbr-06, "Drain" (BBRCheckDrain).
+// draft-ietf-ccwg-bbr-06, "Drain" (BBRCheckDrainDone): leave once inflight is down to the
+// estimated BDP, or after 3 rounds (the bandwidth was overestimated; ProbeBW will age it out).
 void Bbr3::CheckDrain() {
-  if (mode_ == Mode::kDrain && inflight_ <= Inflight(max_bw_, 1.0)) EnterProbeBw();
+  if (mode_ == Mode::kDrain &&
+      (inflight_ <= Inflight(bw_, 1.0) || round_count_ > drain_start_round_ + 3)) {
+    EnterProbeBw();
+  }
 }
 
 // draft-ietf-ccwg-bbr-06, "ProbeBW Algorithm Details" (BBRUpdateProbeBWCyclePhase).
@@ -393,9 +438,24 @@ void Bbr3::HandleInflightTooHigh(bool is_app_limited, ByteCount tx_in_flight) {
   if (mode_ == Mode::kProbeBwUp) StartProbeBwDown();
 }
 
+// draft-ietf-ccwg-bbr-06, "Probing for Bandwidth In ProbeBW" (BBRNoteLoss): the first loss of a
+// round restarts the loss round, so the round that ends with the next loss_round_start measures
+// a full round trip of delivery (bw_latest, inflight_latest) after the loss was seen.
+void Bbr3::NoteLoss() {
+  if (!loss_noted_in_round_) {
+    loss_round_delivered_ = sampler_.delivered();
+    loss_round_start_time_ = now_;
+    round_acked_ = 0;
+    round_lost_ = 0;
+    round_min_rtt_ = TimeDelta::Infinite();
+  }
+  loss_noted_in_round_ = true;
+}
+
 // draft-ietf-ccwg-bbr-06, BBRHandleLostPacket and BBRInflightAtLoss: on a loss during a probe,
 // estimate the inflight at which the loss rate crossed LossThresh.
 void Bbr3::HandleLostPacket(const LostPacketSnapshot& p) {
+  NoteLoss();
   if (!bw_probe_samples_) return;
   if (!IsInflightTooHigh(p.lost, p.tx_in_flight)) return;
   const double inflight_prev = static_cast<double>(p.tx_in_flight) - static_cast<double>(p.size);
@@ -450,10 +510,13 @@ void Bbr3::PickProbeWait() {
   bw_probe_wait_ = params_.probe_bw_wait_base + params_.probe_bw_wait_rand * random_.NextDouble();
 }
 
-// draft-ietf-ccwg-bbr-06, BBRIsTimeToCruise.
+// draft-ietf-ccwg-bbr-06, BBRIsTimeToCruise. The draft's ProbeBW_DOWN text ("C.inflight is less
+// than or equal to BBR.bdp"), its test case A.8 ("BBRInflight(1.0)") and Linux TCP BBRv3 compare
+// with the BDP at BBR.bw; the pseudocode's Inflight(BBR.max_bw, 1.0) would end DOWN before the
+// queue built on a stale max_bw drains.
 bool Bbr3::IsTimeToCruise() const {
   if (inflight_ > InflightWithHeadroom()) return false;
-  return inflight_ <= Inflight(max_bw_, 1.0);
+  return inflight_ <= Inflight(bw_, 1.0);
 }
 
 // draft-ietf-ccwg-bbr-06, BBRIsTimeToGoDown.
@@ -605,6 +668,7 @@ void Bbr3::EnterStartup() {
 
 void Bbr3::EnterDrain() {
   mode_ = Mode::kDrain;
+  drain_start_round_ = round_count_;
   pacing_gain_ = params_.drain_pacing_gain;
   cwnd_gain_ = params_.startup_cwnd_gain;
 }

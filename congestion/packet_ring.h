@@ -9,6 +9,7 @@
 #ifndef LONGHAUL_CONGESTION_PACKET_RING_H_
 #define LONGHAUL_CONGESTION_PACKET_RING_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

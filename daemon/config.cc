@@ -64,7 +64,8 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   DaemonConfig c;
   LH_RETURN_IF_ERROR(CheckKeys(root, "config",
                                {"site", "listen", "state_dir", "control_socket", "tls", "exports",
-                                "peers", "transfer", "link", "log_level"}));
+                                "peers", "transfer", "link", "log_level", "metrics", "limits",
+                                "udp"}));
   LH_RETURN_IF_ERROR(Read(root, "site", &c.site));
   if (c.site.empty()) return absl::InvalidArgumentError("config: 'site' (this site's name) is required");
   LH_RETURN_IF_ERROR(Read(root, "listen", &c.listen));
@@ -160,6 +161,59 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
     }
     LH_RETURN_IF_ERROR(ReadDuration(l, "rtt", "link", &c.link.rtt_us));
     LH_RETURN_IF_ERROR(Read(l, "congestion_control", &c.link.congestion_control));
+  }
+
+  if (YAML::Node u = root["udp"]) {
+    LH_RETURN_IF_ERROR(CheckKeys(u, "udp", {"coupled"}));
+    LH_RETURN_IF_ERROR(Read(u, "coupled", &c.udp.coupled));
+  }
+
+  if (YAML::Node m = root["metrics"]) {
+    LH_RETURN_IF_ERROR(CheckKeys(m, "metrics", {"listen"}));
+    LH_RETURN_IF_ERROR(Read(m, "listen", &c.metrics.listen));
+    if (!c.metrics.listen.empty() && c.metrics.listen.rfind(':') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metrics.listen '", c.metrics.listen, "' is not host:port (\"\" disables)"));
+    }
+  }
+
+  if (YAML::Node limits = root["limits"]) {
+    LH_RETURN_IF_ERROR(CheckKeys(limits, "limits", {"peers", "classes"}));
+    // A rate, or "off" / 0 for no cap.
+    auto read_rates = [](const YAML::Node& node, absl::string_view section,
+                         std::map<std::string, uint64_t>* out) -> absl::Status {
+      if (!node) return absl::OkStatus();
+      if (!node.IsMap()) return absl::InvalidArgumentError(absl::StrCat(section, " must be a mapping"));
+      for (const auto& kv : node) {
+        std::string key = kv.first.as<std::string>();
+        std::string text = kv.second.as<std::string>();
+        uint64_t bps = 0;
+        if (text != "off") {
+          auto v = ParseBitRate(text);
+          if (!v.ok()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(section, ".", key, ": ", v.status().message()));
+          }
+          bps = *v;
+        }
+        (*out)[key] = bps;
+      }
+      return absl::OkStatus();
+    };
+    LH_RETURN_IF_ERROR(read_rates(limits["peers"], "limits.peers", &c.limits.peers));
+    LH_RETURN_IF_ERROR(read_rates(limits["classes"], "limits.classes", &c.limits.classes));
+    for (const auto& [site, bps] : c.limits.peers) {
+      if (c.FindPeer(site) == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("limits.peers: '", site, "' is not a configured peer"));
+      }
+    }
+    for (const auto& [cls, bps] : c.limits.classes) {
+      if (cls != "exchange" && cls != "checkpoint" && cls != "background") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "limits.classes: unknown class '", cls, "' (exchange, checkpoint or background)"));
+      }
+    }
   }
   return c;
 }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/string_view.h"
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,7 +59,26 @@ struct DaemonConfig {
     std::string congestion_control = "bbr";
   } link;
 
+  // The udp transport (proto/UDP.md).
+  struct Udp {
+    // One BBRv3 model for all flows to a peer; false gives each flow its
+    // own Bbr3 (for comparison only).
+    bool coupled = true;
+  } udp;
+
   std::string log_level = "info";
+
+  // Prometheus /metrics and /healthz over HTTP (daemon/metrics/).
+  struct Metrics {
+    std::string listen = "127.0.0.1:7701";  // "": no metrics server
+  } metrics;
+
+  // Operators' rate caps in bits per second; `longhaul limit` changes them at
+  // run time. Absent: no cap.
+  struct Limits {
+    std::map<std::string, uint64_t> peers;    // by peer site
+    std::map<std::string, uint64_t> classes;  // exchange, checkpoint, background
+  } limits;
 
   // Bytes in flight that fill the configured link: bandwidth x RTT.
   uint64_t BandwidthDelayProduct() const;

@@ -1,6 +1,12 @@
 #include "daemon/control_service.h"
 
+#include <algorithm>
+#include <limits>
 #include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/fmt_absl.h"
+#include "spdlog/spdlog.h"
 
 #include "google/protobuf/util/message_differencer.h"
 
@@ -13,6 +19,19 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 namespace {
+
+template <typename Response>
+void AddLimits(const peer::RateLimiter& limiter, Response* response) {
+  for (const peer::RateLimiter::Limit& l : limiter.Limits()) {
+    v1::RateLimit* out = response->add_limits();
+    if (l.peer.empty()) {
+      out->set_priority(l.priority);
+    } else {
+      out->set_peer(l.peer);
+    }
+    out->set_bits_per_second(static_cast<uint64_t>(l.rate.ToBitsPerSecond()));
+  }
+}
 
 template <typename Response>
 grpc::Status Reply(const absl::StatusOr<v1::TransferStatus>& status, Response* response) {
@@ -89,6 +108,47 @@ grpc::Status ControlService::Verify(grpc::ServerContext*, const v1::VerifyReques
 grpc::Status ControlService::Peers(grpc::ServerContext*, const v1::PeersRequest* request,
                                    v1::PeersResponse* response) {
   *response = manager_.Peers(request->probe());
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::SetLimit(grpc::ServerContext*, const v1::SetLimitRequest* request,
+                                      v1::SetLimitResponse* response) {
+  if (rate_limiter_ == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError("this daemon has no rate limiter"));
+  }
+  const v1::RateLimit& limit = request->limit();
+  const uint64_t bps = std::min<uint64_t>(limit.bits_per_second(),
+                                          std::numeric_limits<int64_t>::max());
+  const Bandwidth rate = Bandwidth::BitsPerSecond(static_cast<int64_t>(bps));
+  const std::string shown = bps == 0 ? "off" : rate.ToString();
+  switch (limit.scope_case()) {
+    case v1::RateLimit::kPeer:
+      if (std::find(peer_sites_.begin(), peer_sites_.end(), limit.peer()) == peer_sites_.end()) {
+        return ToGrpcStatus(absl::NotFoundError(
+            absl::StrCat("'", limit.peer(), "' is not a configured peer site")));
+      }
+      rate_limiter_->SetPeerLimit(limit.peer(), rate);
+      spdlog::info("rate cap to peer {} set to {} by an operator", limit.peer(), shown);
+      break;
+    case v1::RateLimit::kPriority:
+      if (limit.priority() == v1::PRIORITY_UNSPECIFIED || !v1::PriorityClass_IsValid(limit.priority())) {
+        return ToGrpcStatus(absl::InvalidArgumentError(
+            "a class cap needs a class: exchange, checkpoint or background"));
+      }
+      rate_limiter_->SetClassLimit(limit.priority(), rate);
+      spdlog::info("rate cap on class {} set to {} by an operator",
+                   peer::PriorityClassName(limit.priority()), shown);
+      break;
+    default:
+      return ToGrpcStatus(absl::InvalidArgumentError("a cap names a peer site or a class"));
+  }
+  AddLimits(*rate_limiter_, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::GetLimits(grpc::ServerContext*, const v1::GetLimitsRequest*,
+                                       v1::GetLimitsResponse* response) {
+  if (rate_limiter_ != nullptr) AddLimits(*rate_limiter_, response);
   return grpc::Status::OK;
 }
 

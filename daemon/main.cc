@@ -12,11 +12,19 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
+#include "daemon/exchange/exchange_hub.h"
+#include "daemon/exchange/exchange_service.h"
+#include "daemon/metrics/daemon_metrics.h"
+#include "daemon/metrics/http_server.h"
+#include "daemon/peer/rate_limiter.h"
 #include "daemon/peer/receiver.h"
+#include "daemon/peer/messaging.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/router.h"
 #include "daemon/transfer_manager.h"
 #include "daemon/transport/transport.h"
+#include "daemon/transport/udp_transport.h"
+#include "common/clock.h"
 #include "common/fmt_absl.h"
 #include "spdlog/spdlog.h"
 #include "storage/journal.h"
@@ -55,6 +63,14 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   tuning.congestion_control = config->link.congestion_control;
   auto transport = transport::MakeTcpTlsTransport(identity, tuning);
   if (!transport.ok()) return Fail("cannot set up TLS", transport.status());
+  // The udp transport (issue 5): keys agreed over the tcp transport's TLS.
+  transport::UdpOptions udp_options;
+  udp_options.window_bytes = std::clamp<uint64_t>(
+      2 * config->BandwidthDelayProduct() / config->transfer.streams, 4u << 20, 64u << 20);
+  udp_options.socket_buffer_bytes = std::clamp<uint64_t>(udp_options.window_bytes, 4u << 20, 32u << 20);
+  udp_options.coupled = config->udp.coupled;
+  auto udp = transport::MakeUdpTransport(**transport, udp_options);
+  if (!udp.ok()) return Fail("cannot set up the udp transport", udp.status());
 
   peer::Receiver receiver(*config, **journal);
   peer::PeerRouter router;
@@ -65,19 +81,58 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   router.Register(v1::Hello::CONTROL, serve_transfer);
   router.Register(v1::Hello::DATA, serve_transfer);
   router.Register(v1::Hello::PROBE, [](auto, const v1::Hello&) {});  // the handshake was the point
+  router.Register(v1::Hello::UDP_HANDSHAKE, [&udp](auto channel, const v1::Hello&) {
+    (*udp)->AcceptHandshake(std::move(channel));
+  });
+  peer::PriorityGate gate;
+  std::vector<std::string> exchange_peers;
+  for (const PeerConfig& p : config->peers) exchange_peers.push_back(p.site);
+  exchange::ExchangeHub exchange_hub(
+      config->site, exchange_peers,
+      [&config, &transport](const std::string& site)
+          -> absl::StatusOr<std::unique_ptr<transport::Channel>> {
+        const PeerConfig* peer = config->FindPeer(site);
+        if (peer == nullptr) return absl::NotFoundError(absl::StrCat(site, " is not a configured peer"));
+        v1::Hello hello;
+        hello.set_role(v1::Hello::EXCHANGE);
+        return peer::DialSession(**transport, site, peer->address, hello);
+      },
+      &gate);
+  router.Register(v1::Hello::EXCHANGE, [&exchange_hub](std::unique_ptr<transport::Channel> channel,
+                                                       const v1::Hello&) {
+    exchange_hub.ServeInbound(std::move(channel));
+  });
   if (absl::Status s = (*transport)->Listen(config->listen, [&router](auto channel) {
         router.Serve(std::move(channel));
       });
       !s.ok()) {
     return Fail("cannot listen for peers", s);
   }
+  // Same port number as the tcp listener (see udp_transport.h).
+  if (absl::Status s = (*udp)->Listen(config->listen, [&router](auto channel) {
+        router.Serve(std::move(channel));
+      });
+      !s.ok()) {
+    return Fail("cannot listen for udp peers", s);
+  }
 
-  peer::PriorityGate gate;
-  transport::TransportSet transports = {{"tcp", transport->get()}};
+  // Operators' caps: from the config, changed at run time by `longhaul limit`.
+  peer::RateLimiter limiter(RealClock::Get());
+  for (const auto& [site, bps] : config->limits.peers) {
+    limiter.SetPeerLimit(site, Bandwidth::BitsPerSecond(static_cast<int64_t>(bps)));
+  }
+  for (const auto& [name, bps] : config->limits.classes) {
+    if (auto cls = peer::ParsePriorityClass(name); cls.ok()) {
+      limiter.SetClassLimit(*cls, Bandwidth::BitsPerSecond(static_cast<int64_t>(bps)));
+    }
+  }
+  transport::TransportSet transports = {{"tcp", transport->get()}, {"udp", udp->get()}};
   TransferManager manager(*config, transports, **journal, gate);
+  manager.SetRateLimiter(&limiter);
   if (absl::Status s = manager.Start(); !s.ok()) return Fail("cannot resume transfers", s);
 
   ControlService service(manager);
+  service.SetRateLimiter(&limiter, identity.peer_sites);
   std::string socket_path = config->control_socket;
   std::filesystem::create_directories(std::filesystem::path(socket_path).parent_path(), ec);
   struct stat st;
@@ -85,6 +140,8 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
+  exchange::ExchangeService exchange_service(exchange_hub);
+  builder.RegisterService(&exchange_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) {
     return Fail("cannot serve the control API",
@@ -98,6 +155,24 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
                config->site, listen_host, (*transport)->listen_port(), socket_path,
                config->peers.size(), config->exports.size());
 
+  metrics::Registry registry;
+  metrics::RegisterDaemonMetrics(registry,
+                                 {config->site, &manager, &receiver, journal->get(), &limiter});
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  if (!config->metrics.listen.empty()) {
+    auto started = metrics::MetricsServer::Start(config->metrics.listen, registry,
+                                                 [] { return absl::OkStatus(); });
+    if (started.ok()) {
+      metrics_server = std::move(*started);
+      spdlog::info("metrics on http://{}:{}/metrics",
+                   config->metrics.listen.substr(0, config->metrics.listen.rfind(':')),
+                   metrics_server->port());
+    } else {
+      // Not fatal: moving data matters more than being watched.
+      spdlog::error("{}; running without metrics (set metrics.listen)", started.status().message());
+    }
+  }
+
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -106,9 +181,12 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   sigwait(&signals, &received);
   spdlog::info("received {}; draining", strsignal(received));
 
+  if (metrics_server) metrics_server->Stop();
+  exchange_hub.Shutdown();  // ends exchange calls so the server can drain
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   manager.Shutdown();
   receiver.Shutdown();
+  (*udp)->Shutdown();
   (*transport)->Shutdown();
   spdlog::info("stopped cleanly");
   return 0;

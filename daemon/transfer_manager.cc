@@ -220,6 +220,7 @@ void TransferManager::StartLocked(Transfer& t) {
         absl::MutexLock lock(&mu_);
         link_stats_[peer_site] = stats;
       });
+  t.sender->set_rate_limiter(rate_limiter_);
   ++running_threads_;
   std::thread([this, tp = &t] { RunTransfer(tp); }).detach();
 }

@@ -34,6 +34,10 @@ class TransferManager {
                   storage::Journal& journal, peer::PriorityGate& gate);
   ~TransferManager();
 
+  // Operators' rate caps for every sender this manager starts (nullptr:
+  // none). Call before Start(); `limiter` must outlive the manager.
+  void SetRateLimiter(peer::RateLimiter* limiter) { rate_limiter_ = limiter; }
+
   // Loads the journal and resumes unfinished transfers.
   absl::Status Start();
   // Drains running transfers (chunks in flight finish) and keeps them
@@ -79,6 +83,7 @@ class TransferManager {
   transport::Transport& control_transport_;  // "tcp"
   peer::PriorityGate& gate_;
   storage::Journal& journal_;
+  peer::RateLimiter* rate_limiter_ = nullptr;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);

@@ -13,7 +13,7 @@ PACKAGES=(
   libxxhash-dev libyaml-cpp-dev libcli11-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # python binding and examples (Debian's /usr/bin/python3)
-  pybind11-dev python3-dev python3-numpy python3-torch
+  pybind11-dev python3-dev python3-numpy python3-torch python3-cryptography
   # runtime tools: PKI, namespaces, benchmark anchors
   openssl iproute2 procps curl iperf3 rsync openssh-server openssh-client rclone
   iputils-ping

@@ -9,11 +9,13 @@
 # state under DIR/SITE/state, its log in DIR/SITE/longhauld.log and an export
 # named `ckpt` at DIR/SITE/ckpt. Certificates are made on first run in DIR/pki.
 # Environment: LONGHAUL_BIN (default build/bin), LONGHAUL_LOCAL_EXTRA (YAML
-# appended to both configs).
+# appended to both configs), LONGHAUL_LOCAL_SITES (default "site-a site-b":
+# more sites, e.g. "site-a site-b site-c", each peered with all the others;
+# `up` then prints one export line per site, LONGHAUL_SITE_C and so on).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${LONGHAUL_BIN:-$root/build/bin}
-sites=(site-a site-b)
+read -r -a sites <<<"${LONGHAUL_LOCAL_SITES:-site-a site-b}"
 
 usage() {
   echo "usage: $0 up|down DIR" >&2
@@ -34,13 +36,18 @@ free_port() {
   done
 }
 
+# True while the site's daemon is alive (a zombie waiting to be reaped is not).
 running() {
-  local pidfile=$dir/$1/longhauld.pid
-  [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+  local pidfile=$dir/$1/longhauld.pid pid state
+  [ -f "$pidfile" ] || return 1
+  pid=$(cat "$pidfile")
+  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
+  [ -n "$state" ] && [ "$state" != Z ]
 }
 
 write_config() {
-  local site=$1 port=$2 peer=$3 peer_port=$4
+  local site=$1 port=$2
+  shift 2
   cat >"$dir/$site/longhauld.yaml" <<YAML
 # Written by deploy/local-sites.sh; see deploy/CONFIG.md.
 site: $site
@@ -55,11 +62,11 @@ exports:
   - name: ckpt
     path: $dir/$site/ckpt
 peers:
-  - site: $peer
-    address: 127.0.0.1:$peer_port
+$(while [ $# -gt 0 ]; do printf '  - site: %s\n    address: 127.0.0.1:%s\n' "$1" "$2"; shift 2; done)
 link:
   bandwidth: 10Gbit
   rtt: 1ms
+$(case "${LONGHAUL_LOCAL_EXTRA:-}" in *metrics:*) ;; *) printf 'metrics:\n  listen: 127.0.0.1:0  # several sites share this host\n' ;; esac)
 ${LONGHAUL_LOCAL_EXTRA:-}
 YAML
 }
@@ -86,25 +93,48 @@ wait_ready() {
 
 case $cmd in
   up)
-    for s in "${sites[@]}"; do
-      if [ ! -x "$bin/longhauld" ]; then
-        echo "local-sites: $bin/longhauld is not built (run ./deploy/test.sh or cmake --build build)" >&2
-        exit 1
-      fi
-      mkdir -p "$dir/$s/ckpt" "$dir/$s/state"
-    done
-    "$root/deploy/pki.sh" "$dir/pki" "${sites[@]}"
-    if [ ! -f "$dir/site-a/longhauld.yaml" ] || [ ! -f "$dir/site-b/longhauld.yaml" ]; then
-      port_a=$(free_port)
-      port_b=$(free_port)
-      while [ "$port_b" = "$port_a" ]; do port_b=$(free_port); done
-      write_config site-a "$port_a" site-b "$port_b"
-      write_config site-b "$port_b" site-a "$port_a"
+    if [ ! -x "$bin/longhauld" ]; then
+      echo "local-sites: $bin/longhauld is not built (run ./deploy/test.sh or cmake --build build)" >&2
+      exit 1
     fi
-    for s in "${sites[@]}"; do start "$s"; done
-    for s in "${sites[@]}"; do wait_ready "$s"; done
-    echo "export LONGHAUL_SITE_A=unix:$dir/site-a/control.sock"
-    echo "export LONGHAUL_SITE_B=unix:$dir/site-b/control.sock"
+    for s in "${sites[@]}"; do mkdir -p "$dir/$s/ckpt" "$dir/$s/state"; done
+    "$root/deploy/pki.sh" "$dir/pki" "${sites[@]}"
+    # A port found free can be taken before the daemon binds it: pick again.
+    for attempt in 1 2 3; do
+      missing_config=0
+      for s in "${sites[@]}"; do [ -f "$dir/$s/longhauld.yaml" ] || missing_config=1; done
+      if [ "$missing_config" = 1 ]; then
+        # One free port per site; every site peers with all the others.
+        declare -A port=()
+        for s in "${sites[@]}"; do
+          p=$(free_port)
+          while [[ " ${port[*]} " == *" $p "* ]]; do p=$(free_port); done
+          port[$s]=$p
+        done
+        for s in "${sites[@]}"; do
+          peer_args=()
+          for o in "${sites[@]}"; do [ "$o" = "$s" ] || peer_args+=("$o" "${port[$o]}"); done
+          write_config "$s" "${port[$s]}" "${peer_args[@]}"
+        done
+      fi
+      for s in "${sites[@]}"; do start "$s"; done
+      ready=yes
+      for s in "${sites[@]}"; do wait_ready "$s" || ready=no; done
+      [ $ready = yes ] && break
+      if [ $attempt -lt 3 ] && grep -q "cannot listen for peers" "$dir"/site-*/longhauld.log; then
+        echo "local-sites: port taken; retrying with new ports" >&2
+        "$0" down "$dir"
+        rm -f "$dir"/site-*/longhauld.yaml
+        : >"$dir/site-a/longhauld.log"
+        : >"$dir/site-b/longhauld.log"
+        continue
+      fi
+      exit 1
+    done
+    for s in "${sites[@]}"; do
+      var=$(echo "${s#site-}" | tr '[:lower:]-' '[:upper:]_')
+      echo "export LONGHAUL_SITE_$var=unix:$dir/$s/control.sock"
+    done
     ;;
   down)
     for s in "${sites[@]}"; do

@@ -146,6 +146,12 @@ absl::Status Journal::Write(rocksdb::WriteBatch& batch, bool sync, std::string_v
     ++stats_.synced_writes;
     stats_.synced_total_us += static_cast<uint64_t>(us);
     stats_.synced_max_us = std::max(stats_.synced_max_us, static_cast<uint64_t>(us));
+    size_t bucket = 0;
+    while (bucket < kJournalLatencyBoundsUs.size() &&
+           static_cast<uint64_t>(us) > kJournalLatencyBoundsUs[bucket]) {
+      ++bucket;
+    }
+    ++stats_.synced_buckets[bucket];
   }
   return FromRocks(s, what, dir_);
 }

@@ -4,6 +4,7 @@
 #ifndef LONGHAUL_STORAGE_JOURNAL_H_
 #define LONGHAUL_STORAGE_JOURNAL_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -38,11 +39,19 @@ inline constexpr char kCountersCf[] = "counters";
 // big-endian chunk_index. Exposed for tests and tools.
 std::string ChunkKey(std::string_view transfer_id, uint32_t file_index, uint32_t chunk_index);
 
+// Upper bounds of the synced-write latency buckets in JournalStats.
+inline constexpr std::array<uint64_t, 12> kJournalLatencyBoundsUs = {
+    100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000};
+
 // Latency of the synced (durability-acknowledging) writes, for metrics.
 struct JournalStats {
   uint64_t synced_writes = 0;
   uint64_t synced_total_us = 0;
   uint64_t synced_max_us = 0;
+  // synced_buckets[i]: writes that took at most kJournalLatencyBoundsUs[i]
+  // and more than the bound before (not cumulative); the last entry counts
+  // the writes slower than every bound.
+  std::array<uint64_t, kJournalLatencyBoundsUs.size() + 1> synced_buckets{};
 };
 
 // One chunk made durable at the destination.

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -256,6 +257,70 @@ int Peers(const Globals& g) {
   return kExitOk;
 }
 
+std::string LimitScope(const v1::RateLimit& l) {
+  if (l.scope_case() == v1::RateLimit::kPeer) return absl::StrCat("peer ", l.peer());
+  std::string cls = v1::PriorityClass_Name(l.priority());
+  for (char& c : cls) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return absl::StrCat("class ", cls);
+}
+
+// `longhaul limit [--peer SITE | --class CLASS] RATE|off`, or no argument to
+// list the caps in force.
+int Limit(const std::string& peer, const std::string& cls, const std::string& rate,
+          const Globals& g) {
+  auto client = Connect(g);
+  if (!client.ok()) return Report(client.status());
+  absl::StatusOr<std::vector<v1::RateLimit>> limits;
+  if (rate.empty()) {
+    if (!peer.empty() || !cls.empty()) {
+      std::fprintf(stderr, "longhaul: give a RATE (e.g. 500Mbit) or 'off'\n");
+      return kExitUsage;
+    }
+    limits = (*client)->GetLimits();
+  } else {
+    if (peer.empty() == cls.empty()) {
+      std::fprintf(stderr, "longhaul: name exactly one of --peer SITE or --class CLASS\n");
+      return kExitUsage;
+    }
+    v1::RateLimit limit;
+    if (!peer.empty()) {
+      limit.set_peer(peer);
+    } else {
+      limit.set_priority(cls == "exchange"     ? v1::EXCHANGE
+                         : cls == "background" ? v1::BACKGROUND
+                                               : v1::CHECKPOINT);
+    }
+    if (rate != "off" && rate != "0") {
+      auto bps = ParseBitRate(rate);
+      if (!bps.ok()) return Report(absl::InvalidArgumentError(absl::StrCat("RATE: ", bps.status().message())));
+      limit.set_bits_per_second(*bps);
+    }
+    limits = (*client)->SetLimit(limit);
+  }
+  if (!limits.ok()) return Report(limits.status());
+  if (g.json) {
+    std::vector<std::string> items;
+    for (const v1::RateLimit& l : *limits) {
+      JsonObject o;
+      if (l.scope_case() == v1::RateLimit::kPeer) {
+        o.Add("peer", l.peer());
+      } else {
+        o.Add("class", LimitScope(l).substr(6));
+      }
+      o.Add("bits_per_second", l.bits_per_second());
+      items.push_back(o.str());
+    }
+    std::cout << JsonObject().AddRaw("limits", JsonArray(items)).str() << std::endl;
+    return kExitOk;
+  }
+  if (limits->empty()) std::cout << "no rate caps" << std::endl;
+  for (const v1::RateLimit& l : *limits) {
+    std::cout << absl::StrFormat("%-24s %10.1f Mbit/s\n", LimitScope(l),
+                                 static_cast<double>(l.bits_per_second()) / 1e6);
+  }
+  return kExitOk;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"longhaul: replicate checkpoints and data between sites through longhauld"};
   app.require_subcommand(1);
@@ -305,6 +370,15 @@ int Main(int argc, char** argv) {
   CLI::App* peers = app.add_subcommand("peers", "show peer sites and their links");
   peers->add_flag("--json", g.json, "print JSON");
 
+  std::string limit_peer, limit_class, limit_rate;
+  CLI::App* limit = app.add_subcommand(
+      "limit", "cap the sending rate to a peer or of a class at run time (no RATE: list caps)");
+  limit->add_option("rate", limit_rate, "e.g. 500Mbit, 2Gbit, or off");
+  limit->add_option("--peer", limit_peer, "the peer site to cap");
+  limit->add_option("--class", limit_class, "the priority class to cap")
+      ->check(CLI::IsMember({"exchange", "checkpoint", "background"}));
+  limit->add_flag("--json", g.json, "print JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -320,6 +394,7 @@ int Main(int argc, char** argv) {
   }
   if (verify->parsed()) return Verify(id, g);
   if (peers->parsed()) return Peers(g);
+  if (limit->parsed()) return Limit(limit_peer, limit_class, limit_rate, g);
   return kExitUsage;
 }
 

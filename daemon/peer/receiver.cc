@@ -397,6 +397,50 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
   session->data_channels.erase(&channel);
 }
 
+absl::Status Receiver::VerifyStaged(Session& session,
+                                    const absl::flat_hash_set<uint32_t>& skip_files) {
+  // Every staged byte is read back and checked against the digest it was
+  // acknowledged with, so bits that rotted on disk after the ack are caught
+  // here and never published. A bad file is dropped and sent again whole.
+  const std::string& id = session.record.id();
+  const v1::Manifest& manifest = session.record.manifest();
+  auto chunks = journal_.ListDurableChunks(id);
+  if (!chunks.ok()) return chunks.status();
+  std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
+  std::vector<uint8_t> buffer(manifest.chunk_size());
+  absl::flat_hash_set<uint32_t> bad_files;
+  for (const storage::ChunkDurability& c : *chunks) {
+    if (skip_files.contains(c.file_index) || bad_files.contains(c.file_index)) continue;
+    const v1::ManifestFile& file = manifest.files(c.file_index);
+    if (c.chunk.generation() != file.generation()) continue;
+    auto fd = session.staging->OpenFile(c.file_index, file);
+    if (!fd.ok()) return fd.status();
+    uint64_t size = storage::ChunkSize(file, c.chunk_index, manifest.chunk_size());
+    auto hash = storage::ReadChunkHashed(*io, *fd, c.chunk_index * manifest.chunk_size(),
+                                         absl::MakeSpan(buffer.data(), size));
+    auto expected = storage::Xxh128::FromBytes(c.chunk.xxh128());
+    if (!hash.ok() || !expected || !(*hash == *expected)) {
+      spdlog::error("transfer {}: staged chunk {} of {} does not match its digest; re-fetching the file",
+                    id, c.chunk_index, file.path());
+      bad_files.insert(c.file_index);
+    }
+  }
+  for (uint32_t f : bad_files) {
+    if (absl::Status s = journal_.DeleteFileChunks(id, f); !s.ok()) return s;
+    if (absl::Status s = session.staging->DiscardFile(f); !s.ok()) return s;
+    uint64_t n = storage::ChunkCount(manifest.files(f), manifest.chunk_size());
+    for (uint64_t c = 0; c < n; ++c) session.durable.erase(ChunkKey(f, c));
+    absl::MutexLock lock(&mu_);
+    ++stats_.staged_corruptions;
+  }
+  if (!bad_files.empty()) {
+    return absl::UnavailableError(absl::StrCat(bad_files.size(),
+                                               " staged file(s) failed verification before publish; "
+                                               "they are being sent again"));
+  }
+  return absl::OkStatus();
+}
+
 v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site, const v1::PeerMessage& request) {
   const std::string& id = request.commit().transfer_id();
   auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
@@ -428,6 +472,7 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site, const v1::P
         absl::StrCat("cannot publish ", id, ": ", missing, " chunks are not durable yet")));
   }
   if (!session->staging) return fail(absl::UnavailableError("transfer is not staged here"));
+  if (absl::Status s = VerifyStaged(*session, options.skip_files); !s.ok()) return fail(s);
   if (absl::Status s = session->staging->Publish(manifest, options); !s.ok()) return fail(s);
   session->staging.reset();
   record.set_state(v1::IncomingTransfer::PUBLISHED);

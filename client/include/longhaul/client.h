@@ -51,6 +51,11 @@ class Client {
   absl::StatusOr<v1::TransferStatus> Resume(const std::string& id);
   absl::StatusOr<v1::VerifyResponse> Verify(const std::string& id);
   absl::StatusOr<v1::PeersResponse> Peers(bool probe = true);
+  // Sets an operator's rate cap on a peer site or a class (0 bits/s removes
+  // it); applies to running transfers at their next chunk. Returns every cap
+  // now in force.
+  absl::StatusOr<std::vector<v1::RateLimit>> SetLimit(const v1::RateLimit& limit);
+  absl::StatusOr<std::vector<v1::RateLimit>> GetLimits();
 
   // Streams progress to `on_update` (on the calling thread) until the
   // transfer ends; returns its final status.

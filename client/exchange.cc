@@ -1,0 +1,433 @@
+#include "longhaul/exchange.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "longhaul/v1/exchange.grpc.pb.h"
+
+namespace longhaul {
+namespace {
+
+constexpr absl::string_view kPeerLostPayload = "type.longhaul.dev/exchange.peer-lost";
+// Headroom for the daemon to answer after its own deadline passed.
+constexpr absl::Duration kRpcSlack = absl::Seconds(30);
+constexpr size_t kMaxFreeSegments = 4;
+
+v1::ExchangeDType ToProto(DType d) {
+  switch (d) {
+    case DType::kBFloat16:
+      return v1::BFLOAT16;
+    case DType::kFloat16:
+      return v1::FLOAT16;
+    default:
+      return v1::FLOAT32;
+  }
+}
+
+uint32_t Millis(absl::Duration d) {
+  if (d == absl::InfiniteDuration()) return UINT32_MAX;
+  return static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, UINT32_MAX));
+}
+
+absl::Status FromGrpc(const grpc::Status& status, absl::string_view address) {
+  if (status.ok()) return absl::OkStatus();
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach longhauld at ", address, ": ", status.error_message()));
+  }
+  if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    return absl::UnimplementedError(
+        absl::StrCat("longhauld at ", address, " has no exchange service (too old?)"));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::Status FromExchangeError(const v1::ExchangeError& e) {
+  if (e.code() == 0) return absl::OkStatus();
+  absl::Status s(static_cast<absl::StatusCode>(e.code()), e.message());
+  if (!e.lost_peer().empty()) s.SetPayload(kPeerLostPayload, absl::Cord(e.lost_peer()));
+  return s;
+}
+
+std::string RandomHex() {
+  absl::BitGen gen;
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
+}
+
+// A POSIX shared-memory segment the daemon maps by name. Owned by one group.
+struct Segment {
+  std::string name;
+  uint8_t* base = nullptr;
+  size_t capacity = 0;
+
+  static absl::StatusOr<std::unique_ptr<Segment>> Create(size_t bytes) {
+    auto seg = std::make_unique<Segment>();
+    seg->name = absl::StrCat("/longhaul-", getpid(), "-", RandomHex());
+    seg->capacity = std::max<size_t>(bytes, 4096);
+    int fd = shm_open(seg->name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot create shared memory ", seg->name, ": ", std::strerror(errno)));
+    }
+    // The daemon may run as another user of the control socket's group.
+    fchmod(fd, 0660);
+    if (ftruncate(fd, seg->capacity) != 0) {
+      int e = errno;
+      close(fd);
+      shm_unlink(seg->name.c_str());
+      return absl::ResourceExhaustedError(absl::StrCat("cannot size shared memory to ", seg->capacity,
+                                                       " bytes: ", std::strerror(e)));
+    }
+    void* base = mmap(nullptr, seg->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd);
+    if (base == MAP_FAILED) {
+      shm_unlink(seg->name.c_str());
+      return absl::ResourceExhaustedError(absl::StrCat("cannot map shared memory: ", std::strerror(e)));
+    }
+    seg->base = static_cast<uint8_t*>(base);
+    return seg;
+  }
+
+  ~Segment() {
+    if (base != nullptr) munmap(base, capacity);
+    if (!name.empty()) shm_unlink(name.c_str());
+  }
+};
+
+}  // namespace
+
+size_t ElementSize(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
+bool IsPeerLost(const absl::Status& status) {
+  return status.GetPayload(kPeerLostPayload).has_value();
+}
+
+std::string LostPeer(const absl::Status& status) {
+  auto p = status.GetPayload(kPeerLostPayload);
+  return p ? std::string(*p) : std::string();
+}
+
+struct ExchangeGroup::Impl {
+  std::string address;
+  std::string name;
+  std::string local_site;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Exchange::Stub> stub;
+
+  absl::Mutex mu;
+  uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+  std::vector<std::string> members ABSL_GUARDED_BY(mu);
+  uint64_t next_seq ABSL_GUARDED_BY(mu) = 0;
+  std::vector<std::unique_ptr<Segment>> free_segments ABSL_GUARDED_BY(mu);
+
+  absl::StatusOr<std::unique_ptr<Segment>> Acquire(size_t bytes) {
+    {
+      absl::MutexLock lock(&mu);
+      auto best = free_segments.end();
+      for (auto it = free_segments.begin(); it != free_segments.end(); ++it) {
+        if ((*it)->capacity >= bytes &&
+            (best == free_segments.end() || (*it)->capacity < (*best)->capacity)) {
+          best = it;
+        }
+      }
+      if (best != free_segments.end()) {
+        auto seg = std::move(*best);
+        free_segments.erase(best);
+        return seg;
+      }
+    }
+    return Segment::Create(bytes);
+  }
+
+  void Release(std::unique_ptr<Segment> seg) {
+    absl::MutexLock lock(&mu);
+    free_segments.push_back(std::move(seg));
+    if (free_segments.size() > kMaxFreeSegments) {
+      // Keep the largest ones: they serve every size.
+      std::sort(free_segments.begin(), free_segments.end(),
+                [](const auto& a, const auto& b) { return a->capacity > b->capacity; });
+      free_segments.resize(kMaxFreeSegments);
+    }
+  }
+
+  void Observe(const v1::GroupView& view) {
+    if (view.group().empty()) return;
+    absl::MutexLock lock(&mu);
+    generation = view.generation();
+    members.assign(view.members().begin(), view.members().end());
+  }
+};
+
+namespace {
+
+// One operation: the RPC runs on its own thread; the handle waits for it.
+class Work final : public ExchangeWork {
+ public:
+  // `rpc` makes the call (blocking) and returns the daemon's answer; `finish`
+  // runs after a successful answer, before the work counts as done (the
+  // copy back into the caller's buffer).
+  using Rpc = std::function<absl::StatusOr<v1::OpResponse>(grpc::ClientContext*)>;
+  Work(std::shared_ptr<ExchangeGroup::Impl> group, std::string op_id, std::unique_ptr<Segment> seg,
+       Rpc rpc, std::function<void(const v1::OpResponse&, Segment&)> finish)
+      : group_(std::move(group)), op_id_(std::move(op_id)), start_(absl::Now()) {
+    thread_ = std::thread([this, seg = std::move(seg), rpc = std::move(rpc),
+                           finish = std::move(finish)]() mutable {
+      grpc::ClientContext context;
+      auto response = rpc(&context);
+      absl::Status status = response.ok() ? FromExchangeError(response->error()) : response.status();
+      if (response.ok()) group_->Observe(response->view());
+      if (status.ok() && finish) finish(*response, *seg);
+      if (seg) group_->Release(std::move(seg));
+      absl::MutexLock lock(&mu_);
+      status_ = status;
+      if (response.ok()) {
+        const v1::OpStats& s = response->stats();
+        stats_.bytes_sent = s.bytes_sent();
+        stats_.bytes_received = s.bytes_received();
+        stats_.peers = s.peers();
+        stats_.generation = s.generation();
+      }
+      stats_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+      done_ = true;
+    });
+  }
+
+  // A work that failed before it started.
+  Work(absl::Status failed) : start_(absl::Now()) {
+    status_ = std::move(failed);
+    done_ = true;
+  }
+
+  ~Work() override {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  absl::Status Wait(absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "exchange operation still running after ", absl::FormatDuration(timeout)));
+    }
+    return status_;
+  }
+
+  bool Test() override {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+
+  void Cancel() override {
+    if (!group_) return;
+    // The daemon may not have registered the call yet: try for a while.
+    for (int attempt = 0; attempt < 100 && !Test(); ++attempt) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      v1::CancelOpRequest request;
+      request.set_op_id(op_id_);
+      v1::CancelOpResponse response;
+      grpc::Status s = group_->stub->Cancel(&context, request, &response);
+      if (!s.ok() || response.found()) return;
+      absl::MutexLock lock(&mu_);
+      auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+      mu_.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(20));
+    }
+  }
+
+  ExchangeStats Stats() override {
+    absl::MutexLock lock(&mu_);
+    return stats_;
+  }
+
+ private:
+  std::shared_ptr<ExchangeGroup::Impl> group_;
+  std::string op_id_;
+  absl::Time start_;
+  std::thread thread_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  ExchangeStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+template <typename Request, typename Method>
+absl::StatusOr<v1::OpResponse> CallOp(ExchangeGroup::Impl& g, Method method, const Request& request,
+                                      absl::Duration timeout, grpc::ClientContext* context) {
+  if (timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout + kRpcSlack));
+  }
+  v1::OpResponse response;
+  grpc::Status s = (g.stub.get()->*method)(context, request, &response);
+  if (!s.ok()) return FromGrpc(s, g.address);
+  return response;
+}
+
+}  // namespace
+
+ExchangeGroup::ExchangeGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+ExchangeGroup::~ExchangeGroup() {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  v1::LeaveRequest request;
+  request.set_group(impl_->name);
+  v1::LeaveResponse response;
+  impl_->stub->Leave(&context, request, &response);  // best effort
+}
+
+absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(const std::string& daemon_address,
+                                                                   const std::string& name,
+                                                                   std::vector<std::string> sites,
+                                                                   absl::Duration deadline) {
+  auto impl = std::make_shared<Impl>();
+  impl->address = daemon_address;
+  impl->name = name;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  impl->channel = grpc::CreateCustomChannel(daemon_address, grpc::InsecureChannelCredentials(), args);
+  const absl::Time until = absl::Now() + deadline;
+  if (!impl->channel->WaitForConnected(absl::ToChronoTime(std::min(until, absl::Now() + absl::Seconds(10))))) {
+    return absl::UnavailableError(absl::StrCat("cannot reach longhauld at ", daemon_address));
+  }
+  impl->stub = v1::Exchange::NewStub(impl->channel);
+  v1::JoinRequest request;
+  request.set_group(name);
+  for (const auto& s : sites) request.add_sites(s);
+  request.set_timeout_ms(Millis(std::max(until - absl::Now(), absl::Milliseconds(1))));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(until + kRpcSlack));
+  v1::JoinResponse response;
+  if (absl::Status s = FromGrpc(impl->stub->Join(&context, request, &response), daemon_address);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = FromExchangeError(response.error()); !s.ok()) return s;
+  impl->local_site = response.view().local_site();
+  impl->Observe(response.view());
+  return std::unique_ptr<ExchangeGroup>(new ExchangeGroup(std::move(impl)));
+}
+
+std::unique_ptr<ExchangeWork> ExchangeGroup::AllReduce(void* data, size_t count, DType dtype,
+                                                       const AllReduceOptions& options) {
+  const size_t bytes = count * ElementSize(dtype);
+  auto seg = impl_->Acquire(bytes);
+  if (!seg.ok()) return std::make_unique<Work>(seg.status());
+  std::memcpy((*seg)->base, data, bytes);
+  v1::AllReduceRequest request;
+  request.set_group(impl_->name);
+  request.set_op_id(RandomHex());
+  {
+    absl::MutexLock lock(&impl_->mu);
+    request.set_seq(impl_->next_seq++);
+  }
+  request.mutable_buffer()->set_name((*seg)->name);
+  request.mutable_buffer()->set_length(bytes);
+  request.set_dtype(ToProto(dtype));
+  request.set_op(options.op == ReduceOp::kAvg ? v1::AVG : v1::SUM);
+  request.set_quantize_int8(options.quantize_int8);
+  request.set_timeout_ms(Millis(options.timeout));
+  request.set_tag(options.tag);
+  auto impl = impl_;
+  absl::Duration timeout = options.timeout;
+  return std::make_unique<Work>(
+      impl_, request.op_id(), std::move(*seg),
+      [impl, request, timeout](grpc::ClientContext* context) {
+        return CallOp(*impl, &v1::Exchange::Stub::AllReduce, request, timeout, context);
+      },
+      [data, bytes](const v1::OpResponse&, Segment& seg) { std::memcpy(data, seg.base, bytes); });
+}
+
+absl::Status ExchangeGroup::AllReduceSync(void* data, size_t count, DType dtype,
+                                          const AllReduceOptions& options) {
+  return AllReduce(data, count, dtype, options)->Wait();
+}
+
+std::unique_ptr<ExchangeWork> ExchangeGroup::SendAsync(const std::string& site,
+                                                       const std::string& tag, const void* data,
+                                                       size_t bytes, absl::Duration timeout) {
+  auto seg = impl_->Acquire(bytes);
+  if (!seg.ok()) return std::make_unique<Work>(seg.status());
+  std::memcpy((*seg)->base, data, bytes);
+  v1::SendRequest request;
+  request.set_group(impl_->name);
+  request.set_op_id(RandomHex());
+  request.set_peer(site);
+  request.set_tag(tag);
+  request.mutable_buffer()->set_name((*seg)->name);
+  request.mutable_buffer()->set_length(bytes);
+  request.set_timeout_ms(Millis(timeout));
+  auto impl = impl_;
+  return std::make_unique<Work>(
+      impl_, request.op_id(), std::move(*seg),
+      [impl, request, timeout](grpc::ClientContext* context) {
+        return CallOp(*impl, &v1::Exchange::Stub::Send, request, timeout, context);
+      },
+      nullptr);
+}
+
+std::unique_ptr<ExchangeWork> ExchangeGroup::RecvAsync(const std::string& site,
+                                                       const std::string& tag, void* data,
+                                                       size_t bytes, absl::Duration timeout) {
+  auto seg = impl_->Acquire(bytes);
+  if (!seg.ok()) return std::make_unique<Work>(seg.status());
+  v1::RecvRequest request;
+  request.set_group(impl_->name);
+  request.set_op_id(RandomHex());
+  request.set_peer(site);
+  request.set_tag(tag);
+  request.mutable_buffer()->set_name((*seg)->name);
+  request.mutable_buffer()->set_length(bytes);
+  request.set_timeout_ms(Millis(timeout));
+  auto impl = impl_;
+  return std::make_unique<Work>(
+      impl_, request.op_id(), std::move(*seg),
+      [impl, request, timeout](grpc::ClientContext* context) {
+        return CallOp(*impl, &v1::Exchange::Stub::Recv, request, timeout, context);
+      },
+      [data, bytes](const v1::OpResponse& r, Segment& seg) {
+        std::memcpy(data, seg.base, std::min<size_t>(r.bytes(), bytes));
+      });
+}
+
+absl::Status ExchangeGroup::Send(const std::string& site, const std::string& tag, const void* data,
+                                 size_t bytes, absl::Duration timeout) {
+  return SendAsync(site, tag, data, bytes, timeout)->Wait();
+}
+
+absl::StatusOr<size_t> ExchangeGroup::Recv(const std::string& site, const std::string& tag,
+                                           void* data, size_t bytes, absl::Duration timeout) {
+  auto work = RecvAsync(site, tag, data, bytes, timeout);
+  if (absl::Status s = work->Wait(); !s.ok()) return s;
+  return static_cast<size_t>(work->Stats().bytes_received);
+}
+
+const std::string& ExchangeGroup::name() const { return impl_->name; }
+const std::string& ExchangeGroup::local_site() const { return impl_->local_site; }
+
+uint64_t ExchangeGroup::generation() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->generation;
+}
+
+std::vector<std::string> ExchangeGroup::members() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->members;
+}
+
+}  // namespace longhaul

@@ -1,0 +1,1026 @@
+#include "daemon/exchange/exchange_hub.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <thread>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/fmt_absl.h"
+#include "daemon/exchange/reduce.h"
+#include "daemon/peer/messaging.h"
+#include "spdlog/spdlog.h"
+
+namespace longhaul::exchange {
+namespace {
+
+using Msg = v1::ExchangePeerMessage;
+
+// How often a waiting op looks at things no mutex guards (its client).
+constexpr absl::Duration kPoll = absl::Milliseconds(50);
+// After an op gives up, how long its senders may take to reach a segment
+// boundary before their links are cut.
+constexpr absl::Duration kSenderGrace = absl::Seconds(2);
+
+std::string Members(const std::vector<std::string>& members) {
+  return absl::StrCat("[", absl::StrJoin(members, ", "), "]");
+}
+
+std::string DurationText(absl::Duration d) { return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(1))); }
+
+}  // namespace
+
+struct ExchangeHub::Outbound {
+  std::unique_ptr<transport::Channel> channel;
+  absl::Mutex write_mu;
+  std::atomic<bool> broken{false};
+};
+
+struct ExchangeHub::Message {
+  std::string from;
+  Msg header;
+  std::vector<uint8_t> payload;
+};
+
+struct ExchangeHub::Group {
+  std::string name;
+  std::vector<std::string> members;  // sorted, local site included
+  uint64_t generation = 0;
+  bool formed = false;
+  // The peer whose loss ended each generation, and why.
+  absl::flat_hash_map<uint64_t, std::pair<std::string, std::string>> lost_after;
+  // All-reduce sequence numbers already finished here: late messages for
+  // them are dropped, not kept.
+  absl::flat_hash_set<uint64_t> finished;
+};
+
+struct ExchangeHub::Op {
+  std::atomic<bool> stop{false};
+  bool cancelled = false;  // guarded by the hub's mu_
+};
+
+// The senders of one operation: one thread per destination, each sending
+// the same message. Not thread-safe; owned by the operation's thread.
+class SenderSet {
+ public:
+  using SendFn = std::function<absl::Status(const std::string& site)>;
+  SenderSet(const std::vector<std::string>& sites, SendFn send) : sites_(sites) {
+    statuses_.resize(sites.size());
+    done_ = std::make_unique<std::atomic<bool>[]>(sites.size());
+    for (size_t i = 0; i < sites.size(); ++i) {
+      done_[i] = false;
+      threads_.emplace_back([this, i, send] {
+        statuses_[i] = send(sites_[i]);
+        absl::MutexLock lock(&mu_);
+        done_[i] = true;
+        ++finished_;
+      });
+    }
+  }
+  ~SenderSet() {
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+  // Waits for every sender until `deadline`; calls `cut(site)` for each one
+  // still running then (which must make its write fail), and joins all.
+  void Finish(absl::Time deadline, const std::function<void(const std::string&)>& cut) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ == threads_.size(); };
+      mu_.AwaitWithDeadline(absl::Condition(&all), deadline);
+    }
+    for (size_t i = 0; i < threads_.size(); ++i) {
+      if (!done_[i]) cut(sites_[i]);
+    }
+    for (auto& t : threads_) t.join();
+  }
+
+  const std::vector<absl::Status>& statuses() const { return statuses_; }
+
+ private:
+  const std::vector<std::string> sites_;
+  std::vector<absl::Status> statuses_;
+  std::unique_ptr<std::atomic<bool>[]> done_;
+  std::vector<std::thread> threads_;
+  absl::Mutex mu_;
+  size_t finished_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+ExchangeHub::ExchangeHub(std::string local_site, std::vector<std::string> peers, Dialer dialer,
+                         peer::PriorityGate* gate, HubOptions options)
+    : local_site_(std::move(local_site)),
+      peers_(std::move(peers)),
+      dialer_(std::move(dialer)),
+      gate_(gate),
+      options_(options) {}
+
+ExchangeHub::~ExchangeHub() { Shutdown(); }
+
+std::string ExchangeHub::Key(absl::string_view group, int kind, absl::string_view from,
+                             absl::string_view id) {
+  return absl::StrCat(group, "\x1f", kind, "\x1f", from, "\x1f", id);
+}
+
+v1::GroupView ExchangeHub::ViewOf(const Group& g) const {
+  v1::GroupView view;
+  view.set_group(g.name);
+  view.set_generation(g.generation);
+  for (const auto& m : g.members) view.add_members(m);
+  view.set_local_site(local_site_);
+  return view;
+}
+
+// ---------------------------------------------------------------- links
+
+absl::StatusOr<std::shared_ptr<ExchangeHub::Outbound>> ExchangeHub::LinkTo(const std::string& site) {
+  auto existing = [&]() -> std::shared_ptr<Outbound> {
+    absl::MutexLock lock(&mu_);
+    auto it = outbound_.find(site);
+    if (it != outbound_.end() && !it->second->broken.load()) return it->second;
+    return nullptr;
+  };
+  if (auto link = existing()) return link;
+  absl::MutexLock dial_lock(&dial_mu_);
+  if (auto link = existing()) return link;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return absl::UnavailableError("the daemon is shutting down");
+  }
+  auto channel = dialer_(site);
+  if (!channel.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot reach ", site, ": ", channel.status().message()));
+  }
+  auto link = std::make_shared<Outbound>();
+  link->channel = std::move(*channel);
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) {
+    link->channel->Abort();
+    return absl::UnavailableError("the daemon is shutting down");
+  }
+  outbound_[site] = link;
+  return link;
+}
+
+absl::Status ExchangeHub::SendMessage(const std::string& site, Msg header,
+                                      absl::Span<const uint8_t> payload,
+                                      const std::atomic<bool>* stop) {
+  auto link = LinkTo(site);
+  if (!link.ok()) return link.status();
+  header.set_msg_id(next_msg_id_.fetch_add(1));
+  header.set_total_bytes(payload.size());
+  uint64_t offset = 0;
+  do {
+    if (stop != nullptr && stop->load()) {
+      if (offset > 0) {
+        // Tell the peer to drop the segments it holds.
+        Msg discard;
+        discard.set_kind(Msg::DISCARD);
+        discard.set_msg_id(header.msg_id());
+        absl::MutexLock lock(&(*link)->write_mu);
+        peer::SendProto(*(*link)->channel, peer::FrameType::kControl, 0, discard).IgnoreError();
+      }
+      return absl::CancelledError("stopped");
+    }
+    const uint64_t n = std::min<uint64_t>(kSegmentBytes, payload.size() - offset);
+    header.set_offset(offset);
+    header.set_payload_bytes(n);
+    absl::Status s;
+    {
+      absl::MutexLock lock(&(*link)->write_mu);
+      s = peer::SendProto(*(*link)->channel, peer::FrameType::kControl, 0, header);
+      if (s.ok() && n > 0) s = (*link)->channel->Write({payload.subspan(offset, n)});
+    }
+    if (!s.ok()) {
+      (*link)->broken = true;
+      (*link)->channel->Abort();
+      PeerLost(site, std::string(s.message()));
+      return absl::UnavailableError(absl::StrCat("sending to ", site, " failed: ", s.message()));
+    }
+    offset += n;
+  } while (offset < payload.size());
+  return absl::OkStatus();
+}
+
+void ExchangeHub::ServeInbound(std::unique_ptr<transport::Channel> channel) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return;
+    inbound_.insert(channel.get());
+  }
+  const std::string site = channel->peer_site();
+  spdlog::debug("exchange link from {} ({}) open", site, channel->peer_address());
+  absl::Status status = ReadLoop(*channel);
+  bool shutting_down;
+  {
+    absl::MutexLock lock(&mu_);
+    inbound_.erase(channel.get());
+    shutting_down = shutdown_;
+  }
+  if (!shutting_down) PeerLost(site, std::string(status.message()));
+}
+
+absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
+  const std::string from = channel.peer_site();
+  // Messages from this peer whose segments are still arriving, by msg_id.
+  // Only this thread touches them; their bytes are counted in buffered_bytes_.
+  struct Partial {
+    Msg header;
+    std::vector<uint8_t> payload;
+    uint64_t received = 0;
+    bool dropped = false;  // over the memory limit: read and discarded
+  };
+  absl::flat_hash_map<uint64_t, Partial> partial;
+  std::vector<uint8_t> scratch;
+  auto release = [&](uint64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    buffered_bytes_ -= bytes;
+  };
+  absl::Status result;
+  while (true) {
+    Msg h;
+    if (absl::Status s = peer::ReadProto(channel, peer::FrameType::kControl, 0, &h); !s.ok()) {
+      result = s;
+      break;
+    }
+    if (h.total_bytes() == 0) {
+      if (h.kind() == Msg::DISCARD) {
+        if (auto it = partial.find(h.msg_id()); it != partial.end()) {
+          if (!it->second.dropped) release(it->second.payload.size());
+          partial.erase(it);
+        }
+        continue;
+      }
+      absl::MutexLock lock(&mu_);
+      Deliver(from, std::move(h), {});
+      continue;
+    }
+    if (h.payload_bytes() == 0 || h.payload_bytes() > kSegmentBytes ||
+        h.total_bytes() > options_.max_message_bytes || h.offset() > h.total_bytes() ||
+        h.payload_bytes() > h.total_bytes() - h.offset()) {
+      result = absl::InvalidArgumentError(absl::StrCat(
+          from, " sent a malformed exchange segment (", h.offset(), "+", h.payload_bytes(), " of ",
+          h.total_bytes(), " bytes)"));
+      break;
+    }
+    auto it = partial.find(h.msg_id());
+    if (it == partial.end()) {
+      if (h.offset() != 0) {
+        result = absl::InvalidArgumentError(
+            absl::StrCat(from, " sent a segment of an exchange message it never started"));
+        break;
+      }
+      Partial p;
+      {
+        absl::MutexLock lock(&mu_);
+        p.dropped = buffered_bytes_ + h.total_bytes() > options_.max_buffered_bytes;
+        if (!p.dropped) buffered_bytes_ += h.total_bytes();
+      }
+      if (p.dropped) {
+        spdlog::warn("dropping a {}-byte exchange message from {}: {} bytes already buffered",
+                     h.total_bytes(), from, options_.max_buffered_bytes);
+      } else {
+        p.payload.resize(h.total_bytes());
+      }
+      p.header = h;
+      it = partial.emplace(h.msg_id(), std::move(p)).first;
+    } else if (h.offset() != it->second.received || h.total_bytes() != it->second.header.total_bytes()) {
+      result = absl::InvalidArgumentError(
+          absl::StrCat(from, " sent exchange segments out of order"));
+      break;
+    }
+    Partial& p = it->second;
+    absl::Span<uint8_t> into;
+    if (p.dropped) {
+      scratch.resize(h.payload_bytes());
+      into = absl::MakeSpan(scratch);
+    } else {
+      into = absl::MakeSpan(p.payload).subspan(h.offset(), h.payload_bytes());
+    }
+    if (absl::Status s = channel.ReadExactly(into); !s.ok()) {
+      result = s;
+      break;
+    }
+    p.received += h.payload_bytes();
+    if (p.received == p.header.total_bytes()) {
+      if (!p.dropped) {
+        absl::MutexLock lock(&mu_);
+        Deliver(from, std::move(p.header), std::move(p.payload));
+      }
+      partial.erase(it);
+    }
+  }
+  for (auto& [id, p] : partial) {
+    if (!p.dropped) release(p.payload.size());
+  }
+  return result;
+}
+
+void ExchangeHub::Deliver(const std::string& from, Msg header, std::vector<uint8_t> payload) {
+  // Delivered payload bytes stay counted in buffered_bytes_ until taken.
+  auto drop = [&] { buffered_bytes_ -= payload.size(); };
+  auto git = groups_.find(header.group());
+  Group* g = git == groups_.end() ? nullptr : git->second.get();
+  std::string key;
+  switch (header.kind()) {
+    case Msg::JOIN: {
+      key = Key(header.group(), Msg::JOIN, from, "");
+      mailbox_[key].clear();
+      break;
+    }
+    case Msg::REDUCE_DATA:
+    case Msg::ABORT:
+    case Msg::DONE:
+      if (g != nullptr && g->formed &&
+          (header.generation() < g->generation || g->finished.contains(header.seq()))) {
+        drop();  // an op this site already ended, or an older generation's
+        return;
+      }
+      key = Key(header.group(), header.kind(), header.kind() == Msg::ABORT ? "" : from,
+                absl::StrCat(header.seq()));
+      break;
+    case Msg::P2P:
+      key = Key(header.group(), Msg::P2P, from, header.tag());
+      break;
+    default:
+      drop();
+      return;
+  }
+  mailbox_[key].push_back(Message{from, std::move(header), std::move(payload)});
+}
+
+void ExchangeHub::PeerLost(const std::string& site, const std::string& reason) {
+  std::shared_ptr<Outbound> link;
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return;
+  if (auto it = outbound_.find(site); it != outbound_.end()) {
+    link = it->second;
+    outbound_.erase(it);
+  }
+  if (link) {
+    link->broken = true;
+    link->channel->Abort();
+  }
+  for (auto& [name, g] : groups_) {
+    if (!g->formed) continue;
+    auto m = std::find(g->members.begin(), g->members.end(), site);
+    if (m == g->members.end()) continue;
+    g->members.erase(m);
+    g->lost_after[g->generation] = {site, reason};
+    ++g->generation;
+    g->finished.clear();
+    spdlog::warn("exchange group {}: lost {} ({}); now generation {} with {}", name, site, reason,
+                 g->generation, Members(g->members));
+  }
+}
+
+void ExchangeHub::SendAborts(const std::string& group, uint64_t generation, uint64_t seq,
+                             const std::vector<std::string>& peers, const std::string& reason) {
+  Msg abort;
+  abort.set_kind(Msg::ABORT);
+  abort.set_group(group);
+  abort.set_generation(generation);
+  abort.set_seq(seq);
+  abort.set_reason(reason);
+  for (const std::string& p : peers) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = outbound_.find(p);
+      if (it == outbound_.end() || it->second->broken.load()) continue;  // never reached, or lost
+    }
+    SendMessage(p, abort, {}, nullptr).IgnoreError();  // best effort: a lost peer needs no abort
+  }
+}
+
+OpResult ExchangeHub::LostResult(const std::string& what, const Group& g, uint64_t generation) const {
+  OpResult r;
+  std::string lost = "a peer";
+  std::string why = "its link closed";
+  for (uint64_t gen = generation; gen < g.generation; ++gen) {
+    if (auto it = g.lost_after.find(gen); it != g.lost_after.end()) {
+      lost = it->second.first;
+      why = it->second.second;
+      break;
+    }
+  }
+  r.lost_peer = lost;
+  r.status = absl::UnavailableError(absl::StrCat(
+      what, ": peer ", lost, " was lost (", why, "); group ", g.name, " is now generation ",
+      g.generation, " with ", Members(g.members), "; retry"));
+  r.view = ViewOf(g);
+  return r;
+}
+
+std::shared_ptr<ExchangeHub::Op> ExchangeHub::StartOp(const std::string& op_id) {
+  auto op = std::make_shared<Op>();
+  if (!op_id.empty()) ops_[op_id] = op;
+  return op;
+}
+
+void ExchangeHub::EndOp(const std::string& op_id) {
+  if (!op_id.empty()) ops_.erase(op_id);
+}
+
+bool ExchangeHub::Cancel(const std::string& op_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = ops_.find(op_id);
+  if (it == ops_.end()) return false;
+  it->second->cancelled = true;
+  it->second->stop = true;
+  return true;
+}
+
+void ExchangeHub::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return;
+  shutdown_ = true;
+  for (auto& [id, op] : ops_) op->stop = true;
+  // Abort only stops the socket, so it is safe under mu_; inbound channels
+  // stay alive while registered (their readers deregister under mu_).
+  for (auto& [site, link] : outbound_) link->channel->Abort();
+  for (auto* channel : inbound_) channel->Abort();
+  mu_.Await(absl::Condition(+[](absl::flat_hash_set<transport::Channel*>* s) { return s->empty(); },
+                            &inbound_));
+}
+
+// ---------------------------------------------------------------- groups
+
+absl::StatusOr<v1::GroupView> ExchangeHub::Join(const std::string& group,
+                                                std::vector<std::string> sites,
+                                                absl::Duration timeout) {
+  if (group.empty() || group.size() > 256) {
+    return absl::InvalidArgumentError("a group name must have 1 to 256 characters");
+  }
+  std::sort(sites.begin(), sites.end());
+  sites.erase(std::unique(sites.begin(), sites.end()), sites.end());
+  if (std::find(sites.begin(), sites.end(), local_site_) == sites.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the sites of group ", group, " ", Members(sites), " do not include this site (",
+                     local_site_, ")"));
+  }
+  std::vector<std::string> others;
+  for (const std::string& s : sites) {
+    if (s == local_site_) continue;
+    if (std::find(peers_.begin(), peers_.end(), s) == peers_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          s, " is not a configured peer of ", local_site_, " (peers: ", Members(peers_), ")"));
+    }
+    others.push_back(s);
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  uint64_t proposal;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& g = groups_[group];
+    if (!g) {
+      g = std::make_unique<Group>();
+      g->name = group;
+    }
+    proposal = g->generation + 1;
+  }
+  Msg join;
+  join.set_kind(Msg::JOIN);
+  join.set_group(group);
+  join.set_generation(proposal);
+  for (const auto& s : sites) join.add_members(s);
+  join.set_join_nonce(absl::Uniform<uint64_t>(absl::BitGen()));
+  for (const std::string& p : others) {
+    while (true) {
+      absl::Status s = SendMessage(p, join, {}, nullptr);
+      if (s.ok()) break;
+      if (absl::Now() + absl::Milliseconds(100) >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("joining group ", group, ": ", s.message()));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  auto joined = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (shutdown_) return true;
+    for (const std::string& p : others) {
+      auto it = mailbox_.find(Key(group, Msg::JOIN, p, ""));
+      if (it == mailbox_.end() || it->second.empty()) return false;
+    }
+    return true;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&joined), deadline);
+  if (shutdown_) return absl::UnavailableError("the daemon is shutting down");
+  std::vector<std::string> missing;
+  uint64_t generation = proposal;
+  for (const std::string& p : others) {
+    auto it = mailbox_.find(Key(group, Msg::JOIN, p, ""));
+    if (it == mailbox_.end() || it->second.empty()) {
+      missing.push_back(p);
+      continue;
+    }
+    const Msg& theirs = it->second.back().header;
+    std::vector<std::string> their_sites(theirs.members().begin(), theirs.members().end());
+    std::sort(their_sites.begin(), their_sites.end());
+    if (their_sites != sites) {
+      mailbox_.erase(it);
+      return absl::InvalidArgumentError(absl::StrCat(p, " joined group ", group, " with sites ",
+                                                     Members(their_sites), ", this site with ",
+                                                     Members(sites)));
+    }
+    generation = std::max<uint64_t>(generation, theirs.generation());
+  }
+  if (!missing.empty()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("group ", group, ": ", absl::StrJoin(missing, ", "), " did not join within ",
+                     DurationText(timeout)));
+  }
+  for (const std::string& p : others) mailbox_.erase(Key(group, Msg::JOIN, p, ""));
+  Group& g = *groups_[group];
+  g.members = sites;
+  g.generation = generation;
+  g.formed = true;
+  g.finished.clear();
+  // Drop what older generations of this group left behind.
+  for (auto it = mailbox_.begin(); it != mailbox_.end();) {
+    auto next = std::next(it);
+    auto& queue = it->second;
+    for (auto m = queue.begin(); m != queue.end();) {
+      if (m->header.group() == group && m->header.kind() == Msg::REDUCE_DATA &&
+          m->header.generation() < generation) {
+        buffered_bytes_ -= m->payload.size();
+        m = queue.erase(m);
+      } else {
+        ++m;
+      }
+    }
+    if (queue.empty()) mailbox_.erase(it);
+    it = next;
+  }
+  spdlog::info("exchange group {} formed: generation {} with {}", group, generation, Members(sites));
+  return ViewOf(g);
+}
+
+void ExchangeHub::Leave(const std::string& group) {
+  absl::MutexLock lock(&mu_);
+  groups_.erase(group);
+}
+
+absl::StatusOr<v1::GroupView> ExchangeHub::View(const std::string& group) {
+  absl::MutexLock lock(&mu_);
+  auto it = groups_.find(group);
+  if (it == groups_.end() || !it->second->formed) {
+    return absl::FailedPreconditionError(absl::StrCat("this site has not joined group ", group));
+  }
+  return ViewOf(*it->second);
+}
+
+// ---------------------------------------------------------------- operations
+
+absl::Status ExchangeHub::Commit(const AllReduceArgs& args, const std::string& what,
+                                 uint64_t generation, const std::vector<std::string>& peers,
+                                 std::string* lost_peer) {
+  Msg done;
+  done.set_kind(Msg::DONE);
+  done.set_group(args.group);
+  done.set_generation(generation);
+  done.set_seq(args.seq);
+  for (const std::string& p : peers) {
+    // A failed write loses the peer; the wait below reports it.
+    SendMessage(p, done, {}, nullptr).IgnoreError();
+  }
+  const std::string seq_id = absl::StrCat(args.seq);
+  const std::string abort_key = Key(args.group, Msg::ABORT, "", seq_id);
+  std::vector<std::string> keys;
+  for (const auto& p : peers) keys.push_back(Key(args.group, Msg::DONE, p, seq_id));
+  // Committed: a cancel or the deadline no longer ends the op (a peer may
+  // already have finished it); only an abort, a lost peer or shutdown does,
+  // or a peer silent long past the deadline.
+  const absl::Time give_up = absl::Now() + args.timeout + kSenderGrace;
+  absl::MutexLock lock(&mu_);
+  auto has = [&](const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = mailbox_.find(key);
+    return it != mailbox_.end() && !it->second.empty();
+  };
+  auto group_moved = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = groups_.find(args.group);
+    return it == groups_.end() || it->second->generation != generation;
+  };
+  auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& k : keys) {
+      if (!has(k)) return false;
+    }
+    return true;
+  };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shutdown_ || has(abort_key) || all_done() || group_moved();
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&ready), give_up);
+  if (has(abort_key)) {
+    const Message& m = mailbox_[abort_key].front();
+    return absl::AbortedError(absl::StrCat(what, ": ", m.from, " gave up on it (", m.header.reason(), ")"));
+  }
+  if (all_done()) return absl::OkStatus();
+  if (shutdown_) return absl::UnavailableError(absl::StrCat(what, ": the daemon is shutting down"));
+  if (group_moved()) {
+    auto it = groups_.find(args.group);
+    if (it == groups_.end()) return absl::CancelledError(absl::StrCat(what, ": this site left the group"));
+    OpResult lost = LostResult(what, *it->second, generation);
+    *lost_peer = lost.lost_peer;
+    return lost.status;
+  }
+  std::vector<std::string> waiting;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!has(keys[i])) waiting.push_back(peers[i]);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(what, " timed out waiting for ",
+                                                  absl::StrJoin(waiting, ", "), " to commit"));
+}
+
+OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + args.timeout;
+  OpResult result;
+  const size_t es = ElementSize(args.dtype);
+  if (es == 0) {
+    result.status = absl::InvalidArgumentError("all-reduce needs a dtype: float32, bfloat16 or float16");
+    return result;
+  }
+  if (buffer.size() % es != 0) {
+    result.status = absl::InvalidArgumentError(
+        absl::StrCat("all-reduce buffer of ", buffer.size(), " bytes is not a whole number of ",
+                     v1::ExchangeDType_Name(args.dtype), " elements"));
+    return result;
+  }
+  const size_t count = buffer.size() / es;
+  const std::string what = absl::StrCat("all-reduce #", args.seq,
+                                        args.tag.empty() ? "" : absl::StrCat(" (", args.tag, ")"),
+                                        " in group ", args.group);
+  std::shared_ptr<Op> op;
+  uint64_t generation;
+  std::vector<std::string> members;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = groups_.find(args.group);
+    if (it == groups_.end() || !it->second->formed) {
+      result.status = absl::FailedPreconditionError(
+          absl::StrCat("this site has not joined group ", args.group));
+      return result;
+    }
+    if (ops_.contains(args.op_id)) {
+      result.status = absl::AlreadyExistsError(absl::StrCat("operation ", args.op_id, " is already running"));
+      return result;
+    }
+    generation = it->second->generation;
+    members = it->second->members;
+    op = StartOp(args.op_id);
+  }
+  std::vector<std::string> peers;
+  for (const auto& m : members) {
+    if (m != local_site_) peers.push_back(m);
+  }
+  std::vector<peer::PriorityGate::Scope> scopes;
+  if (gate_ != nullptr) {
+    for (const auto& p : peers) scopes.push_back(gate_->Enter(p, v1::EXCHANGE));
+  }
+
+  std::vector<uint8_t> quantized;
+  absl::Span<const uint8_t> own = buffer;
+  if (args.quantize_int8) {
+    quantized.resize(QuantizedSize(count));
+    Quantize(args.dtype, buffer, count, absl::MakeSpan(quantized));
+    own = quantized;
+  }
+  Msg header;
+  header.set_kind(Msg::REDUCE_DATA);
+  header.set_group(args.group);
+  header.set_generation(generation);
+  header.set_seq(args.seq);
+  header.set_tag(args.tag);
+  header.set_dtype(args.dtype);
+  header.set_op(args.op);
+  header.set_count(count);
+  header.set_quantized(args.quantize_int8);
+  SenderSet senders(peers, [&](const std::string& site) {
+    return SendMessage(site, header, own, &op->stop);
+  });
+
+  // Wait for every peer's contribution, or for a reason to stop.
+  const std::string seq_id = absl::StrCat(args.seq);
+  const std::string abort_key = Key(args.group, Msg::ABORT, "", seq_id);
+  std::vector<std::string> keys;
+  for (const auto& p : peers) keys.push_back(Key(args.group, Msg::REDUCE_DATA, p, seq_id));
+  std::vector<Message> taken(peers.size());
+  absl::Status failure;
+  std::string lost_peer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto has = [&](const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = mailbox_.find(key);
+      return it != mailbox_.end() && !it->second.empty();
+    };
+    auto group_moved = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = groups_.find(args.group);
+      return it == groups_.end() || it->second->generation != generation;
+    };
+    auto all_here = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const auto& k : keys) {
+        if (!has(k)) return false;
+      }
+      return true;
+    };
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutdown_ || op->cancelled || has(abort_key) || all_here() || group_moved();
+    };
+    while (!ready() && absl::Now() < deadline) {
+      mu_.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, absl::Now() + kPoll));
+      if (!op->cancelled && args.client_gone && args.client_gone()) op->cancelled = true;
+    }
+    if (has(abort_key)) {
+      const Message& m = mailbox_[abort_key].front();
+      failure = absl::AbortedError(
+          absl::StrCat(what, ": ", m.from, " gave up on it (", m.header.reason(), ")"));
+    } else if (op->cancelled) {
+      failure = absl::CancelledError(absl::StrCat(what, " cancelled"));
+    } else if (shutdown_) {
+      failure = absl::UnavailableError(absl::StrCat(what, ": the daemon is shutting down"));
+    } else if (all_here()) {
+      for (size_t i = 0; i < keys.size(); ++i) {
+        auto& queue = mailbox_[keys[i]];
+        taken[i] = std::move(queue.front());
+        queue.pop_front();
+        if (queue.empty()) mailbox_.erase(keys[i]);
+        buffered_bytes_ -= taken[i].payload.size();
+      }
+    } else if (group_moved()) {
+      auto it = groups_.find(args.group);
+      if (it == groups_.end()) {
+        failure = absl::CancelledError(absl::StrCat(what, ": this site left the group"));
+      } else {
+        OpResult lost = LostResult(what, *it->second, generation);
+        failure = lost.status;
+        lost_peer = lost.lost_peer;
+      }
+    } else {
+      std::vector<std::string> waiting;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (!has(keys[i])) waiting.push_back(peers[i]);
+      }
+      failure = absl::DeadlineExceededError(absl::StrCat(
+          what, " timed out after ", DurationText(args.timeout), " waiting for ",
+          absl::StrJoin(waiting, ", ")));
+    }
+  }
+
+  // Check what the peers sent against what this site does.
+  for (size_t i = 0; failure.ok() && i < taken.size(); ++i) {
+    const Msg& h = taken[i].header;
+    if (h.generation() != generation) {
+      failure = absl::UnavailableError(absl::StrCat(
+          what, ": ", peers[i], " ran it at generation ", h.generation(), ", this site at ",
+          generation, "; retry"));
+    } else if (h.count() != count || h.dtype() != args.dtype || h.quantized() != args.quantize_int8 ||
+               h.op() != args.op || h.tag() != args.tag) {
+      failure = absl::FailedPreconditionError(absl::StrCat(
+          what, ": ", peers[i], " passed ", h.count(), " ", v1::ExchangeDType_Name(h.dtype()), " ",
+          v1::ReduceOp_Name(h.op()), h.quantized() ? " int8" : "", " tag '", h.tag(),
+          "', this site ", count, " ", v1::ExchangeDType_Name(args.dtype), " ",
+          v1::ReduceOp_Name(args.op), args.quantize_int8 ? " int8" : "", " tag '", args.tag, "'"));
+    } else if (taken[i].payload.size() != ContributionSize(args.dtype, args.quantize_int8, count)) {
+      failure = absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", peers[i], " sent ", taken[i].payload.size(), " bytes"));
+    }
+  }
+
+  std::vector<float> acc;
+  if (failure.ok()) {
+    acc.resize(count);
+    bool first = true;
+    for (const std::string& m : members) {
+      absl::Span<const uint8_t> contribution = own;
+      if (m != local_site_) {
+        size_t i = std::find(peers.begin(), peers.end(), m) - peers.begin();
+        contribution = taken[i].payload;
+      }
+      Accumulate(args.dtype, args.quantize_int8, contribution, first, absl::MakeSpan(acc));
+      first = false;
+    }
+  } else {
+    op->stop = true;
+  }
+  senders.Finish(std::max(deadline, absl::Now()) + kSenderGrace, [&](const std::string& site) {
+    PeerLost(site, "it stopped taking data");
+  });
+  uint64_t sent = 0;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const absl::Status& s = senders.statuses()[i];
+    if (s.ok()) {
+      sent += own.size();
+    } else if (failure.ok()) {
+      // A peer that missed our contribution cannot finish: neither may we.
+      absl::MutexLock lock(&mu_);
+      auto it = groups_.find(args.group);
+      if (it != groups_.end() && it->second->generation != generation) {
+        OpResult lost = LostResult(what, *it->second, generation);
+        failure = lost.status;
+        lost_peer = lost.lost_peer;
+      } else {
+        failure = absl::UnavailableError(absl::StrCat(what, ": ", s.message()));
+        lost_peer = peers[i];
+      }
+    }
+  }
+  if (failure.ok()) {
+    failure = Commit(args, what, generation, peers, &lost_peer);
+  } else if (lost_peer.empty()) {
+    SendAborts(args.group, generation, args.seq, peers, std::string(failure.message()));
+  }
+  if (failure.ok()) Finish(args.dtype, args.op, members.size(), acc, buffer);
+
+  absl::MutexLock lock(&mu_);
+  EndOp(args.op_id);
+  auto it = groups_.find(args.group);
+  if (it != groups_.end()) {
+    if (it->second->generation == generation) it->second->finished.insert(args.seq);
+    result.view = ViewOf(*it->second);
+  }
+  for (const auto& p : peers) keys.push_back(Key(args.group, Msg::DONE, p, seq_id));
+  for (const auto& k : keys) {
+    if (auto m = mailbox_.find(k); m != mailbox_.end()) {
+      for (const auto& msg : m->second) buffered_bytes_ -= msg.payload.size();
+      mailbox_.erase(m);
+    }
+  }
+  mailbox_.erase(abort_key);
+  result.status = failure;
+  result.lost_peer = lost_peer;
+  uint64_t received = 0;
+  for (const auto& m : taken) received += m.payload.size();
+  result.stats.set_bytes_sent(sent);
+  result.stats.set_bytes_received(received);
+  result.stats.set_peers(peers.size());
+  result.stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  result.stats.set_generation(generation);
+  return result;
+}
+
+OpResult ExchangeHub::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
+  const absl::Time start = absl::Now();
+  OpResult result;
+  const std::string what = absl::StrCat("send to ", args.peer, " tag '", args.tag, "' in group ", args.group);
+  std::shared_ptr<Op> op;
+  uint64_t generation;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = groups_.find(args.group);
+    if (it == groups_.end() || !it->second->formed) {
+      result.status = absl::FailedPreconditionError(
+          absl::StrCat("this site has not joined group ", args.group));
+      return result;
+    }
+    const auto& members = it->second->members;
+    if (args.peer == local_site_ ||
+        std::find(members.begin(), members.end(), args.peer) == members.end()) {
+      if (it->second->lost_after.empty()) {
+        result.status = absl::InvalidArgumentError(
+            absl::StrCat(what, ": ", args.peer, " is not another member of ", Members(members)));
+        return result;
+      }
+      for (const auto& [gen, lost] : it->second->lost_after) {
+        if (lost.first == args.peer) return LostResult(what, *it->second, gen);
+      }
+      result.status = absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", args.peer, " is not another member of ", Members(members)));
+      return result;
+    }
+    if (ops_.contains(args.op_id)) {
+      result.status = absl::AlreadyExistsError(absl::StrCat("operation ", args.op_id, " is already running"));
+      return result;
+    }
+    generation = it->second->generation;
+    op = StartOp(args.op_id);
+  }
+  std::optional<peer::PriorityGate::Scope> scope;
+  if (gate_ != nullptr) scope.emplace(gate_->Enter(args.peer, v1::EXCHANGE));
+  Msg header;
+  header.set_kind(Msg::P2P);
+  header.set_group(args.group);
+  header.set_generation(generation);
+  header.set_tag(args.tag);
+  const absl::Time deadline = start + args.timeout;
+  SenderSet sender({args.peer}, [&](const std::string& site) {
+    return SendMessage(site, header, data, &op->stop);
+  });
+  // The sender stops at a segment boundary once the op is cancelled or late.
+  sender.Finish(deadline, [&](const std::string&) { op->stop = true; });
+  absl::Status s = sender.statuses()[0];
+  absl::MutexLock lock(&mu_);
+  EndOp(args.op_id);
+  auto it = groups_.find(args.group);
+  if (it != groups_.end()) result.view = ViewOf(*it->second);
+  if (!s.ok()) {
+    if (s.code() == absl::StatusCode::kCancelled && !op->cancelled && !shutdown_) {
+      result.status = absl::DeadlineExceededError(
+          absl::StrCat(what, " timed out after ", DurationText(args.timeout)));
+    } else if (s.code() == absl::StatusCode::kCancelled) {
+      result.status = absl::CancelledError(absl::StrCat(what, " cancelled"));
+    } else if (it != groups_.end() && it->second->generation != generation) {
+      return LostResult(what, *it->second, generation);
+    } else {
+      result.status = absl::UnavailableError(absl::StrCat(what, ": ", s.message()));
+    }
+    return result;
+  }
+  result.stats.set_bytes_sent(data.size());
+  result.stats.set_peers(1);
+  result.stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  result.stats.set_generation(generation);
+  result.bytes = data.size();
+  return result;
+}
+
+OpResult ExchangeHub::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + args.timeout;
+  OpResult result;
+  const std::string what =
+      absl::StrCat("receive from ", args.peer, " tag '", args.tag, "' in group ", args.group);
+  const std::string key = Key(args.group, Msg::P2P, args.peer, args.tag);
+  absl::MutexLock lock(&mu_);
+  auto it = groups_.find(args.group);
+  if (it == groups_.end() || !it->second->formed) {
+    result.status =
+        absl::FailedPreconditionError(absl::StrCat("this site has not joined group ", args.group));
+    return result;
+  }
+  if (ops_.contains(args.op_id)) {
+    result.status = absl::AlreadyExistsError(absl::StrCat("operation ", args.op_id, " is already running"));
+    return result;
+  }
+  const uint64_t generation = it->second->generation;
+  {
+    const auto& members = it->second->members;
+    if (args.peer == local_site_ ||
+        std::find(members.begin(), members.end(), args.peer) == members.end()) {
+      for (const auto& [gen, lost] : it->second->lost_after) {
+        if (lost.first == args.peer) return LostResult(what, *it->second, gen);
+      }
+      result.status = absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", args.peer, " is not another member of ", Members(members)));
+      return result;
+    }
+  }
+  std::shared_ptr<Op> op = StartOp(args.op_id);
+  auto peer_gone = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto g = groups_.find(args.group);
+    if (g == groups_.end()) return true;
+    const auto& m = g->second->members;
+    return std::find(m.begin(), m.end(), args.peer) == m.end();
+  };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto m = mailbox_.find(key);
+    return (m != mailbox_.end() && !m->second.empty()) || shutdown_ || op->cancelled || peer_gone();
+  };
+  while (!ready() && absl::Now() < deadline) {
+    mu_.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, absl::Now() + kPoll));
+    if (!op->cancelled && args.client_gone && args.client_gone()) op->cancelled = true;
+  }
+  EndOp(args.op_id);
+  auto m = mailbox_.find(key);
+  it = groups_.find(args.group);
+  if (it != groups_.end()) result.view = ViewOf(*it->second);
+  if (m != mailbox_.end() && !m->second.empty()) {
+    Message msg = std::move(m->second.front());
+    m->second.pop_front();
+    if (m->second.empty()) mailbox_.erase(m);
+    buffered_bytes_ -= msg.payload.size();
+    if (msg.payload.size() > out.size()) {
+      result.status = absl::InvalidArgumentError(
+          absl::StrCat(what, ": the message is ", msg.payload.size(), " bytes, the buffer holds ",
+                       out.size(), " (the message is dropped)"));
+      return result;
+    }
+    std::memcpy(out.data(), msg.payload.data(), msg.payload.size());
+    result.bytes = msg.payload.size();
+    result.stats.set_bytes_received(msg.payload.size());
+    result.stats.set_peers(1);
+    result.stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+    result.stats.set_generation(generation);
+    return result;
+  }
+  if (op->cancelled) {
+    result.status = absl::CancelledError(absl::StrCat(what, " cancelled"));
+  } else if (shutdown_) {
+    result.status = absl::UnavailableError(absl::StrCat(what, ": the daemon is shutting down"));
+  } else if (peer_gone()) {
+    if (it == groups_.end()) {
+      result.status = absl::CancelledError(absl::StrCat(what, ": this site left the group"));
+    } else {
+      return LostResult(what, *it->second, generation);
+    }
+  } else {
+    result.status = absl::DeadlineExceededError(
+        absl::StrCat(what, " timed out after ", DurationText(args.timeout)));
+  }
+  return result;
+}
+
+}  // namespace longhaul::exchange

@@ -1,0 +1,196 @@
+#ifndef LONGHAUL_DAEMON_EXCHANGE_EXCHANGE_HUB_H_
+#define LONGHAUL_DAEMON_EXCHANGE_EXCHANGE_HUB_H_
+
+// The daemon's exchange engine: named groups of sites, point-to-point
+// messages by tag, and all-reduce, carried between daemons on EXCHANGE-role
+// peer channels.
+//
+// Links. For every peer site the hub dials one outbound channel and only
+// writes to it; the peer's dial of us is the inbound channel, which the hub
+// only reads (ServeInbound, on the router's thread for that channel). So no
+// channel is ever read and written by two threads. Writes to one outbound
+// channel are serialized by its own mutex, one frame at a time.
+//
+// Wire. Every message is a CONTROL frame holding a v1::ExchangePeerMessage;
+// a payload travels in segments of at most kSegmentBytes, each a frame
+// followed by exactly `payload_bytes` raw bytes. Every length from the
+// network is checked against the message's declared size and the hub's
+// memory limit.
+//
+// Groups. Join sends JOIN (members, proposed generation) to every member and
+// waits for every member's JOIN; the group forms at the largest proposal.
+// When a member's link breaks, every group holding it drops it and moves to
+// the next generation, so the next operation runs with the remaining sites;
+// operations in flight that still needed the member fail with a retryable
+// Unavailable error that names it (OpResult::lost_peer).
+//
+// All-reduce. Every member sends its whole buffer to every other member,
+// then each reduces the same inputs in the same (sorted site) order, so the
+// result is bit-identical everywhere (see reduce.h). A member that has every
+// input sends DONE and waits for every other member's DONE; a member that
+// gives up before its DONE (timeout, cancel, mismatch) sends ABORT instead,
+// so the others fail too rather than finish an op it abandoned. (Only a
+// member lost between its DONEs to different peers can still leave them
+// with different outcomes; that needs consensus, which this does not run.) Operations are matched
+// across sites by the client's sequence number, which every member must
+// issue in the same program order.
+//
+// Thread-safe. Calls block up to their deadline; they end early on
+// Cancel(op_id), on a lost peer and on Shutdown.
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "daemon/peer/priority_gate.h"
+#include "daemon/transport/transport.h"
+#include "longhaul/v1/exchange.pb.h"
+
+namespace longhaul::exchange {
+
+inline constexpr uint64_t kSegmentBytes = 4ull << 20;
+
+struct HubOptions {
+  // Payload bytes the hub holds for messages not yet taken by an operation.
+  uint64_t max_buffered_bytes = 8ull << 30;
+  // Largest single message (one all-reduce contribution, one send).
+  uint64_t max_message_bytes = 4ull << 30;
+};
+
+struct OpResult {
+  absl::Status status;
+  std::string lost_peer;  // set when `status` is the loss of this peer
+  v1::OpStats stats;
+  uint64_t bytes = 0;     // Recv: length of the message received
+  v1::GroupView view;     // the group after the op
+};
+
+struct AllReduceArgs {
+  std::string group;
+  std::string op_id;
+  uint64_t seq = 0;
+  v1::ExchangeDType dtype = v1::FLOAT32;
+  v1::ReduceOp op = v1::SUM;
+  bool quantize_int8 = false;
+  std::string tag;
+  absl::Duration timeout = absl::Seconds(60);
+  // Polled while waiting: true once the client has gone away.
+  std::function<bool()> client_gone;
+};
+
+struct P2PArgs {
+  std::string group;
+  std::string op_id;
+  std::string peer;
+  std::string tag;
+  absl::Duration timeout = absl::Seconds(60);
+  std::function<bool()> client_gone;
+};
+
+class ExchangeHub {
+ public:
+  // Opens an outbound EXCHANGE channel to a peer site (Hello already sent).
+  using Dialer =
+      std::function<absl::StatusOr<std::unique_ptr<transport::Channel>>(const std::string& site)>;
+
+  // `peers` are the sites this daemon may exchange with (its configured
+  // peers); `gate` (not owned, may be null) learns when exchanges use a link.
+  ExchangeHub(std::string local_site, std::vector<std::string> peers, Dialer dialer,
+              peer::PriorityGate* gate, HubOptions options = {});
+  ~ExchangeHub();
+  ExchangeHub(const ExchangeHub&) = delete;
+  ExchangeHub& operator=(const ExchangeHub&) = delete;
+
+  // Reads an inbound EXCHANGE channel until it closes. Blocks.
+  void ServeInbound(std::unique_ptr<transport::Channel> channel);
+
+  absl::StatusOr<v1::GroupView> Join(const std::string& group, std::vector<std::string> sites,
+                                     absl::Duration timeout);
+  void Leave(const std::string& group);
+  absl::StatusOr<v1::GroupView> View(const std::string& group);
+
+  // Reduces `buffer` (count elements of args.dtype) in place with the group.
+  OpResult AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer);
+  // Sends `data` to args.peer under args.tag; done once it is on the link.
+  OpResult Send(const P2PArgs& args, absl::Span<const uint8_t> data);
+  // Waits for a message from args.peer under args.tag and copies it into `out`.
+  OpResult Recv(const P2PArgs& args, absl::Span<uint8_t> out);
+
+  // Ends the operation `op_id` with Cancelled; false if it is not running.
+  bool Cancel(const std::string& op_id);
+
+  // Fails every operation, closes every link and makes ServeInbound return.
+  // Idempotent.
+  void Shutdown();
+
+  const std::string& local_site() const { return local_site_; }
+
+ private:
+  struct Outbound;
+  struct Message;
+  struct Assembly;
+  struct Group;
+  struct Op;
+
+  absl::StatusOr<std::shared_ptr<Outbound>> LinkTo(const std::string& site);
+  // Sends one message (header + payload in segments). Stops between segments
+  // once `stop` is set. A failed write breaks the link and loses the peer.
+  absl::Status SendMessage(const std::string& site, v1::ExchangePeerMessage header,
+                           absl::Span<const uint8_t> payload, const std::atomic<bool>* stop);
+  absl::Status ReadLoop(transport::Channel& channel);
+  void Deliver(const std::string& from, v1::ExchangePeerMessage header,
+               std::vector<uint8_t> payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PeerLost(const std::string& site, const std::string& reason);
+  // The commit round of an all-reduce whose inputs are all here: sends DONE
+  // and waits for every peer's DONE.
+  absl::Status Commit(const AllReduceArgs& args, const std::string& what, uint64_t generation,
+                      const std::vector<std::string>& peers, std::string* lost_peer);
+  void SendAborts(const std::string& group, uint64_t generation, uint64_t seq,
+                  const std::vector<std::string>& peers, const std::string& reason);
+
+  std::shared_ptr<Op> StartOp(const std::string& op_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndOp(const std::string& op_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::GroupView ViewOf(const Group& g) const;
+  // Builds the error of an op that saw its group move past `generation`.
+  OpResult LostResult(const std::string& what, const Group& g, uint64_t generation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  static std::string Key(absl::string_view group, int kind, absl::string_view from,
+                         absl::string_view id);
+
+  const std::string local_site_;
+  const std::vector<std::string> peers_;
+  const Dialer dialer_;
+  peer::PriorityGate* const gate_;
+  const HubOptions options_;
+  std::atomic<uint64_t> next_msg_id_{1};
+
+  absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, std::shared_ptr<Outbound>> outbound_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<transport::Channel*> inbound_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
+  // Complete messages by Key(); FIFO per key.
+  absl::flat_hash_map<std::string, std::deque<Message>> mailbox_ ABSL_GUARDED_BY(mu_);
+  // Messages whose segments are still arriving, by "from/msg_id".
+  absl::flat_hash_map<std::string, std::shared_ptr<Assembly>> assembling_ ABSL_GUARDED_BY(mu_);
+  uint64_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, std::shared_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex dial_mu_;  // one dial at a time, so a site gets one outbound link
+};
+
+}  // namespace longhaul::exchange
+
+#endif  // LONGHAUL_DAEMON_EXCHANGE_EXCHANGE_HUB_H_

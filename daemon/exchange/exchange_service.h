@@ -1,0 +1,70 @@
+#ifndef LONGHAUL_DAEMON_EXCHANGE_EXCHANGE_SERVICE_H_
+#define LONGHAUL_DAEMON_EXCHANGE_EXCHANGE_SERVICE_H_
+
+// The Exchange gRPC service (proto/longhaul/v1/exchange.proto) on the local
+// control socket: an adapter from client requests to the ExchangeHub. It maps
+// the client's shared-memory segment for the length of one call; the bytes
+// never pass through gRPC. Errors, including a lost peer, are answered in the
+// response's ExchangeError, with the hub's words.
+//
+// Thread-safe (gRPC calls it from its own threads).
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "daemon/exchange/exchange_hub.h"
+#include "longhaul/v1/exchange.grpc.pb.h"
+
+namespace longhaul::exchange {
+
+// A mapping of a client's POSIX shared-memory region. Move-only; unmaps on
+// destruction. The client keeps the segment alive for the call.
+class ShmMapping {
+ public:
+  // Checks the name ("/longhaul-" + [A-Za-z0-9._-]) and that the segment
+  // holds offset + length bytes.
+  static absl::StatusOr<ShmMapping> Open(const v1::ShmRegion& region, bool writable);
+  ShmMapping(ShmMapping&& other) noexcept;
+  ShmMapping& operator=(ShmMapping&&) = delete;
+  ~ShmMapping();
+
+  absl::Span<uint8_t> bytes() const { return bytes_; }
+
+ private:
+  ShmMapping(void* base, size_t mapped, absl::Span<uint8_t> bytes)
+      : base_(base), mapped_(mapped), bytes_(bytes) {}
+  void* base_;
+  size_t mapped_;
+  absl::Span<uint8_t> bytes_;
+};
+
+class ExchangeService final : public v1::Exchange::Service {
+ public:
+  explicit ExchangeService(ExchangeHub& hub) : hub_(hub) {}
+
+  grpc::Status Join(grpc::ServerContext* context, const v1::JoinRequest* request,
+                    v1::JoinResponse* response) override;
+  grpc::Status Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
+                     v1::LeaveResponse* response) override;
+  grpc::Status Group(grpc::ServerContext* context, const v1::GroupRequest* request,
+                     v1::GroupResponse* response) override;
+  grpc::Status AllReduce(grpc::ServerContext* context, const v1::AllReduceRequest* request,
+                         v1::OpResponse* response) override;
+  grpc::Status Send(grpc::ServerContext* context, const v1::SendRequest* request,
+                    v1::OpResponse* response) override;
+  grpc::Status Recv(grpc::ServerContext* context, const v1::RecvRequest* request,
+                    v1::OpResponse* response) override;
+  grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelOpRequest* request,
+                      v1::CancelOpResponse* response) override;
+
+ private:
+  ExchangeHub& hub_;
+};
+
+}  // namespace longhaul::exchange
+
+#endif  // LONGHAUL_DAEMON_EXCHANGE_EXCHANGE_SERVICE_H_

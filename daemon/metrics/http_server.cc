@@ -1,0 +1,218 @@
+#include <sys/socket.h>
+
+#include "daemon/metrics/http_server.h"
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace longhaul::metrics {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+using tcp = asio::ip::tcp;
+
+constexpr auto kIdleTimeout = std::chrono::seconds(10);
+constexpr size_t kMaxHeaderBytes = 8 << 10;
+constexpr size_t kMaxBodyBytes = 4 << 10;
+constexpr int kMaxConnections = 64;
+
+using Request = http::request<http::string_body>;
+using Response = http::response<http::string_body>;
+
+struct Handler {
+  Registry& registry;
+  MetricsServer::HealthCheck health;
+
+  Response Handle(const Request& request) const {
+    Response response;
+    response.version(request.version());
+    response.set(http::field::server, "longhauld");
+    std::string_view target(request.target().data(), request.target().size());
+    target = target.substr(0, target.find('?'));
+    const bool head = request.method() == http::verb::head;
+    if (request.method() != http::verb::get && !head) {
+      response.result(http::status::method_not_allowed);
+      response.set(http::field::allow, "GET, HEAD");
+      response.set(http::field::content_type, "text/plain; charset=utf-8");
+      response.body() = "only GET and HEAD are served\n";
+    } else if (target == "/metrics") {
+      response.result(http::status::ok);
+      response.set(http::field::content_type, kExpositionContentType);
+      response.body() = registry.Render();
+    } else if (target == "/healthz") {
+      absl::Status status = health ? health() : absl::OkStatus();
+      response.result(status.ok() ? http::status::ok : http::status::service_unavailable);
+      response.set(http::field::content_type, "text/plain; charset=utf-8");
+      response.body() = status.ok() ? "ok\n" : absl::StrCat(status.message(), "\n");
+    } else if (target == "/") {
+      response.result(http::status::ok);
+      response.set(http::field::content_type, "text/plain; charset=utf-8");
+      response.body() = "longhauld: /metrics (Prometheus text), /healthz\n";
+    } else {
+      response.result(http::status::not_found);
+      response.set(http::field::content_type, "text/plain; charset=utf-8");
+      response.body() = "not found: try /metrics or /healthz\n";
+    }
+    response.prepare_payload();
+    if (head) {
+      // Keep Content-Length of the GET answer; send no body.
+      const size_t length = response.body().size();
+      response.body().clear();
+      response.content_length(length);
+    }
+    return response;
+  }
+};
+
+// One HTTP/1.1 connection: read a request, answer, repeat while keep-alive.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, const Handler& handler, std::atomic<int>& open)
+      : stream_(std::move(socket)), handler_(handler), open_(open) {}
+  ~Session() { open_.fetch_sub(1); }
+
+  void Read() {
+    parser_.emplace();
+    parser_->header_limit(kMaxHeaderBytes);
+    parser_->body_limit(kMaxBodyBytes);
+    stream_.expires_after(kIdleTimeout);
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       self->OnRead(ec);
+                     });
+  }
+
+ private:
+  void OnRead(beast::error_code ec) {
+    if (ec) {
+      Close();  // closed by the client, timed out, or a request we will not parse
+      return;
+    }
+    Request request = parser_->release();
+    response_ = handler_.Handle(request);
+    response_.keep_alive(request.keep_alive());
+    stream_.expires_after(kIdleTimeout);
+    http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec || !self->response_.keep_alive()) {
+        self->Close();
+        return;
+      }
+      self->Read();
+    });
+  }
+
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.socket().close(ignored);
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  Response response_;
+  const Handler& handler_;
+  std::atomic<int>& open_;
+};
+
+}  // namespace
+
+struct MetricsServer::Impl {
+  Impl(Registry& registry, HealthCheck health)
+      : handler{registry, std::move(health)}, acceptor(io) {}
+
+  void Accept() {
+    acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
+      if (ec) {
+        if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+        Accept();
+        return;
+      }
+      if (open_connections.fetch_add(1) >= kMaxConnections) {
+        open_connections.fetch_sub(1);
+        beast::error_code ignored;
+        socket.close(ignored);
+      } else {
+        std::make_shared<Session>(std::move(socket), handler, open_connections)->Read();
+      }
+      Accept();
+    });
+  }
+
+  // Sessions still queued in `io` when it is destroyed refer to `handler`
+  // and `open_connections`: both are declared before it.
+  Handler handler;
+  std::atomic<int> open_connections{0};
+  asio::io_context io;
+  tcp::acceptor acceptor;
+  uint16_t port = 0;
+  std::thread thread;
+  std::atomic<bool> stopped{false};
+};
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
+                                                                     Registry& registry,
+                                                                     HealthCheck health) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address '", address, "' is not host:port"));
+  }
+  std::string host = address.substr(0, colon);
+  std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  auto impl = std::make_unique<Impl>(registry, std::move(health));
+  beast::error_code ec;
+  tcp::resolver resolver(impl->io);
+  auto endpoints = resolver.resolve(host, port, tcp::resolver::passive, ec);
+  if (ec || endpoints.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address ", address, ": ", ec ? ec.message() : "no address"));
+  }
+  tcp::endpoint endpoint = endpoints.begin()->endpoint();
+  impl->acceptor.open(endpoint.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(endpoint, ec);
+  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", ec.message()));
+  }
+  impl->port = impl->acceptor.local_endpoint().port();
+  impl->Accept();
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->io.run(); });
+  return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl)));
+}
+
+MetricsServer::MetricsServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+MetricsServer::~MetricsServer() { Stop(); }
+
+void MetricsServer::Stop() {
+  if (impl_->stopped.exchange(true)) return;
+  impl_->io.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  // The io thread is gone: nothing else touches the acceptor now. Open
+  // connections close when `io` is destroyed with their pending handlers.
+  beast::error_code ignored;
+  // shutdown(2) takes the socket out of LISTEN at once, whatever asio's
+  // reactor still holds for it.
+  if (impl_->acceptor.is_open()) ::shutdown(impl_->acceptor.native_handle(), SHUT_RDWR);
+  impl_->acceptor.close(ignored);
+}
+
+uint16_t MetricsServer::port() const { return impl_->port; }
+
+}  // namespace longhaul::metrics

@@ -1,0 +1,764 @@
+#include "daemon/transport/udp_connection.h"
+
+#include <netinet/in.h>
+#include <netinet/udp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <cstdlib>
+
+#include "daemon/transport/udp_check.h"
+#include "absl/strings/str_cat.h"
+#include "common/fmt_absl.h"
+#include "spdlog/spdlog.h"
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+namespace longhaul::transport::udp {
+namespace {
+
+constexpr TimeDelta kMaxAckDelay = TimeDelta::Milliseconds(1);
+// An ACK goes out at once after this many ack-eliciting packets (or any packet out of order);
+// fewer ACKs mean fewer wake-ups of the sender's I/O thread, and BBR copes with ACK aggregation.
+constexpr int kAckElicitingThreshold = 8;
+// Paced bursts are at least this many datagrams (within one GSO batch): a flow of a coupled
+// aggregate is paced at 1/N of the model's rate, and one datagram per pacer release costs a
+// wake-up and a sendmsg per datagram.
+constexpr size_t kMinBurstDatagrams = 8;
+constexpr TimeDelta kLinger = TimeDelta::Seconds(2);
+constexpr size_t kMaxReceivedRanges = kMaxAckRanges;
+
+}  // namespace
+
+UdpConnection::UdpConnection(UdpConnectionParams params)
+    : params_(std::move(params)),
+      clock_(params_.clock != nullptr ? *params_.clock : RealClock::Get()),
+      window_(params_.window_bytes),
+      send_ring_(new uint8_t[params_.window_bytes]),
+      recv_ring_(new uint8_t[params_.window_bytes]),
+      sealer_(params_.send_keys, params_.key_update_interval),
+      opener_(params_.receive_keys),
+      loss_(kMaxAckDelay),
+      send_batch_(new uint8_t[kBatchBytes]),
+      gso_ok_(params_.gso),
+      recv_buffers_(new uint8_t[kRecvBatch * kRecvBufferSize]) {
+  min_burst_ = std::min(kMinBurstDatagrams * params_.max_datagram,
+                        kBatchBytes / params_.max_datagram * params_.max_datagram);
+  UDP_CHECK((params_.fd) >= (0));
+  UDP_CHECK(params_.controller != nullptr && params_.controller_mu != nullptr);
+  UDP_CHECK((params_.max_datagram) >= (size_t{1200}));
+  UDP_CHECK((params_.max_datagram) <= (size_t{65000}));
+  peer_max_data_ = params_.peer_window_bytes;
+  advertised_max_data_.store(window_);
+  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  UDP_CHECK((event_fd_) >= (0));
+  stats_.congestion_control = params_.congestion_control_name;
+  last_receive_ = clock_.Now();
+  last_eliciting_sent_ = last_receive_;
+  thread_ = std::thread([this] { Run(); });
+}
+
+UdpConnection::~UdpConnection() {
+  {
+    absl::MutexLock lock(&mu_);
+    // Linger until what we wrote is acknowledged, like a TCP close.
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(kLinger.ToMilliseconds());
+    while (!aborted_.load() && status_.ok() && !peer_closed_ && !io_done_ &&
+           send_acked_ < send_written_) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+    stop_ = true;
+  }
+  Wake();
+  thread_.join();
+  {
+    // A coupled flow's view must leave the shared model under its lock.
+    absl::MutexLock lock(params_.controller_mu.get());
+    params_.controller.reset();
+  }
+  ::close(params_.fd);
+  ::close(event_fd_);
+  if (params_.on_destroy) params_.on_destroy();
+}
+
+void UdpConnection::Wake() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(event_fd_, &one, sizeof one);
+}
+
+absl::Status UdpConnection::Write(absl::Span<const absl::Span<const uint8_t>> parts) {
+  for (absl::Span<const uint8_t> part : parts) {
+    size_t done = 0;
+    while (done < part.size()) {
+      uint64_t offset, space;
+      {
+        absl::MutexLock lock(&mu_);
+        // Wait for a useful amount of room, not for every acknowledged packet.
+        const uint64_t want = std::min<uint64_t>(part.size() - done, window_ / 8);
+        writer_wants_ = want;
+        while (status_.ok() && !peer_closed_ && window_ - (send_written_ - send_acked_) < want) {
+          cv_.Wait(&mu_);
+        }
+        writer_wants_ = 0;
+        if (!status_.ok()) return status_;
+        if (peer_closed_) {
+          return absl::UnavailableError(absl::StrCat(params_.peer_site, " at ",
+                                                     params_.peer_address,
+                                                     " closed the connection"));
+        }
+        offset = send_written_;
+        space = window_ - (send_written_ - send_acked_);
+      }
+      // The region [offset, offset + space) is ours until we publish it.
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(space, part.size() - done));
+      const size_t at = offset % window_;
+      const size_t first = std::min<size_t>(n, window_ - at);
+      std::memcpy(&send_ring_[at], part.data() + done, first);
+      if (first < n) std::memcpy(&send_ring_[0], part.data() + done + first, n - first);
+      done += n;
+      {
+        absl::MutexLock lock(&mu_);
+        send_written_ += n;
+      }
+      Wake();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UdpConnection::ReadExactly(absl::Span<uint8_t> out) {
+  size_t done = 0;
+  while (done < out.size()) {
+    uint64_t offset, available;
+    {
+      absl::MutexLock lock(&mu_);
+      // Wait for a useful amount of data, not for every packet. The peer may always send
+      // window / 8 more than we have read (it has at least 3/4 of a window of credit).
+      reader_wants_ = std::min<uint64_t>(out.size() - done, window_ / 8);
+      while (status_.ok() && !peer_closed_ && recv_ready_ - recv_read_ < reader_wants_) {
+        cv_.Wait(&mu_);
+      }
+      reader_wants_ = 0;
+      if (!status_.ok()) return status_;
+      if (recv_ready_ == recv_read_) {
+        if (peer_closed_ && peer_close_reason_.empty()) {
+          return absl::UnavailableError(absl::StrCat(params_.peer_site, " at ",
+                                                     params_.peer_address,
+                                                     " closed the connection"));
+        }
+        return absl::UnavailableError(absl::StrCat(params_.peer_site, " at ",
+                                                   params_.peer_address,
+                                                   " closed the connection: ", peer_close_reason_));
+      }
+      offset = recv_read_;
+      available = recv_ready_ - recv_read_;
+    }
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(available, out.size() - done));
+    const size_t at = offset % window_;
+    const size_t first = std::min<size_t>(n, window_ - at);
+    std::memcpy(out.data() + done, &recv_ring_[at], first);
+    if (first < n) std::memcpy(out.data() + done + first, &recv_ring_[0], n - first);
+    done += n;
+    uint64_t read;
+    {
+      absl::MutexLock lock(&mu_);
+      recv_read_ += n;
+      read = recv_read_;
+    }
+    // Tell the I/O thread once a quarter of the window has opened up.
+    if (read + window_ >= advertised_max_data_.load() + window_ / 4) Wake();
+  }
+  return absl::OkStatus();
+}
+
+void UdpConnection::Abort() {
+  aborted_.store(true);
+  {
+    absl::MutexLock lock(&mu_);
+    if (status_.ok()) status_ = absl::CancelledError("channel aborted");
+    cv_.SignalAll();
+  }
+  Wake();
+}
+
+LinkStats UdpConnection::Stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+UdpConnection::Counters UdpConnection::counters() const {
+  absl::MutexLock lock(&mu_);
+  return counters_;
+}
+
+void UdpConnection::Fail(absl::Status status) {
+  if (io_failed_) return;
+  io_failed_ = true;
+  io_status_ = std::move(status);
+}
+
+// --- I/O thread ----------------------------------------------------------------
+
+void UdpConnection::Sync(bool* stop) {
+  absl::MutexLock lock(&mu_);
+  {
+    static const bool trace = getenv("LONGHAUL_UDP_TRACE") != nullptr;
+    const Timestamp t = clock_.Now();
+    if (trace && send_written_ > io_written_ + 100000 && io_written_ > 1000000) {
+      spdlog::info("udpgap fd={} at={} lastsent->allacked={:.1f}ms allacked->newdata={:.1f}ms", params_.fd, io_written_,
+                   (trace_all_acked_ - trace_all_sent_).ToMillisecondsF(), (t - trace_all_acked_).ToMillisecondsF());
+    }
+  }
+  io_written_ = send_written_;
+  io_recv_read_ = recv_read_;
+  bool changed = false;
+  // Wake the caller only when what it waits for is there: enough room for a writer, enough data
+  // for a reader, or everything acknowledged for a closing connection.
+  if (send_acked_ != io_send_acked_) {
+    send_acked_ = io_send_acked_;
+    if ((writer_wants_ > 0 && window_ - (send_written_ - send_acked_) >= writer_wants_) ||
+        send_acked_ == send_written_) {
+      changed = true;
+    }
+  }
+  if (recv_ready_ != io_recv_ready_) {
+    recv_ready_ = io_recv_ready_;
+    if (reader_wants_ > 0 && recv_ready_ - recv_read_ >= reader_wants_) changed = true;
+  }
+  if (io_failed_ && status_.ok()) {
+    status_ = io_status_;
+    changed = true;
+  }
+  if (io_peer_closed_ && !peer_closed_) {
+    peer_closed_ = true;
+    if (io_close_code_ != kCloseNoError) peer_close_reason_ = io_close_reason_;
+    changed = true;
+  }
+  const RttStats& rtt = loss_.rtt();
+  stats_.rtt_ms = rtt.smoothed.ToMillisecondsF();
+  counters_ = io_counters_;
+  stats_.retransmits = io_counters_.lost;
+  if (changed) cv_.SignalAll();
+  *stop = stop_ || aborted_.load();
+}
+
+void UdpConnection::Run() {
+  bool stop = false;
+  Timestamp last_stats = clock_.Now();
+  while (true) {
+    Sync(&stop);
+    if (stop || io_failed_ || io_peer_closed_) break;
+    Timestamp now = clock_.Now();
+    Receive(now);
+    if (io_failed_ || io_peer_closed_) continue;
+    now = clock_.Now();
+    OnTimers(now);
+    if (io_failed_) continue;
+    Sync(&stop);
+    Send(now);
+    if (now - last_stats > TimeDelta::Milliseconds(200)) {
+      last_stats = now;
+      absl::MutexLock cc(params_.controller_mu.get());
+      const congestion::ControllerState st = params_.controller->DebugState();
+      static const bool trace = getenv("LONGHAUL_UDP_TRACE") != nullptr;
+      if (trace && io_counters_.datagrams_sent > 0) {
+        spdlog::info("udptrace fd={} sent={} rcvd={} lost={} gso={} cwnd={} infl={} rate={:.0f} bw={:.0f} mode={} minrtt={:.1f} srtt={:.1f} q={} blk_cwnd={} blk_pace={} idle={} wr={} acked={} next={} peermax={}",
+                     params_.fd, io_counters_.datagrams_sent, io_counters_.datagrams_received, io_counters_.lost, io_counters_.gso_batches,
+                     st.cwnd, loss_.bytes_in_flight(), st.pacing_rate.ToMbitsPerSecondF(), st.bw.IsInfinite() ? -1.0 : st.bw.ToMbitsPerSecondF(), st.state,
+                     st.min_rtt.IsInfinite() ? -1.0 : st.min_rtt.ToMillisecondsF(), loss_.rtt().smoothed.ToMillisecondsF(), params_.controller->send_quantum(),
+                     trace_cwnd_blocked_, trace_pacer_blocked_, trace_idle_, io_written_, io_send_acked_, send_next_, peer_max_data_);
+      }
+      absl::MutexLock lock(&mu_);
+      stats_.delivery_rate_mbit = st.bw.IsInfinite() ? 0 : st.bw.ToMbitsPerSecondF();
+      int sndbuf = 0;
+      socklen_t len = sizeof sndbuf;
+      if (getsockopt(params_.fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &len) == 0) {
+        stats_.socket_buffer_bytes = static_cast<uint64_t>(sndbuf);
+      }
+    }
+    const Timestamp wake = NextWake(clock_.Now());
+    const TimeDelta wait = wake - clock_.Now();
+    struct pollfd fds[2] = {{params_.fd, POLLIN, 0}, {event_fd_, POLLIN, 0}};
+    if (wait > TimeDelta::Zero()) {
+      const int64_t ns = std::min<int64_t>(wait.ToNanoseconds(), 1'000'000'000);
+      struct timespec ts = {static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+      ::ppoll(fds, 2, &ts, nullptr);
+      if (fds[1].revents & POLLIN) {
+        uint64_t v;
+        [[maybe_unused]] ssize_t n = ::read(event_fd_, &v, sizeof v);
+      }
+    }
+  }
+  if (!io_peer_closed_) {
+    if (io_failed_) {
+      SendClose(kCloseProtocolViolation, io_status_.message());
+    } else if (aborted_.load()) {
+      SendClose(kCloseAborted, "aborted");
+    } else {
+      SendClose(kCloseNoError, "");
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (io_failed_ && status_.ok()) status_ = io_status_;
+  if (io_peer_closed_) {
+    peer_closed_ = true;
+    if (io_close_code_ != kCloseNoError) peer_close_reason_ = io_close_reason_;
+  }
+  if (status_.ok() && !peer_closed_) {
+    status_ = absl::UnavailableError(absl::StrCat("connection to ", params_.peer_site, " closed"));
+  }
+  counters_ = io_counters_;
+  io_done_ = true;
+  cv_.SignalAll();
+}
+
+void UdpConnection::Receive(Timestamp now) {
+  struct mmsghdr msgs[kRecvBatch];
+  struct iovec iovs[kRecvBatch];
+  alignas(struct cmsghdr) uint8_t control[kRecvBatch][CMSG_SPACE(sizeof(int))];
+  for (int round = 0; round < 8; ++round) {
+    for (size_t i = 0; i < kRecvBatch; ++i) {
+      iovs[i] = {&recv_buffers_[i * kRecvBufferSize], kRecvBufferSize};
+      std::memset(&msgs[i], 0, sizeof msgs[i]);
+      msgs[i].msg_hdr.msg_iov = &iovs[i];
+      msgs[i].msg_hdr.msg_iovlen = 1;
+      msgs[i].msg_hdr.msg_control = control[i];
+      msgs[i].msg_hdr.msg_controllen = sizeof control[i];
+    }
+    const int n = ::recvmmsg(params_.fd, msgs, kRecvBatch, MSG_DONTWAIT, nullptr);
+    if (n <= 0) return;
+    for (int i = 0; i < n; ++i) {
+      const size_t length = msgs[i].msg_len;
+      size_t segment = length;
+      for (struct cmsghdr* c = CMSG_FIRSTHDR(&msgs[i].msg_hdr); c != nullptr;
+           c = CMSG_NXTHDR(&msgs[i].msg_hdr, c)) {
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+          int size;
+          std::memcpy(&size, CMSG_DATA(c), sizeof size);
+          if (size > 0) segment = static_cast<size_t>(size);
+        }
+      }
+      uint8_t* base = &recv_buffers_[i * kRecvBufferSize];
+      for (size_t off = 0; off < length; off += segment) {
+        ProcessDatagram(absl::MakeSpan(base + off, std::min(segment, length - off)), now);
+        if (io_failed_ || io_peer_closed_) return;
+      }
+    }
+    if (static_cast<size_t>(n) < kRecvBatch) return;
+  }
+}
+
+void UdpConnection::ProcessDatagram(absl::Span<uint8_t> datagram, Timestamp now) {
+  ++io_counters_.datagrams_received;
+  if (params_.drop_every_nth_received != 0 &&
+      io_counters_.datagrams_received % params_.drop_every_nth_received == 0) {
+    ++io_counters_.dropped_for_test;
+    return;
+  }
+  PacketHeader header;
+  const uint64_t generation = opener_.key_generation();
+  auto payload = opener_.Open(params_.local_connection_id, datagram, &header);
+  if (!payload.ok()) {
+    if (payload.status().code() == absl::StatusCode::kPermissionDenied) {
+      ++io_counters_.auth_failures;
+    } else {
+      ++io_counters_.malformed;
+    }
+    return;
+  }
+  if (opener_.key_generation() != generation) ++io_counters_.key_updates_received;
+  const uint64_t pn = header.packet_number;
+  if (pn < pn_floor_ || received_pns_.Contains(pn, pn + 1)) {
+    ++io_counters_.duplicates;
+    return;
+  }
+  last_receive_ = now;
+  packet_eliciting_ = false;
+  if (absl::Status s = ParseFrames(*payload, *this); !s.ok()) {
+    Fail(absl::InvalidArgumentError(absl::StrCat(params_.peer_site, " at ", params_.peer_address,
+                                                 " broke the udp protocol: ", s.message())));
+    return;
+  }
+  received_pns_.Add(pn, pn + 1);
+  while (received_pns_.size() > kMaxReceivedRanges) {
+    pn_floor_ = received_pns_.ranges()[0].second;
+    received_pns_.RemoveBelow(pn_floor_);
+  }
+  const bool in_order = pn == largest_received_pn_ + 1;
+  if (pn > largest_received_pn_) {
+    largest_received_pn_ = pn;
+    largest_received_time_ = now;
+  }
+  if (packet_eliciting_) {
+    if (!ack_pending_) ack_deadline_ = now + kMaxAckDelay;
+    ack_pending_ = true;
+    ++unacked_eliciting_;
+    if (!in_order || unacked_eliciting_ >= kAckElicitingThreshold) ack_now_ = true;
+  }
+}
+
+absl::Status UdpConnection::OnPing() {
+  packet_eliciting_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status UdpConnection::OnAck(const AckFrame& ack) {
+  const Timestamp now = clock_.Now();
+  if (absl::Status s = loss_.OnAck(ack, now, &event_); !s.ok()) return s;
+  HandleLossEvent(now);
+  return absl::OkStatus();
+}
+
+void UdpConnection::HandleLossEvent(Timestamp now) {
+  if (event_.acked.empty() && event_.lost.empty()) return;
+  cc_acked_.clear();
+  cc_lost_.clear();
+  for (const auto& [pn, p] : event_.acked) {
+    if (p.stream_length > 0) acked_above_.Add(p.stream_offset, p.stream_offset + p.stream_length);
+    if (p.congestion_controlled) cc_acked_.push_back({pn, p.bytes, p.sent_time});
+  }
+  while (!acked_above_.empty() && acked_above_.ranges()[0].first <= io_send_acked_) {
+    io_send_acked_ = acked_above_.PopContiguous(io_send_acked_);
+  }
+  if (io_send_acked_ == io_written_ && trace_all_acked_ < trace_all_sent_) trace_all_acked_ = now;
+  for (const auto& [pn, p] : event_.lost) {
+    ++io_counters_.lost;
+    if (p.stream_length > 0 &&
+        !acked_above_.Contains(p.stream_offset, p.stream_offset + p.stream_length) &&
+        p.stream_offset + p.stream_length > io_send_acked_) {
+      retransmit_.Add(std::max(p.stream_offset, io_send_acked_), p.stream_offset + p.stream_length);
+    }
+    if (p.carries_max_data) max_data_dirty_ = true;
+    if (p.congestion_controlled) cc_lost_.push_back({pn, p.bytes});
+  }
+  if (!cc_acked_.empty() || !cc_lost_.empty()) {
+    absl::MutexLock lock(params_.controller_mu.get());
+    params_.controller->OnCongestionEvent(now, event_.prior_in_flight, cc_acked_, cc_lost_);
+  }
+}
+
+absl::Status UdpConnection::OnStream(const StreamFrame& frame) {
+  packet_eliciting_ = true;
+  uint64_t start = frame.offset;
+  const uint64_t end = frame.offset + frame.data.size();
+  if (end > io_recv_read_ + window_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("STREAM data up to offset ", end, " exceeds the granted window (",
+                     io_recv_read_ + window_, ")"));
+  }
+  if (end <= io_recv_ready_) return absl::OkStatus();
+  if (start < io_recv_ready_) start = io_recv_ready_;
+  const uint8_t* src = frame.data.data() + (start - frame.offset);
+  const size_t n = static_cast<size_t>(end - start);
+  const size_t at = start % window_;
+  const size_t first = std::min<size_t>(n, window_ - at);
+  std::memcpy(&recv_ring_[at], src, first);
+  if (first < n) std::memcpy(&recv_ring_[0], src + first, n - first);
+  received_above_.Add(start, end);
+  while (!received_above_.empty() && received_above_.ranges()[0].first <= io_recv_ready_) {
+    io_recv_ready_ = received_above_.PopContiguous(io_recv_ready_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UdpConnection::OnMaxData(uint64_t max_data) {
+  packet_eliciting_ = true;
+  peer_max_data_ = std::max(peer_max_data_, max_data);
+  return absl::OkStatus();
+}
+
+absl::Status UdpConnection::OnClose(const CloseFrame& frame) {
+  io_peer_closed_ = true;
+  io_close_code_ = frame.code;
+  io_close_reason_ = std::string(frame.reason);
+  return absl::OkStatus();
+}
+
+void UdpConnection::OnTimers(Timestamp now) {
+  if (now - last_receive_ > params_.idle_timeout) {
+    Fail(absl::UnavailableError(absl::StrCat("no packets from ", params_.peer_site, " at ",
+                                             params_.peer_address, " for ",
+                                             params_.idle_timeout.ToSecondsF(), " s")));
+    return;
+  }
+  if (loss_.LossTime() <= now) {
+    loss_.OnLossTimer(now, &event_);
+    HandleLossEvent(now);
+  }
+  if (loss_.PtoTime() <= now) {
+    // RFC 9002 §6.2.4: send probes, carrying the oldest unacknowledged data.
+    loss_.OnPtoFired();
+    probes_pending_ = 2;
+    uint64_t pn;
+    if (const SentPacket* p = loss_.OldestOutstandingStream(&pn); p != nullptr) {
+      if (p->stream_offset + p->stream_length > io_send_acked_) {
+        retransmit_.Add(std::max(p->stream_offset, io_send_acked_),
+                        p->stream_offset + p->stream_length);
+      }
+    } else {
+      ping_pending_ = true;
+    }
+  }
+  if (now - last_eliciting_sent_ >= params_.keepalive) ping_pending_ = true;
+}
+
+bool UdpConnection::HasStreamToSend() const {
+  return !retransmit_.empty() || send_next_ < std::min(io_written_, peer_max_data_);
+}
+
+bool UdpConnection::NeedMaxData() const {
+  return max_data_dirty_ || io_recv_read_ + window_ >= advertised_max_data_.load() + window_ / 4;
+}
+
+Timestamp UdpConnection::NextWake(Timestamp now) const {
+  Timestamp wake = now + TimeDelta::Seconds(1);
+  if (HasStreamToSend() || probes_pending_ > 0) {
+    ByteCount cwnd;
+    {
+      absl::MutexLock lock(params_.controller_mu.get());
+      cwnd = params_.controller->cwnd();
+    }
+    if (probes_pending_ > 0 || loss_.bytes_in_flight() + params_.max_datagram <= cwnd) {
+      wake = std::min(wake, pacer_.EarliestDeparture());
+    }
+  }
+  if (ack_pending_) wake = std::min(wake, ack_deadline_);
+  wake = std::min(wake, loss_.LossTime());
+  wake = std::min(wake, loss_.PtoTime());
+  wake = std::min(wake, last_eliciting_sent_ + params_.keepalive);
+  wake = std::min(wake, last_receive_ + params_.idle_timeout);
+  return wake;
+}
+
+size_t UdpConnection::BuildPacket(uint8_t* slot, Timestamp now, bool allow_data,
+                                  bool* short_packet) {
+  const size_t capacity = params_.max_datagram - kPacketOverhead;
+  absl::Span<uint8_t> payload(slot + kHeaderSize, capacity);
+  size_t used = 0;
+  SentPacket sent;
+  sent.sent_time = now;
+  if (ack_pending_ && largest_received_pn_ > 0) {
+    AckFrame ack;
+    const auto& ranges = received_pns_.ranges();
+    ack.range_count = std::min(ranges.size(), kMaxAckRanges);
+    for (size_t i = 0; i < ack.range_count; ++i) {
+      const auto& r = ranges[ranges.size() - 1 - i];
+      ack.ranges[i] = {r.first, r.second - 1};
+    }
+    ack.ack_delay_us = static_cast<uint64_t>(std::max<int64_t>(
+        0, (now - largest_received_time_).ToMicroseconds()));
+    used += WriteAck(ack, payload.subspan(used));
+    ack_pending_ = false;
+    ack_now_ = false;
+    unacked_eliciting_ = 0;
+    ack_deadline_ = Timestamp::Infinite();
+  }
+  if (NeedMaxData()) {
+    const uint64_t max_data = io_recv_read_ + window_;
+    used += WriteMaxData(max_data, payload.subspan(used));
+    advertised_max_data_.store(max_data);
+    max_data_dirty_ = false;
+    sent.carries_max_data = true;
+    sent.ack_eliciting = true;
+  }
+  *short_packet = true;
+  if (allow_data && capacity - used > kStreamFrameHeaderSize) {
+    const size_t room = std::min<size_t>(capacity - used - kStreamFrameHeaderSize, 65535);
+    uint64_t offset = 0;
+    size_t length = 0;
+    bool retransmission = false;
+    while (!retransmit_.empty()) {
+      auto [s, e] = retransmit_.ranges()[0];
+      s = std::max(s, io_send_acked_);
+      if (s >= e) {
+        retransmit_.RemoveBelow(e);
+        continue;
+      }
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(e - s, room));
+      retransmit_.RemoveBelow(s + n);
+      if (acked_above_.Contains(s, s + n)) continue;
+      offset = s;
+      length = n;
+      retransmission = true;
+      break;
+    }
+    if (length == 0) {
+      const uint64_t limit = std::min(io_written_, peer_max_data_);
+      if (send_next_ < limit) {
+        offset = send_next_;
+        length = static_cast<size_t>(std::min<uint64_t>(limit - send_next_, room));
+        send_next_ += length;
+        if (send_next_ == io_written_) trace_all_sent_ = now;
+      }
+    }
+    if (length > 0) {
+      WriteStreamHeader(offset, static_cast<uint16_t>(length), payload.subspan(used));
+      used += kStreamFrameHeaderSize;
+      const size_t at = offset % window_;
+      const size_t first = std::min<size_t>(length, window_ - at);
+      std::memcpy(&payload[used], &send_ring_[at], first);
+      if (first < length) std::memcpy(&payload[used + first], &send_ring_[0], length - first);
+      used += length;
+      sent.stream_offset = offset;
+      sent.stream_length = static_cast<uint32_t>(length);
+      sent.ack_eliciting = true;
+      sent.congestion_controlled = true;
+      if (retransmission) io_counters_.retransmitted_bytes += length;
+      *short_packet = used < capacity;
+    }
+  }
+  if (ping_pending_ && !sent.ack_eliciting) {
+    used += WritePing(payload.subspan(used));
+    sent.ack_eliciting = true;
+  }
+  ping_pending_ = false;
+  if (used == 0) return 0;
+  const uint64_t pn = next_pn_++;
+  auto size = sealer_.Seal(params_.peer_connection_id, pn, absl::MakeSpan(slot, params_.max_datagram),
+                           used);
+  if (!size.ok()) {
+    Fail(size.status());
+    return 0;
+  }
+  sent.bytes = static_cast<uint32_t>(*size);
+  if (sent.ack_eliciting) {
+    last_eliciting_sent_ = now;
+    if (sent.congestion_controlled) {
+      absl::MutexLock lock(params_.controller_mu.get());
+      params_.controller->OnPacketSent(now, pn, sent.bytes, loss_.bytes_in_flight(), true);
+      pacer_.OnPacketSent(now, sent.bytes, params_.controller->pacing_rate(),
+                          std::max(params_.controller->send_quantum(), min_burst_));
+    }
+    loss_.OnPacketSent(pn, sent);
+  } else {
+    loss_.OnUntrackedPacketSent(pn);
+  }
+  return *size;
+}
+
+void UdpConnection::Send(Timestamp now) {
+  const uint64_t generation = sealer_.key_generation();
+  for (;;) {
+    bool allow_data = false;
+    if (HasStreamToSend()) {
+      if (probes_pending_ > 0) {
+        allow_data = true;
+      } else {
+        ByteCount cwnd;
+        {
+          absl::MutexLock lock(params_.controller_mu.get());
+          cwnd = params_.controller->cwnd();
+        }
+        allow_data = loss_.bytes_in_flight() + params_.max_datagram <= cwnd && pacer_.CanSend(now);
+        if (!allow_data) {
+          if (loss_.bytes_in_flight() + params_.max_datagram > cwnd) ++trace_cwnd_blocked_; else ++trace_pacer_blocked_;
+        }
+      }
+      app_limited_reported_ = false;
+    } else if (!app_limited_reported_) {
+      ++trace_idle_;
+      app_limited_reported_ = true;
+      absl::MutexLock lock(params_.controller_mu.get());
+      params_.controller->OnAppLimited();
+    }
+    const bool ack_due = ack_pending_ && (ack_now_ || now >= ack_deadline_);
+    if (!allow_data && !ack_due && !NeedMaxData() && !ping_pending_ && probes_pending_ == 0) break;
+    if (probes_pending_ > 0 && !allow_data && !HasStreamToSend()) ping_pending_ = true;
+    if (batch_count_ == kMaxBatch || batch_bytes_ + params_.max_datagram > kBatchBytes) Flush();
+    bool short_packet = false;
+    uint8_t* slot = &send_batch_[batch_bytes_];
+    const size_t size = BuildPacket(slot, now, allow_data, &short_packet);
+    if (probes_pending_ > 0) --probes_pending_;
+    if (size == 0) break;
+    if (batch_count_ > 0 && size > batch_segment_) {
+      // GSO segments must not grow: send what we have, then move this one to the front.
+      const size_t at = batch_bytes_;
+      Flush();
+      std::memmove(&send_batch_[0], &send_batch_[at], size);
+      slot = &send_batch_[0];
+    }
+    if (batch_count_ == 0) batch_segment_ = size;
+    batch_sizes_[batch_count_++] = size;
+    batch_bytes_ += size;
+    if (size < batch_segment_ || short_packet) Flush();
+    if (io_failed_) break;
+  }
+  Flush();
+  if (sealer_.key_generation() != generation) ++io_counters_.key_updates_sent;
+}
+
+void UdpConnection::Flush() {
+  if (batch_count_ == 0) return;
+  io_counters_.datagrams_sent += batch_count_;
+  bool sent = false;
+  if (gso_ok_ && batch_count_ > 1) {
+    struct iovec iov = {&send_batch_[0], batch_bytes_};
+    alignas(struct cmsghdr) uint8_t control[CMSG_SPACE(sizeof(uint16_t))] = {};
+    struct msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    const uint16_t segment = static_cast<uint16_t>(batch_segment_);
+    std::memcpy(CMSG_DATA(c), &segment, sizeof segment);
+    if (::sendmsg(params_.fd, &msg, 0) >= 0) {
+      sent = true;
+      ++io_counters_.gso_batches;
+    } else if (errno == EIO || errno == EINVAL || errno == ENOPROTOOPT) {
+      spdlog::info("udp to {}: UDP GSO unavailable ({}); sending datagrams one by one",
+                   params_.peer_site, std::strerror(errno));
+      gso_ok_ = false;
+    } else {
+      sent = true;  // other errors (e.g. ECONNREFUSED): the datagrams count as lost
+    }
+  }
+  if (!sent) {
+    struct mmsghdr msgs[kMaxBatch];
+    struct iovec iovs[kMaxBatch];
+    size_t at = 0;
+    for (size_t i = 0; i < batch_count_; ++i) {
+      iovs[i] = {&send_batch_[at], batch_sizes_[i]};
+      std::memset(&msgs[i], 0, sizeof msgs[i]);
+      msgs[i].msg_hdr.msg_iov = &iovs[i];
+      msgs[i].msg_hdr.msg_iovlen = 1;
+      at += batch_sizes_[i];
+    }
+    size_t done = 0;
+    while (done < batch_count_) {
+      const int n = ::sendmmsg(params_.fd, &msgs[done], batch_count_ - done, 0);
+      if (n <= 0) break;  // lost datagrams are recovered like network loss
+      done += static_cast<size_t>(n);
+    }
+  }
+  batch_count_ = 0;
+  batch_bytes_ = 0;
+  batch_segment_ = 0;
+}
+
+void UdpConnection::SendClose(uint16_t code, absl::string_view reason) {
+  uint8_t* slot = &send_batch_[0];
+  const size_t capacity = params_.max_datagram - kPacketOverhead;
+  const size_t used = WriteClose(code, reason, absl::MakeSpan(slot + kHeaderSize, capacity));
+  if (used == 0) return;
+  auto size = sealer_.Seal(params_.peer_connection_id, next_pn_++,
+                           absl::MakeSpan(slot, params_.max_datagram), used);
+  if (!size.ok()) return;
+  // Best effort, twice: a lost CLOSE is covered by the peer's idle timeout.
+  for (int i = 0; i < 2; ++i) [[maybe_unused]] ssize_t n = ::send(params_.fd, slot, *size, 0);
+}
+
+}  // namespace longhaul::transport::udp

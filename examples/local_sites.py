@@ -1,0 +1,72 @@
+"""Local longhaul sites for the examples and tests: deploy/local-sites.sh in a
+temporary directory, always stopped on exit.
+
+    with LocalSites(["site-a", "site-b"]) as sites:
+        sites.address("site-a")   # "unix:/tmp/.../site-a/control.sock"
+
+If LONGHAUL_SITE_A / LONGHAUL_SITE_B are already set (daemons someone else
+runs), they are used as they are and nothing is started or stopped.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+
+REPO = os.environ.get(
+    "LONGHAUL_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _var(site):
+    return "LONGHAUL_SITE_" + site.replace("site-", "").upper().replace("-", "_")
+
+
+class LocalSites:
+    def __init__(self, sites=("site-a", "site-b"), keep=False):
+        self.sites = list(sites)
+        self.keep = keep
+        self.dir = None
+        self.addresses = {}
+        self.started = False
+
+    def __enter__(self):
+        given = {s: os.environ.get(_var(s)) for s in self.sites}
+        if all(given.values()):
+            self.addresses = given
+            return self
+        self.dir = tempfile.mkdtemp(prefix="longhaul-sites-")
+        env = dict(os.environ, LONGHAUL_LOCAL_SITES=" ".join(self.sites))
+        self._env = env
+        self.started = True
+        try:
+            out = subprocess.run([os.path.join(REPO, "deploy", "local-sites.sh"), "up", self.dir],
+                                 env=env, check=True, capture_output=True, text=True).stdout
+        except subprocess.CalledProcessError as e:
+            self.__exit__(None, None, None)
+            raise RuntimeError("local-sites.sh up failed: " + e.stderr) from e
+        for line in out.splitlines():
+            if line.startswith("export "):
+                k, v = line[len("export "):].split("=", 1)
+                self.addresses.update({s: v for s in self.sites if _var(s) == k})
+        return self
+
+    def address(self, site):
+        return self.addresses[site]
+
+    def export_dir(self, site):
+        return os.path.join(self.dir, site, "ckpt")
+
+    def kill(self, site):
+        """kill -9 the site's daemon (a site dropping out)."""
+        with open(os.path.join(self.dir, site, "longhauld.pid")) as f:
+            os.kill(int(f.read().strip()), signal.SIGKILL)
+
+    def __exit__(self, *exc):
+        if not self.started:
+            return False
+        subprocess.run([os.path.join(REPO, "deploy", "local-sites.sh"), "down", self.dir],
+                       env=self._env, check=False, capture_output=True)
+        if not self.keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return False

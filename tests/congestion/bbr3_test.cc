@@ -1,0 +1,133 @@
+#include "congestion/bbr3.h"
+
+#include <string_view>
+
+#include "gtest/gtest.h"
+#include "tests/congestion/mini_path.h"
+
+namespace longhaul::congestion {
+namespace {
+
+const Timestamp kT0 = Timestamp::FromNanoseconds(1000000000);
+const Bandwidth kRate = Bandwidth::MbitsPerSecond(100);
+const TimeDelta kRtt = TimeDelta::Milliseconds(20);
+
+TEST(Bbr3ParamsTest, DefaultsAreTheDraftConstants) {
+  const Bbr3Params p;
+  EXPECT_DOUBLE_EQ(p.startup_pacing_gain, 2.77);
+  EXPECT_DOUBLE_EQ(p.drain_pacing_gain, 0.5);
+  EXPECT_DOUBLE_EQ(p.probe_bw_down_pacing_gain, 0.9);
+  EXPECT_DOUBLE_EQ(p.probe_bw_cruise_pacing_gain, 1.0);
+  EXPECT_DOUBLE_EQ(p.probe_bw_refill_pacing_gain, 1.0);
+  EXPECT_DOUBLE_EQ(p.probe_bw_up_pacing_gain, 1.25);
+  EXPECT_DOUBLE_EQ(p.default_cwnd_gain, 2.0);
+  EXPECT_DOUBLE_EQ(p.probe_bw_up_cwnd_gain, 2.25);
+  EXPECT_DOUBLE_EQ(p.loss_threshold, 0.02);
+  EXPECT_DOUBLE_EQ(p.beta, 0.7);
+  EXPECT_DOUBLE_EQ(p.headroom, 0.15);
+  EXPECT_DOUBLE_EQ(p.full_bw_growth, 1.25);
+  EXPECT_EQ(p.full_bw_rounds, 3);
+  EXPECT_EQ(p.min_rtt_filter_len, TimeDelta::Seconds(10));
+  EXPECT_EQ(p.probe_rtt_interval, TimeDelta::Seconds(5));
+  EXPECT_EQ(p.probe_rtt_duration, TimeDelta::Milliseconds(200));
+  EXPECT_DOUBLE_EQ(p.probe_rtt_cwnd_gain, 0.5);
+}
+
+TEST(Bbr3Test, StartsInStartupWithInitialWindow) {
+  SplitMix64Random rng(1);
+  Bbr3 bbr(Bbr3Params(), rng, kT0);
+  EXPECT_EQ(bbr.mode(), Bbr3::Mode::kStartup);
+  EXPECT_EQ(bbr.cwnd(), 10 * kDefaultMss);
+  // No RTT yet: InitialCwnd / 1 ms at the Startup gain.
+  EXPECT_NEAR(bbr.pacing_rate().ToMbitsPerSecondF(), 120.0 * 2.77, 1.0);
+  EXPECT_EQ(bbr.DebugState().state, "Startup");
+}
+
+TEST(Bbr3Test, FindsThePipeThenDrainsIntoProbeBw) {
+  SplitMix64Random rng(1);
+  Bbr3 bbr(Bbr3Params(), rng, kT0);
+  testing::MiniPath path(bbr, kRate, kRtt, kT0);
+  bool saw_drain = false;
+  path.RunUntil(kT0 + TimeDelta::Seconds(2),
+                [&] { saw_drain |= bbr.mode() == Bbr3::Mode::kDrain; });
+  EXPECT_TRUE(saw_drain);
+  const ControllerState st = bbr.DebugState();
+  EXPECT_TRUE(st.full_bw_reached);
+  EXPECT_NE(st.state.find("ProbeBW"), std::string_view::npos) << st.state;
+  EXPECT_NEAR(st.max_bw.ToMbitsPerSecondF(), 100.0, 2.0);
+  EXPECT_NEAR(st.min_rtt.ToMillisecondsF(), 20.12, 0.05);
+  // cwnd is about cwnd_gain x BDP, not unbounded.
+  const ByteCount bdp = kRate * kRtt;
+  EXPECT_LE(st.cwnd, 3 * bdp);
+}
+
+TEST(Bbr3Test, EntersProbeRttEveryFiveSecondsAndHoldsHalfBdp) {
+  SplitMix64Random rng(1);
+  Bbr3 bbr(Bbr3Params(), rng, kT0);
+  testing::MiniPath path(bbr, kRate, kRtt, kT0);
+  int entries = 0;
+  bool in_probe_rtt = false;
+  ByteCount max_cwnd_in_probe_rtt = 0;
+  path.RunUntil(kT0 + TimeDelta::Seconds(11), [&] {
+    const bool now_in = bbr.mode() == Bbr3::Mode::kProbeRtt;
+    if (now_in && !in_probe_rtt) ++entries;
+    if (now_in) max_cwnd_in_probe_rtt = std::max(max_cwnd_in_probe_rtt, bbr.cwnd());
+    in_probe_rtt = now_in;
+  });
+  EXPECT_EQ(entries, 2);
+  EXPECT_LE(max_cwnd_in_probe_rtt, (kRate * kRtt) / 2 + 4 * kDefaultMss);
+  EXPECT_EQ(bbr.DebugState().probe_rtt_entries, 2u);
+}
+
+TEST(Bbr3Test, HeavyLossWhileProbingSetsInflightLongterm) {
+  SplitMix64Random rng(1);
+  Bbr3 bbr(Bbr3Params(), rng, kT0);
+  testing::MiniPath path(bbr, kRate, kRtt, kT0);
+  path.RunUntil(kT0 + TimeDelta::Seconds(1));
+  ASSERT_TRUE(bbr.DebugState().full_bw_reached);
+  // Drop 10 % of packets from now on: far above the 2 % LossThresh.
+  path.set_drop([](uint64_t pn) { return pn % 10 == 0; });
+  path.RunUntil(kT0 + TimeDelta::Seconds(8));
+  const ControllerState st = bbr.DebugState();
+  EXPECT_NE(st.inflight_longterm, ~ByteCount{0});
+  EXPECT_LT(st.inflight_longterm, 3 * (kRate * kRtt));
+}
+
+// Bbr3Params::heavy_loss_rate (a longhaul deviation): a round outside bandwidth probing that
+// loses most of its data restarts max_bw from what the round delivered; with the option off
+// (the draft), max_bw keeps the old rate until it ages out over two ProbeBW cycles.
+Bandwidth MaxBwAfterHeavyLoss(double heavy_loss_rate) {
+  SplitMix64Random rng(1);
+  Bbr3Params params;
+  params.heavy_loss_rate = heavy_loss_rate;
+  Bbr3 bbr(params, rng, kT0);
+  testing::MiniPath path(bbr, kRate, kRtt, kT0);
+  path.RunUntil(kT0 + TimeDelta::Seconds(1));
+  EXPECT_TRUE(bbr.DebugState().full_bw_reached);
+  // Three of every four packets lost, for 0.3 s (about ten rounds).
+  path.set_drop([](uint64_t pn) { return pn % 4 != 0; });
+  path.RunUntil(kT0 + TimeDelta::Milliseconds(1300));
+  return bbr.DebugState().max_bw;
+}
+
+TEST(Bbr3Test, HeavyLossRestartsMaxBwFromTheDeliveredRate) {
+  EXPECT_LT(MaxBwAfterHeavyLoss(0.3), kRate * 0.5);
+  EXPECT_GT(MaxBwAfterHeavyLoss(0.0), kRate * 0.9);
+}
+
+TEST(Bbr3Test, SameSeedSameTrajectory) {
+  SplitMix64Random rng_a(42);
+  SplitMix64Random rng_b(42);
+  Bbr3 a(Bbr3Params(), rng_a, kT0);
+  Bbr3 b(Bbr3Params(), rng_b, kT0);
+  testing::MiniPath pa(a, kRate, kRtt, kT0);
+  testing::MiniPath pb(b, kRate, kRtt, kT0);
+  pa.RunUntil(kT0 + TimeDelta::Seconds(7));
+  pb.RunUntil(kT0 + TimeDelta::Seconds(7));
+  EXPECT_EQ(a.cwnd(), b.cwnd());
+  EXPECT_EQ(a.pacing_rate(), b.pacing_rate());
+  EXPECT_EQ(a.DebugState().round_count, b.DebugState().round_count);
+}
+
+}  // namespace
+}  // namespace longhaul::congestion

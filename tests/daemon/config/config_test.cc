@@ -1,0 +1,95 @@
+#include "daemon/config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "gtest/gtest.h"
+
+namespace longhaul::daemon {
+namespace {
+
+constexpr char kTwoSites[] = R"(
+site: site-a
+peers:
+  - site: site-b
+    address: 10.0.0.2:7700
+)";
+
+TEST(ConfigMetricsTest, DefaultServesOnLoopback) {
+  auto c = ParseConfig(kTwoSites);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->metrics.listen, "127.0.0.1:7701");
+  EXPECT_TRUE(c->limits.peers.empty());
+  EXPECT_TRUE(c->limits.classes.empty());
+}
+
+TEST(ConfigMetricsTest, EmptyListenDisablesAndBadAddressIsRefused) {
+  auto off = ParseConfig(std::string(kTwoSites) + "metrics: {listen: \"\"}\n");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->metrics.listen, "");
+  auto bad = ParseConfig(std::string(kTwoSites) + "metrics: {listen: localhost}\n");
+  EXPECT_FALSE(bad.ok());
+  auto typo = ParseConfig(std::string(kTwoSites) + "metrics: {listne: 0.0.0.0:1}\n");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("unknown key 'listne' in metrics"), absl::string_view::npos);
+}
+
+TEST(ConfigLimitsTest, ParsesPeerAndClassCaps) {
+  auto c = ParseConfig(std::string(kTwoSites) +
+                       "limits:\n  peers: {site-b: 500Mbit}\n  classes: {background: 100Mbit, "
+                       "exchange: off}\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->limits.peers.at("site-b"), 500'000'000u);
+  EXPECT_EQ(c->limits.classes.at("background"), 100'000'000u);
+  EXPECT_EQ(c->limits.classes.at("exchange"), 0u);
+}
+
+TEST(ConfigLimitsTest, RefusesUnknownPeerClassOrRate) {
+  auto peer = ParseConfig(std::string(kTwoSites) + "limits: {peers: {site-z: 1Gbit}}\n");
+  ASSERT_FALSE(peer.ok());
+  EXPECT_NE(peer.status().message().find("'site-z' is not a configured peer"), absl::string_view::npos);
+  auto cls = ParseConfig(std::string(kTwoSites) + "limits: {classes: {bulk: 1Gbit}}\n");
+  ASSERT_FALSE(cls.ok());
+  EXPECT_NE(cls.status().message().find("unknown class 'bulk'"), absl::string_view::npos);
+  auto rate = ParseConfig(std::string(kTwoSites) + "limits: {peers: {site-b: fast}}\n");
+  ASSERT_FALSE(rate.ok());
+  EXPECT_NE(rate.status().message().find("limits.peers.site-b"), absl::string_view::npos);
+}
+
+// Every example an operator might copy must load as it is.
+TEST(DeployExamplesTest, EveryExampleConfigParses) {
+  const std::filesystem::path dir = std::filesystem::path(LONGHAUL_DEPLOY_DIR) / "examples";
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (entry.path().extension() == ".yaml") files.push_back(entry.path());
+  }
+  ASSERT_GE(files.size(), 5u) << "expected the two- and three-site examples in " << dir;
+  for (const auto& path : files) {
+    auto c = LoadConfig(path.string());
+    EXPECT_TRUE(c.ok()) << path << ": " << c.status();
+  }
+}
+
+// The configs embedded in the Kubernetes ConfigMaps must load too.
+TEST(DeployExamplesTest, EveryKubernetesConfigMapConfigParses) {
+  const std::filesystem::path dir = std::filesystem::path(LONGHAUL_DEPLOY_DIR) / "k8s";
+  int configs = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    for (const YAML::Node& doc : YAML::LoadAllFromFile(entry.path().string())) {
+      if (!doc.IsMap() || !doc["kind"] || doc["kind"].as<std::string>() != "ConfigMap") continue;
+      auto c = ParseConfig(doc["data"]["longhauld.yaml"].as<std::string>());
+      EXPECT_TRUE(c.ok()) << entry.path() << ": " << c.status();
+      ++configs;
+    }
+  }
+  EXPECT_GE(configs, 2);
+}
+
+}  // namespace
+}  // namespace longhaul::daemon

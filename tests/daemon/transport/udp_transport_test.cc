@@ -1,0 +1,235 @@
+// Loopback tests of the udp transport: whole flows between two in-process
+// "sites" (tcp transport for the key agreement, udp transport for the data),
+// and single connections over a socketpair for the failure paths.
+
+#include "daemon/transport/udp_transport.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "congestion/bbr3.h"
+#include "congestion/random.h"
+#include "daemon/peer/messaging.h"
+#include "daemon/peer/router.h"
+#include "daemon/transport/udp_connection.h"
+
+namespace longhaul::transport {
+namespace {
+
+std::string PkiDir() {
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/udp_transport_test.XXXXXX";
+    std::string d = mkdtemp(tmpl);
+    std::string cmd = std::string("bash ") + LONGHAUL_PKI_SCRIPT + " " + d +
+                      " site-a site-b >/dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+    return d;
+  }();
+  return dir;
+}
+
+// One daemon's transports and router, listening on loopback.
+struct Site {
+  Site(const std::string& name, const std::string& peer, const UdpOptions& options) {
+    const std::string d = PkiDir();
+    TlsIdentity identity{d + "/ca.pem", d + "/" + name + ".pem", d + "/" + name + ".key", name, {peer}};
+    TcpTuning tuning;
+    tuning.congestion_control = "";
+    tcp = *MakeTcpTlsTransport(identity, tuning);
+    udp = *MakeUdpTransport(*tcp, options);
+    router.Register(v1::Hello::UDP_HANDSHAKE,
+                    [this](std::unique_ptr<Channel> c, const v1::Hello&) {
+                      udp->AcceptHandshake(std::move(c));
+                    });
+    router.Register(v1::Hello::DATA, [this](std::unique_ptr<Channel> c, const v1::Hello&) {
+      accepted.set_value(std::move(c));
+    });
+    EXPECT_TRUE(tcp->Listen("127.0.0.1:0", [this](auto c) { router.Serve(std::move(c)); }).ok());
+    EXPECT_TRUE(udp->Listen("127.0.0.1:0", [this](auto c) { router.Serve(std::move(c)); }).ok());
+  }
+  ~Site() {
+    udp->Shutdown();
+    tcp->Shutdown();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(tcp->listen_port()); }
+
+  std::unique_ptr<Transport> tcp;
+  std::unique_ptr<UdpTransport> udp;
+  peer::PeerRouter router;
+  std::promise<std::unique_ptr<Channel>> accepted;
+};
+
+std::vector<uint8_t> Pattern(size_t n, uint64_t seed) {
+  std::vector<uint8_t> v(n);
+  congestion::SplitMix64Random r(seed);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t x = r.NextUint64();
+    std::memcpy(&v[i], &x, std::min<size_t>(8, n - i));
+  }
+  return v;
+}
+
+// Dials b from a, moves `bytes` a -> b in 1 MiB writes and a short answer
+// back, and returns the two channels' counters.
+void MoveBytes(const UdpOptions& options, size_t bytes, udp::UdpConnection::Counters* sender,
+               udp::UdpConnection::Counters* receiver) {
+  Site a("site-a", "site-b", options);
+  Site b("site-b", "site-a", options);
+  v1::Hello hello;
+  hello.set_role(v1::Hello::DATA);
+  hello.set_transfer_id("t1");
+  auto dialed = peer::DialSession(*a.udp, "site-b", b.address(), hello);
+  ASSERT_TRUE(dialed.ok()) << dialed.status();
+  auto future = b.accepted.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  std::unique_ptr<Channel> accepted = future.get();
+  EXPECT_EQ(accepted->peer_site(), "site-a");
+  EXPECT_EQ((*dialed)->peer_site(), "site-b");
+
+  const std::vector<uint8_t> data = Pattern(bytes, 7);
+  std::thread writer([&] {
+    for (size_t at = 0; at < data.size(); at += 1 << 20) {
+      absl::Span<const uint8_t> part(&data[at], std::min<size_t>(1 << 20, data.size() - at));
+      ASSERT_TRUE((*dialed)->Write({part}).ok());
+    }
+  });
+  std::vector<uint8_t> got(bytes);
+  // Uneven reads, to cross ring boundaries at odd offsets.
+  for (size_t at = 0; at < got.size();) {
+    size_t n = std::min<size_t>(got.size() - at, 777'777);
+    ASSERT_TRUE(accepted->ReadExactly(absl::MakeSpan(&got[at], n)).ok());
+    at += n;
+  }
+  writer.join();
+  EXPECT_TRUE(got == data) << "received bytes differ";
+  const uint8_t answer[3] = {'a', 'c', 'k'};
+  ASSERT_TRUE(accepted->Write({absl::Span<const uint8_t>(answer)}).ok());
+  uint8_t back[3];
+  ASSERT_TRUE((*dialed)->ReadExactly(absl::MakeSpan(back)).ok());
+  EXPECT_EQ(std::memcmp(back, answer, 3), 0);
+  EXPECT_FALSE((*dialed)->Stats().congestion_control.empty());
+  *sender = dynamic_cast<udp::UdpConnection&>(**dialed).counters();
+  // The dialer closes; the listener then sees a clean close.
+  dialed->reset();
+  uint8_t more;
+  absl::Status closed = accepted->ReadExactly(absl::MakeSpan(&more, 1));
+  EXPECT_EQ(closed.code(), absl::StatusCode::kUnavailable) << closed;
+  *receiver = dynamic_cast<udp::UdpConnection&>(*accepted).counters();
+}
+
+TEST(UdpTransportTest, Moves64MiBByteIdentical) {
+  UdpOptions options;
+  udp::UdpConnection::Counters s, r;
+  MoveBytes(options, 64 << 20, &s, &r);
+  EXPECT_GT(s.datagrams_sent, 64u << 20 >> 14);
+  EXPECT_EQ(r.auth_failures, 0u);
+}
+
+TEST(UdpTransportTest, Moves64MiBWithEvery50thDatagramDropped) {
+  UdpOptions options;
+  options.drop_every_nth_received_datagram = 50;
+  udp::UdpConnection::Counters s, r;
+  MoveBytes(options, 64 << 20, &s, &r);
+  EXPECT_GT(r.dropped_for_test, 100u);
+  EXPECT_GT(s.lost, 0u);
+  EXPECT_GT(s.retransmitted_bytes, 0u);
+}
+
+TEST(UdpTransportTest, SmallDatagramsAndFrequentKeyUpdates) {
+  UdpOptions options;
+  options.max_datagram = 1200;
+  options.key_update_interval = 1000;
+  options.drop_every_nth_received_datagram = 97;
+  options.coupled = false;
+  udp::UdpConnection::Counters s, r;
+  MoveBytes(options, 8 << 20, &s, &r);
+  EXPECT_GT(s.key_updates_sent, 5u);
+  EXPECT_GT(r.key_updates_received, 5u);
+}
+
+TEST(UdpTransportTest, DialToSiteWithoutUdpIsRefused) {
+  UdpOptions options;
+  Site a("site-a", "site-b", options);
+  const std::string d = PkiDir();
+  TlsIdentity identity{d + "/ca.pem", d + "/site-b.pem", d + "/site-b.key", "site-b", {"site-a"}};
+  TcpTuning tuning;
+  tuning.congestion_control = "";
+  auto tcp_only = *MakeTcpTlsTransport(identity, tuning);
+  peer::PeerRouter router;  // no UDP_HANDSHAKE role
+  ASSERT_TRUE(tcp_only->Listen("127.0.0.1:0", [&](auto c) { router.Serve(std::move(c)); }).ok());
+  auto dialed = a.udp->Dial("site-b", "127.0.0.1:" + std::to_string(tcp_only->listen_port()));
+  EXPECT_FALSE(dialed.ok());
+  tcp_only->Shutdown();
+}
+
+// Two connections over a socketpair, built directly.
+struct Pair {
+  explicit Pair(bool same_keys) {
+    int fds[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, fds), 0);
+    udp::DirectionKeys k1, k2;
+    k1.key[0] = 1;
+    k2.key[0] = 2;
+    udp::DirectionKeys k1_seen_by_b = k1;
+    if (!same_keys) k1_seen_by_b.key[1] = 9;
+    a = Make(fds[0], 11, 22, k1, k2);
+    b = Make(fds[1], 22, 11, k2, k1_seen_by_b);
+  }
+  std::unique_ptr<udp::UdpConnection> Make(int fd, uint64_t local, uint64_t peer,
+                                           const udp::DirectionKeys& send,
+                                           const udp::DirectionKeys& receive) {
+    udp::UdpConnectionParams p;
+    p.fd = fd;
+    p.local_connection_id = local;
+    p.peer_connection_id = peer;
+    p.send_keys = send;
+    p.receive_keys = receive;
+    p.max_datagram = 1400;
+    p.peer_site = "peer";
+    p.peer_address = "socketpair";
+    p.controller_mu = std::make_shared<absl::Mutex>();
+    p.controller = congestion::CreateBbr3({}, random, RealClock::Get().Now());
+    p.congestion_control_name = "bbr3";
+    p.idle_timeout = TimeDelta::Seconds(5);
+    return std::make_unique<udp::UdpConnection>(std::move(p));
+  }
+  congestion::SplitMix64Random random{1};
+  std::unique_ptr<udp::UdpConnection> a, b;
+};
+
+TEST(UdpConnectionTest, PacketsFailingAuthenticationAreDroppedAndCounted) {
+  Pair pair(/*same_keys=*/false);
+  const uint8_t data[100] = {1, 2, 3};
+  ASSERT_TRUE(pair.a->Write({absl::Span<const uint8_t>(data)}).ok());
+  for (int i = 0; i < 100 && pair.b->counters().auth_failures == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GT(pair.b->counters().auth_failures, 0u);
+  EXPECT_EQ(pair.b->counters().duplicates, 0u);
+  pair.a->Abort();
+  pair.b->Abort();
+}
+
+TEST(UdpConnectionTest, AbortFailsABlockedRead) {
+  Pair pair(/*same_keys=*/true);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    pair.b->Abort();
+  });
+  uint8_t byte;
+  absl::Status s = pair.b->ReadExactly(absl::MakeSpan(&byte, 1));
+  aborter.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  // The peer hears about it: its read fails rather than hanging.
+  absl::Status peer = pair.a->ReadExactly(absl::MakeSpan(&byte, 1));
+  EXPECT_EQ(peer.code(), absl::StatusCode::kUnavailable) << peer;
+}
+
+}  // namespace
+}  // namespace longhaul::transport

@@ -1,0 +1,432 @@
+// ExchangeHubs of several sites in one process, linked by socketpair
+// channels instead of TLS: the group, all-reduce and failure semantics
+// without daemons.
+
+#include "daemon/exchange/exchange_hub.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/exchange/reduce.h"
+#include "daemon/peer/messaging.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace longhaul::exchange {
+namespace {
+
+using ::testing::HasSubstr;
+
+// One end of a socketpair as a peer channel.
+class SocketChannel final : public transport::Channel {
+ public:
+  SocketChannel(int fd, std::string peer_site) : fd_(fd), peer_site_(std::move(peer_site)) {}
+  ~SocketChannel() override { close(fd_); }
+
+  absl::Status Write(absl::Span<const absl::Span<const uint8_t>> parts) override {
+    for (auto part : parts) {
+      size_t done = 0;
+      while (done < part.size()) {
+        ssize_t n = send(fd_, part.data() + done, part.size() - done, MSG_NOSIGNAL);
+        if (n <= 0) return absl::UnavailableError(absl::StrCat("write to ", peer_site_, " failed"));
+        done += n;
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status ReadExactly(absl::Span<uint8_t> out) override {
+    size_t done = 0;
+    while (done < out.size()) {
+      ssize_t n = recv(fd_, out.data() + done, out.size() - done, 0);
+      if (n <= 0) return absl::UnavailableError(absl::StrCat(peer_site_, " closed the connection"));
+      done += n;
+    }
+    return absl::OkStatus();
+  }
+  void Abort() override { shutdown(fd_, SHUT_RDWR); }
+  const std::string& peer_site() const override { return peer_site_; }
+  const std::string& peer_address() const override { return address_; }
+  transport::LinkStats Stats() const override { return {}; }
+
+ private:
+  int fd_;
+  std::string peer_site_;
+  std::string address_ = "socketpair";
+};
+
+// Sites site-a, site-b, ... each with a hub; every hub may dial every other.
+class Net {
+ public:
+  explicit Net(int sites) {
+    for (int i = 0; i < sites; ++i) names_.push_back(std::string("site-") + static_cast<char>('a' + i));
+    for (const auto& name : names_) {
+      std::vector<std::string> peers;
+      for (const auto& other : names_) {
+        if (other != name) peers.push_back(other);
+      }
+      hubs_[name] = std::make_unique<ExchangeHub>(
+          name, peers, [this, name](const std::string& site) { return Dial(name, site); }, &gate_);
+    }
+  }
+  ~Net() {
+    for (auto& [name, hub] : hubs_) hub->Shutdown();
+    absl::MutexLock lock(&mu_);
+    for (auto& t : threads_) t.join();
+  }
+
+  ExchangeHub& hub(const std::string& site) { return *hubs_.at(site); }
+  const std::vector<std::string>& names() const { return names_; }
+
+  // Joins every listed site to `group` concurrently.
+  void JoinAll(const std::string& group, const std::vector<std::string>& sites) {
+    std::vector<std::future<absl::StatusOr<v1::GroupView>>> joins;
+    for (const auto& s : sites) {
+      joins.push_back(std::async(std::launch::async, [&, s] {
+        return hub(s).Join(group, sites, absl::Seconds(10));
+      }));
+    }
+    for (auto& j : joins) {
+      auto view = j.get();
+      ASSERT_TRUE(view.ok()) << view.status();
+      EXPECT_EQ(view->members_size(), static_cast<int>(sites.size()));
+    }
+  }
+
+  // Feeds raw bytes to `site` as if `from` had dialed it.
+  std::unique_ptr<transport::Channel> RawDial(const std::string& from, const std::string& site) {
+    return *Dial(from, site);
+  }
+
+ private:
+  absl::StatusOr<std::unique_ptr<transport::Channel>> Dial(const std::string& from,
+                                                           const std::string& to) {
+    int fds[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return absl::InternalError("socketpair");
+    auto server = std::make_unique<SocketChannel>(fds[1], from);
+    ExchangeHub* target = hubs_.at(to).get();
+    absl::MutexLock lock(&mu_);
+    threads_.emplace_back([target, server = std::move(server)]() mutable {
+      target->ServeInbound(std::move(server));
+    });
+    return std::make_unique<SocketChannel>(fds[0], to);
+  }
+
+  std::vector<std::string> names_;
+  peer::PriorityGate gate_;
+  std::map<std::string, std::unique_ptr<ExchangeHub>> hubs_;
+  absl::Mutex mu_;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+AllReduceArgs Args(uint64_t seq, v1::ExchangeDType dtype, v1::ReduceOp op = v1::SUM,
+                   absl::Duration timeout = absl::Seconds(20)) {
+  AllReduceArgs a;
+  a.group = "g";
+  a.op_id = absl::StrCat("op-", seq, "-", std::rand());
+  a.seq = seq;
+  a.dtype = dtype;
+  a.op = op;
+  a.timeout = timeout;
+  return a;
+}
+
+template <typename T>
+absl::Span<uint8_t> Bytes(std::vector<T>& v) {
+  return {reinterpret_cast<uint8_t*>(v.data()), v.size() * sizeof(T)};
+}
+
+// Runs one all-reduce at each of `sites` concurrently, each on its own buffer.
+std::map<std::string, OpResult> RunAll(Net& net, const std::vector<std::string>& sites,
+                                       const AllReduceArgs& args,
+                                       std::map<std::string, std::vector<uint8_t>>& buffers) {
+  std::map<std::string, std::future<OpResult>> futures;
+  for (const auto& s : sites) {
+    AllReduceArgs a = args;
+    a.op_id = absl::StrCat(args.op_id, "@", s);
+    futures[s] = std::async(std::launch::async, [&net, &buffers, s, a] {
+      return net.hub(s).AllReduce(a, absl::MakeSpan(buffers[s]));
+    });
+  }
+  std::map<std::string, OpResult> results;
+  for (auto& [s, f] : futures) results[s] = f.get();
+  return results;
+}
+
+class ExchangeHubTest : public ::testing::TestWithParam<v1::ExchangeDType> {};
+
+// Values k/4 with small k are exact in every dtype, and so are their sums
+// and averages over three sites: the result must equal the local reduction.
+TEST_P(ExchangeHubTest, AllReduceEqualsLocalSumAndAverage) {
+  const v1::ExchangeDType dtype = GetParam();
+  Net net(3);
+  net.JoinAll("g", net.names());
+  const size_t count = 3000;
+  for (v1::ReduceOp op : {v1::SUM, v1::AVG}) {
+    std::map<std::string, std::vector<uint8_t>> buffers;
+    std::vector<double> expect(count, 0);
+    int site_index = 0;
+    for (const auto& s : net.names()) {
+      std::vector<float> values(count);
+      for (size_t i = 0; i < count; ++i) {
+        values[i] = static_cast<float>(static_cast<int>((i * 7 + site_index * 13) % 61) - 30) / 4;
+        expect[i] += values[i];
+      }
+      std::vector<uint8_t> raw(count * ElementSize(dtype));
+      std::vector<float> acc(values);
+      Finish(dtype, v1::SUM, 1, acc, absl::MakeSpan(raw));
+      buffers[s] = raw;
+      ++site_index;
+    }
+    auto results = RunAll(net, net.names(), Args(op == v1::SUM ? 0 : 1, dtype, op), buffers);
+    for (const auto& s : net.names()) {
+      ASSERT_TRUE(results[s].status.ok()) << s << ": " << results[s].status;
+      EXPECT_EQ(results[s].stats.peers(), 2u);
+      EXPECT_EQ(results[s].stats.bytes_sent(), 2 * count * ElementSize(dtype));
+      EXPECT_EQ(buffers[s], buffers["site-a"]) << s << " differs from site-a";
+    }
+    std::vector<float> got(count);
+    std::vector<float> unused(count, 0);
+    Accumulate(dtype, false, buffers["site-a"], true, absl::MakeSpan(got));
+    for (size_t i = 0; i < count; ++i) {
+      double want = op == v1::AVG ? expect[i] / 3 : expect[i];
+      if (op == v1::AVG) {
+        ASSERT_NEAR(got[i], want, std::abs(want) * (dtype == v1::FLOAT32 ? 1e-6 : 1e-2)) << i;
+      } else {
+        ASSERT_EQ(got[i], want) << i;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ExchangeHubTest,
+                         ::testing::Values(v1::FLOAT32, v1::BFLOAT16, v1::FLOAT16),
+                         [](const auto& info) { return v1::ExchangeDType_Name(info.param); });
+
+TEST(ExchangeHubGroupTest, RandomFloatsAreBitIdenticalAtEverySiteAndMatchFixedOrderSum) {
+  Net net(3);
+  net.JoinAll("g", net.names());
+  const size_t count = (9u << 20) / 4;  // 9 MiB: three segments per message
+  std::mt19937 rng(42);
+  std::normal_distribution<float> dist(0, 1);
+  std::map<std::string, std::vector<uint8_t>> buffers;
+  std::vector<std::vector<float>> inputs;
+  for (const auto& s : net.names()) {
+    std::vector<float> v(count);
+    for (float& x : v) x = dist(rng) * 1e3f;
+    inputs.push_back(v);
+    buffers[s].resize(count * 4);
+    std::memcpy(buffers[s].data(), v.data(), count * 4);
+  }
+  auto results = RunAll(net, net.names(), Args(0, v1::FLOAT32), buffers);
+  for (const auto& s : net.names()) {
+    ASSERT_TRUE(results[s].status.ok()) << results[s].status;
+    ASSERT_EQ(buffers[s], buffers["site-a"]) << s;
+  }
+  std::vector<float> got(count);
+  std::memcpy(got.data(), buffers["site-a"].data(), count * 4);
+  for (size_t i = 0; i < count; ++i) {
+    float want = (inputs[0][i] + inputs[1][i]) + inputs[2][i];  // sorted site order
+    ASSERT_EQ(got[i], want) << i;
+  }
+}
+
+TEST(ExchangeHubGroupTest, QuantizedAllReduceIsIdenticalAndCloseToTheSum) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  const size_t count = 5000;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::map<std::string, std::vector<uint8_t>> buffers;
+  std::vector<double> sum(count, 0);
+  for (const auto& s : net.names()) {
+    std::vector<float> v(count);
+    for (size_t i = 0; i < count; ++i) sum[i] += v[i] = dist(rng);
+    buffers[s].resize(count * 4);
+    std::memcpy(buffers[s].data(), v.data(), count * 4);
+  }
+  AllReduceArgs args = Args(0, v1::FLOAT32);
+  args.quantize_int8 = true;
+  auto results = RunAll(net, net.names(), args, buffers);
+  for (const auto& s : net.names()) {
+    ASSERT_TRUE(results[s].status.ok()) << results[s].status;
+    // int8 codes + 8 bytes per 256-element block, instead of 4 bytes per element.
+    EXPECT_EQ(results[s].stats.bytes_sent(), QuantizedSize(count));
+  }
+  ASSERT_EQ(buffers["site-a"], buffers["site-b"]);
+  std::vector<float> got(count);
+  std::memcpy(got.data(), buffers["site-a"].data(), count * 4);
+  for (size_t i = 0; i < count; ++i) ASSERT_NEAR(got[i], sum[i], 2 * (2.0 / 255 / 2) + 1e-5) << i;
+}
+
+TEST(ExchangeHubGroupTest, PeerLostMidAllReduceIsRetryableAndTheNextGenerationWorks) {
+  Net net(3);
+  net.JoinAll("g", net.names());
+  std::map<std::string, std::vector<uint8_t>> buffers;
+  const size_t count = 1 << 20;
+  for (const auto& s : {"site-a", "site-b"}) buffers[s].assign(count * 4, 0);
+  // site-a and site-b start; site-c never does, and then dies.
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    net.hub("site-c").Shutdown();
+  });
+  const absl::Time start = absl::Now();
+  auto results = RunAll(net, {"site-a", "site-b"}, Args(0, v1::FLOAT32, v1::SUM, absl::Seconds(30)),
+                        buffers);
+  killer.join();
+  for (const auto& s : {"site-a", "site-b"}) {
+    const OpResult& r = results[s];
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable) << r.status;
+    EXPECT_EQ(r.lost_peer, "site-c");
+    EXPECT_THAT(std::string(r.status.message()), HasSubstr("peer site-c was lost"));
+    EXPECT_EQ(r.view.generation(), 2u);
+    EXPECT_EQ(r.view.members_size(), 2);
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the loss must end the op well before its deadline";
+
+  // The next call runs at generation 2 with site-a and site-b.
+  std::vector<float> a(count, 1.0f), b(count, 2.0f);
+  buffers["site-a"].assign(reinterpret_cast<uint8_t*>(a.data()), reinterpret_cast<uint8_t*>(a.data()) + count * 4);
+  buffers["site-b"].assign(reinterpret_cast<uint8_t*>(b.data()), reinterpret_cast<uint8_t*>(b.data()) + count * 4);
+  results = RunAll(net, {"site-a", "site-b"}, Args(1, v1::FLOAT32), buffers);
+  for (const auto& s : {"site-a", "site-b"}) {
+    ASSERT_TRUE(results[s].status.ok()) << results[s].status;
+    EXPECT_EQ(results[s].stats.generation(), 2u);
+    float first;
+    std::memcpy(&first, buffers[s].data(), 4);
+    EXPECT_EQ(first, 3.0f);
+  }
+}
+
+TEST(ExchangeHubGroupTest, TimeoutNamesTheSitesItWaitedFor) {
+  Net net(3);
+  net.JoinAll("g", net.names());
+  std::vector<uint8_t> buffer(64);
+  const absl::Time start = absl::Now();
+  OpResult r = net.hub("site-a").AllReduce(Args(0, v1::FLOAT32, v1::SUM, absl::Milliseconds(300)),
+                                           absl::MakeSpan(buffer));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(r.status.message()), HasSubstr("waiting for site-b, site-c"));
+  EXPECT_TRUE(r.lost_peer.empty());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  // A site that comes late to the same call learns that site-a gave up.
+  r = net.hub("site-b").AllReduce(Args(0, v1::FLOAT32, v1::SUM, absl::Seconds(10)), absl::MakeSpan(buffer));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kAborted) << r.status;
+  EXPECT_THAT(std::string(r.status.message()), HasSubstr("site-a gave up"));
+}
+
+TEST(ExchangeHubGroupTest, CancelEndsTheCallHereAndAtThePeers) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  std::vector<uint8_t> buffer(4 << 20);
+  AllReduceArgs args = Args(0, v1::FLOAT32, v1::SUM, absl::Seconds(30));
+  args.op_id = "to-cancel";
+  auto pending = std::async(std::launch::async, [&] {
+    return net.hub("site-a").AllReduce(args, absl::MakeSpan(buffer));
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_TRUE(net.hub("site-a").Cancel("to-cancel"));
+  OpResult r = pending.get();
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
+  EXPECT_FALSE(net.hub("site-a").Cancel("to-cancel"));
+
+  std::vector<uint8_t> other(4 << 20);
+  r = net.hub("site-b").AllReduce(Args(0, v1::FLOAT32), absl::MakeSpan(other));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kAborted) << r.status;
+  // The group is still usable.
+  std::map<std::string, std::vector<uint8_t>> buffers = {{"site-a", std::vector<uint8_t>(16)},
+                                                         {"site-b", std::vector<uint8_t>(16)}};
+  auto results = RunAll(net, net.names(), Args(1, v1::FLOAT32), buffers);
+  for (auto& [s, res] : results) EXPECT_TRUE(res.status.ok()) << s << ": " << res.status;
+}
+
+TEST(ExchangeHubGroupTest, MismatchedCallsFailInsteadOfMixingData) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  std::vector<uint8_t> a(64), b(32);
+  auto fa = std::async(std::launch::async, [&] {
+    return net.hub("site-a").AllReduce(Args(0, v1::FLOAT32), absl::MakeSpan(a));
+  });
+  OpResult rb = net.hub("site-b").AllReduce(Args(0, v1::FLOAT32), absl::MakeSpan(b));
+  OpResult ra = fa.get();
+  // Whichever site notices first fails and aborts the other.
+  EXPECT_FALSE(ra.status.ok());
+  EXPECT_FALSE(rb.status.ok());
+  EXPECT_THAT(std::string(ra.status.message()), HasSubstr("passed"));
+  EXPECT_THAT(std::string(rb.status.message()), HasSubstr("passed"));
+}
+
+TEST(ExchangeHubGroupTest, SendAndRecvMatchByTag) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  std::string one = "first message", two(6 << 20, 'x');  // the second spans two segments
+  P2PArgs send{"g", "s1", "site-b", "one", absl::Seconds(10), nullptr};
+  ASSERT_TRUE(net.hub("site-a").Send(send, {reinterpret_cast<const uint8_t*>(one.data()), one.size()}).status.ok());
+  send.tag = "two";
+  send.op_id = "s2";
+  ASSERT_TRUE(net.hub("site-a").Send(send, {reinterpret_cast<const uint8_t*>(two.data()), two.size()}).status.ok());
+
+  std::vector<uint8_t> out(8 << 20);
+  P2PArgs recv{"g", "r1", "site-a", "two", absl::Seconds(10), nullptr};
+  OpResult r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.bytes, two.size());
+  EXPECT_EQ(std::string(out.begin(), out.begin() + r.bytes), two);
+  recv.tag = "one";
+  std::vector<uint8_t> small(4);
+  r = net.hub("site-b").Recv(recv, absl::MakeSpan(small));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status.message()), HasSubstr("13 bytes"));
+  recv.tag = "three";
+  recv.timeout = absl::Milliseconds(100);
+  r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(ExchangeHubGroupTest, JoinChecksMembersAndDeadline) {
+  Net net(3);
+  auto fa = std::async(std::launch::async, [&] {
+    return net.hub("site-a").Join("g", {"site-a", "site-b"}, absl::Seconds(5));
+  });
+  auto vb = net.hub("site-b").Join("g", {"site-a", "site-b", "site-c"}, absl::Milliseconds(500));
+  auto va = fa.get();
+  EXPECT_FALSE(va.ok());
+  EXPECT_THAT(std::string(va.status().message()), HasSubstr("site-b joined group g with sites"));
+  EXPECT_FALSE(vb.ok());
+
+  auto alone = net.hub("site-a").Join("h", {"site-a", "site-c"}, absl::Milliseconds(200));
+  EXPECT_EQ(alone.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(alone.status().message()), HasSubstr("site-c did not join"));
+  auto stranger = net.hub("site-a").Join("h", {"site-a", "site-x"}, absl::Seconds(1));
+  EXPECT_EQ(stranger.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ExchangeHubGroupTest, OversizedSegmentClosesTheLink) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  auto raw = net.RawDial("site-a", "site-b");
+  v1::ExchangePeerMessage h;
+  h.set_kind(v1::ExchangePeerMessage::P2P);
+  h.set_group("g");
+  h.set_tag("t");
+  h.set_msg_id(1);
+  h.set_total_bytes(1ull << 40);  // far over the message limit
+  h.set_payload_bytes(kSegmentBytes);
+  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, h).ok());
+  uint8_t byte;
+  // site-b closes the link (and counts site-a as lost) instead of allocating.
+  EXPECT_FALSE(raw->ReadExactly({&byte, 1}).ok());
+  auto view = net.hub("site-b").View("g");
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->generation(), 2u);
+}
+
+}  // namespace
+}  // namespace longhaul::exchange

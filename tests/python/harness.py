@@ -1,0 +1,41 @@
+"""Shared by the Python tests: local sites and joining a group at every site."""
+
+import os
+import sys
+import threading
+
+sys.path.insert(0, os.path.join(os.environ.get(
+    "LONGHAUL_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))), "examples"))
+
+from local_sites import LocalSites  # noqa: E402,F401
+
+import longhaul  # noqa: E402
+
+
+def in_parallel(fns):
+    """Runs each fn on its own thread; returns results (or raised exceptions) in order."""
+    results = [None] * len(fns)
+
+    def run(i):
+        try:
+            results[i] = fns[i]()
+        except BaseException as e:  # noqa: B902 - reported to the caller
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def join_all(sites, name, members):
+    groups = in_parallel([
+        (lambda s=s: longhaul.ExchangeGroup(sites.address(s), name, members, timeout=30.0))
+        for s in members])
+    for g in groups:
+        if isinstance(g, BaseException):
+            raise g
+    return groups

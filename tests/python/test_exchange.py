@@ -1,0 +1,126 @@
+"""all-reduce and send/recv through two local daemons, from Python."""
+
+import time
+import unittest
+
+import numpy as np
+import torch
+
+from harness import LocalSites, in_parallel, join_all
+import longhaul
+
+SITES = ["site-a", "site-b"]
+
+
+class ExchangeTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.sites = LocalSites(SITES)
+        cls.sites.__enter__()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.sites.__exit__(None, None, None)
+
+    def setUp(self):
+        self.groups = join_all(self.sites, self.id(), SITES)
+
+    def tearDown(self):
+        for g in self.groups:
+            g.close()
+
+    def allreduce_both(self, bufs, **kw):
+        res = in_parallel([lambda g=g, b=b: g.allreduce(b, **kw) for g, b in zip(self.groups, bufs)])
+        for r in res:
+            if isinstance(r, BaseException):
+                raise r
+
+    def test_numpy_float32_and_float16_match_local_sum(self):
+        rng = np.random.default_rng(0)
+        for dtype in (np.float32, np.float16):
+            # Multiples of 1/4 in [-16, 16]: exact in float16, and so are their sums.
+            a = (rng.integers(-64, 64, 10000) / 4).astype(dtype)
+            b = (rng.integers(-64, 64, 10000) / 4).astype(dtype)
+            want = (a.astype(np.float64) + b.astype(np.float64)).astype(dtype)
+            ra, rb = a.copy(), b.copy()
+            self.allreduce_both([ra, rb])
+            np.testing.assert_array_equal(ra, want)
+            self.assertEqual(ra.tobytes(), rb.tobytes())
+
+    def test_torch_bfloat16_sum_and_float32_avg(self):
+        g = torch.Generator().manual_seed(1)
+        a = (torch.randint(-64, 64, (5000,), generator=g) / 4).to(torch.bfloat16)
+        b = (torch.randint(-64, 64, (5000,), generator=g) / 4).to(torch.bfloat16)
+        want = (a.float() + b.float()).to(torch.bfloat16)
+        ra, rb = a.clone(), b.clone()
+        ptr = ra.data_ptr()
+        self.allreduce_both([ra, rb])
+        self.assertEqual(ra.data_ptr(), ptr, "reduced in place")
+        self.assertTrue(torch.equal(ra, want))
+        self.assertTrue(torch.equal(ra.view(torch.int16), rb.view(torch.int16)))
+
+        fa = torch.randn(1 << 20, generator=g)
+        fb = torch.randn(1 << 20, generator=g)
+        want = (fa + fb) / 2
+        ra, rb = fa.clone(), fb.clone()
+        self.allreduce_both([ra, rb], op="avg")
+        self.assertTrue(torch.equal(ra.view(torch.int32), rb.view(torch.int32)), "bit-identical")
+        self.assertTrue(torch.equal(ra, want))
+
+    def test_quantized_is_identical_and_close(self):
+        g = torch.Generator().manual_seed(2)
+        a, b = torch.rand(4096, generator=g), torch.rand(4096, generator=g)
+        ra, rb = a.clone(), b.clone()
+        self.allreduce_both([ra, rb], quantize=True)
+        self.assertTrue(torch.equal(ra, rb))
+        self.assertLess(float((ra - (a + b)).abs().max()), 2 * (1.0 / 255))
+
+    def test_async_work_stats_and_wrong_dtype(self):
+        a, b = np.ones(1 << 16, np.float32), np.full(1 << 16, 2, np.float32)
+        wa = self.groups[0].allreduce(a, async_op=True)
+        wb = self.groups[1].allreduce(b, async_op=True)
+        wa.wait(30)
+        wb.wait(30)
+        self.assertTrue(wa.test())
+        st = wa.stats()
+        self.assertEqual(st["peers"], 1)
+        self.assertEqual(st["bytes_sent"], a.nbytes)
+        self.assertEqual(st["generation"], self.groups[0].generation)
+        np.testing.assert_array_equal(a, np.full(1 << 16, 3, np.float32))
+        with self.assertRaises(TypeError):
+            self.groups[0].allreduce(np.ones(4, np.int32))
+
+    def test_send_recv_by_tag(self):
+        x = torch.arange(100000, dtype=torch.float64)
+        self.groups[0].send("site-b", "weights", x)
+        self.groups[0].send("site-b", "meta", np.frombuffer(b"step=7", np.uint8))
+        out = np.zeros(16, np.uint8)
+        n = self.groups[1].recv("site-a", "meta", out)
+        self.assertEqual(out[:n].tobytes(), b"step=7")
+        y = torch.zeros(100000, dtype=torch.float64)
+        self.assertEqual(self.groups[1].recv("site-a", "weights", y), x.numel() * 8)
+        self.assertTrue(torch.equal(x, y))
+
+    def test_timeout_then_cancel(self):
+        x = np.ones(1024, np.float32)
+        t0 = time.monotonic()
+        with self.assertRaises(longhaul.TimeoutError) as ctx:
+            self.groups[0].allreduce(x, timeout=0.3)
+        self.assertIn("waiting for site-b", str(ctx.exception))
+        self.assertIsInstance(ctx.exception, TimeoutError)
+        self.assertLess(time.monotonic() - t0, 5)
+        # site-b's matching call learns that site-a gave up.
+        with self.assertRaises(longhaul.Error) as ctx:
+            self.groups[1].allreduce(x)
+        self.assertIn("site-a gave up", str(ctx.exception))
+
+        w = self.groups[0].allreduce(x, async_op=True)
+        with self.assertRaises(longhaul.TimeoutError):
+            w.wait(0.1)  # still running: site-b has not called
+        w.cancel()
+        with self.assertRaises(longhaul.CancelledError):
+            w.wait(10)
+
+
+if __name__ == "__main__":
+    unittest.main()
