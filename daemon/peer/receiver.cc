@@ -6,6 +6,7 @@
 
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/peer/messaging.h"
 #include "common/fmt_absl.h"
@@ -70,7 +71,9 @@ void Receiver::Shutdown() {
 
 ReceiverStats Receiver::stats() const {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  ReceiverStats stats = stats_;
+  stats.staged_corruptions = staged_corruptions_.load();
+  return stats;
 }
 
 void Receiver::Serve(std::unique_ptr<transport::Channel> channel, const v1::Hello& hello) {
@@ -303,7 +306,14 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
   while (true) {
     auto header = ReadFrameHeader(channel, static_cast<uint32_t>(kChunkHeaderSize + chunk_size));
     if (!header.ok()) {
-      if (header.status().code() == absl::StatusCode::kInvalidArgument) refuse(std::string(header.status().message()));
+      const absl::Status& s = header.status();
+      if (s.code() == absl::StatusCode::kInvalidArgument) {
+        refuse(std::string(s.message()));
+      } else if (s.code() != absl::StatusCode::kCancelled &&
+                 !absl::StrContains(s.message(), "closed the connection")) {
+        spdlog::warn("transfer {}: data stream from {} broke: {}", transfer_id, channel.peer_site(),
+                     s.message());
+      }
       break;
     }
     if (header->type != FrameType::kChunk || header->session_id != session_id ||
@@ -345,7 +355,13 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       break;
     }
     absl::Span<uint8_t> data(buffer.data(), data_length);
-    if (!channel.ReadExactly(data).ok()) break;
+    if (absl::Status s = channel.ReadExactly(data); !s.ok()) {
+      if (s.code() != absl::StatusCode::kCancelled) {
+        spdlog::warn("transfer {}: data stream from {} broke mid-chunk: {}", transfer_id,
+                     channel.peer_site(), s.message());
+      }
+      break;
+    }
 
     storage::Xxh128 expected{chunk->xxh128_low, chunk->xxh128_high};
     storage::Xxh128 actual = storage::HashBytes(data);
@@ -430,8 +446,8 @@ absl::Status Receiver::VerifyStaged(Session& session,
     if (absl::Status s = session.staging->DiscardFile(f); !s.ok()) return s;
     uint64_t n = storage::ChunkCount(manifest.files(f), manifest.chunk_size());
     for (uint64_t c = 0; c < n; ++c) session.durable.erase(ChunkKey(f, c));
-    absl::MutexLock lock(&mu_);
-    ++stats_.staged_corruptions;
+    // Not under mu_: the session lock is held, and mu_ is taken before it elsewhere.
+    staged_corruptions_.fetch_add(1);
   }
   if (!bad_files.empty()) {
     return absl::UnavailableError(absl::StrCat(bad_files.size(),

@@ -1,6 +1,7 @@
 #ifndef LONGHAUL_DAEMON_PEER_RECEIVER_H_
 #define LONGHAUL_DAEMON_PEER_RECEIVER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -73,6 +74,7 @@ class Receiver {
   absl::flat_hash_set<transport::Channel*> channels_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> staged_corruptions_{0};
 };
 
 }  // namespace longhaul::peer

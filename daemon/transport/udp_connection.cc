@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <cstdlib>
 
 #include "daemon/transport/udp_check.h"
 #include "absl/strings/str_cat.h"
@@ -35,6 +34,8 @@ constexpr int kAckElicitingThreshold = 8;
 // aggregate is paced at 1/N of the model's rate, and one datagram per pacer release costs a
 // wake-up and a sendmsg per datagram.
 constexpr size_t kMinBurstDatagrams = 8;
+// See SilenceLimit().
+constexpr TimeDelta kDeadPeerTimeout = TimeDelta::Seconds(5);
 constexpr TimeDelta kLinger = TimeDelta::Seconds(2);
 constexpr size_t kMaxReceivedRanges = kMaxAckRanges;
 
@@ -211,14 +212,6 @@ void UdpConnection::Fail(absl::Status status) {
 
 void UdpConnection::Sync(bool* stop) {
   absl::MutexLock lock(&mu_);
-  {
-    static const bool trace = getenv("LONGHAUL_UDP_TRACE") != nullptr;
-    const Timestamp t = clock_.Now();
-    if (trace && send_written_ > io_written_ + 100000 && io_written_ > 1000000) {
-      spdlog::info("udpgap fd={} at={} lastsent->allacked={:.1f}ms allacked->newdata={:.1f}ms", params_.fd, io_written_,
-                   (trace_all_acked_ - trace_all_sent_).ToMillisecondsF(), (t - trace_all_acked_).ToMillisecondsF());
-    }
-  }
   io_written_ = send_written_;
   io_recv_read_ = recv_read_;
   bool changed = false;
@@ -270,13 +263,18 @@ void UdpConnection::Run() {
       last_stats = now;
       absl::MutexLock cc(params_.controller_mu.get());
       const congestion::ControllerState st = params_.controller->DebugState();
-      static const bool trace = getenv("LONGHAUL_UDP_TRACE") != nullptr;
-      if (trace && io_counters_.datagrams_sent > 0) {
-        spdlog::info("udptrace fd={} sent={} rcvd={} lost={} gso={} cwnd={} infl={} rate={:.0f} bw={:.0f} mode={} minrtt={:.1f} srtt={:.1f} q={} blk_cwnd={} blk_pace={} idle={} wr={} acked={} next={} peermax={}",
-                     params_.fd, io_counters_.datagrams_sent, io_counters_.datagrams_received, io_counters_.lost, io_counters_.gso_batches,
-                     st.cwnd, loss_.bytes_in_flight(), st.pacing_rate.ToMbitsPerSecondF(), st.bw.IsInfinite() ? -1.0 : st.bw.ToMbitsPerSecondF(), st.state,
-                     st.min_rtt.IsInfinite() ? -1.0 : st.min_rtt.ToMillisecondsF(), loss_.rtt().smoothed.ToMillisecondsF(), params_.controller->send_quantum(),
-                     trace_cwnd_blocked_, trace_pacer_blocked_, trace_idle_, io_written_, io_send_acked_, send_next_, peer_max_data_);
+      if (spdlog::should_log(spdlog::level::debug)) {
+        spdlog::debug(
+            "udp to {} fd {}: sent {} received {} lost {} gso {} | cwnd {} in flight {} pacing {:.0f} "
+            "Mbit/s bw {:.0f} Mbit/s {} min_rtt {:.1f} ms srtt {:.1f} ms | blocked by cwnd {} "
+            "pacer {}, app-limited {} | written {} acked {} next {} peer credit {}",
+            params_.peer_site, params_.fd, io_counters_.datagrams_sent,
+            io_counters_.datagrams_received, io_counters_.lost, io_counters_.gso_batches, st.cwnd,
+            loss_.bytes_in_flight(), st.pacing_rate.ToMbitsPerSecondF(),
+            st.bw.IsInfinite() ? -1.0 : st.bw.ToMbitsPerSecondF(), st.state,
+            st.min_rtt.IsInfinite() ? -1.0 : st.min_rtt.ToMillisecondsF(),
+            loss_.rtt().smoothed.ToMillisecondsF(), blocked_by_cwnd_, blocked_by_pacer_,
+            app_limited_events_, io_written_, io_send_acked_, send_next_, peer_max_data_);
       }
       absl::MutexLock lock(&mu_);
       stats_.delivery_rate_mbit = st.bw.IsInfinite() ? 0 : st.bw.ToMbitsPerSecondF();
@@ -430,7 +428,6 @@ void UdpConnection::HandleLossEvent(Timestamp now) {
   while (!acked_above_.empty() && acked_above_.ranges()[0].first <= io_send_acked_) {
     io_send_acked_ = acked_above_.PopContiguous(io_send_acked_);
   }
-  if (io_send_acked_ == io_written_ && trace_all_acked_ < trace_all_sent_) trace_all_acked_ = now;
   for (const auto& [pn, p] : event_.lost) {
     ++io_counters_.lost;
     if (p.stream_length > 0 &&
@@ -485,10 +482,10 @@ absl::Status UdpConnection::OnClose(const CloseFrame& frame) {
 }
 
 void UdpConnection::OnTimers(Timestamp now) {
-  if (now - last_receive_ > params_.idle_timeout) {
+  if (now - last_receive_ > SilenceLimit()) {
     Fail(absl::UnavailableError(absl::StrCat("no packets from ", params_.peer_site, " at ",
                                              params_.peer_address, " for ",
-                                             params_.idle_timeout.ToSecondsF(), " s")));
+                                             SilenceLimit().ToSecondsF(), " s")));
     return;
   }
   if (loss_.LossTime() <= now) {
@@ -510,6 +507,15 @@ void UdpConnection::OnTimers(Timestamp now) {
     }
   }
   if (now - last_eliciting_sent_ >= params_.keepalive) ping_pending_ = true;
+}
+
+TimeDelta UdpConnection::SilenceLimit() const {
+  // A live peer acknowledges outstanding packets within a few RTTs (and probes go out on every
+  // PTO), so silence while packets are outstanding means the peer is gone, e.g. its daemon was
+  // killed and restarted (the new one cannot know this flow). Failing the flow then lets the
+  // session reconnect and resume instead of waiting out the idle timeout.
+  if (loss_.outstanding() > 0) return std::min(params_.idle_timeout, kDeadPeerTimeout);
+  return params_.idle_timeout;
 }
 
 bool UdpConnection::HasStreamToSend() const {
@@ -536,7 +542,7 @@ Timestamp UdpConnection::NextWake(Timestamp now) const {
   wake = std::min(wake, loss_.LossTime());
   wake = std::min(wake, loss_.PtoTime());
   wake = std::min(wake, last_eliciting_sent_ + params_.keepalive);
-  wake = std::min(wake, last_receive_ + params_.idle_timeout);
+  wake = std::min(wake, last_receive_ + SilenceLimit());
   return wake;
 }
 
@@ -598,7 +604,6 @@ size_t UdpConnection::BuildPacket(uint8_t* slot, Timestamp now, bool allow_data,
         offset = send_next_;
         length = static_cast<size_t>(std::min<uint64_t>(limit - send_next_, room));
         send_next_ += length;
-        if (send_next_ == io_written_) trace_all_sent_ = now;
       }
     }
     if (length > 0) {
@@ -661,12 +666,16 @@ void UdpConnection::Send(Timestamp now) {
         }
         allow_data = loss_.bytes_in_flight() + params_.max_datagram <= cwnd && pacer_.CanSend(now);
         if (!allow_data) {
-          if (loss_.bytes_in_flight() + params_.max_datagram > cwnd) ++trace_cwnd_blocked_; else ++trace_pacer_blocked_;
+          if (loss_.bytes_in_flight() + params_.max_datagram > cwnd) {
+            ++blocked_by_cwnd_;
+          } else {
+            ++blocked_by_pacer_;
+          }
         }
       }
       app_limited_reported_ = false;
     } else if (!app_limited_reported_) {
-      ++trace_idle_;
+      ++app_limited_events_;
       app_limited_reported_ = true;
       absl::MutexLock lock(params_.controller_mu.get());
       params_.controller->OnAppLimited();

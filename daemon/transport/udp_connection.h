@@ -97,6 +97,7 @@ class UdpConnection final : public Channel, private FrameVisitor {
   void OnTimers(Timestamp now);
   void Send(Timestamp now);
   bool HasStreamToSend() const;
+  TimeDelta SilenceLimit() const;
   bool NeedMaxData() const;
   size_t BuildPacket(uint8_t* slot, Timestamp now, bool allow_data, bool* short_packet);
   void SendClose(uint16_t code, absl::string_view reason);
@@ -157,8 +158,10 @@ class UdpConnection final : public Channel, private FrameVisitor {
   int probes_pending_ = 0;
   bool ping_pending_ = false;
   bool app_limited_reported_ = false;
-  Timestamp trace_all_sent_, trace_all_acked_;
-  uint64_t trace_cwnd_blocked_ = 0, trace_pacer_blocked_ = 0, trace_idle_ = 0;
+  // Why the send loop stopped (logged at debug level every 200 ms).
+  uint64_t blocked_by_cwnd_ = 0;
+  uint64_t blocked_by_pacer_ = 0;
+  uint64_t app_limited_events_ = 0;
   Timestamp last_eliciting_sent_;
   // Receive side.
   uint64_t io_recv_read_ = 0;   // snapshot of recv_read_

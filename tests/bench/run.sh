@@ -264,10 +264,74 @@ scenario_ckpt_dcp() {
 # jain X...: Jain's fairness index of the given rates.
 jain() { awk 'BEGIN { for (i = 1; i < ARGC; i++) { s += ARGV[i]; q += ARGV[i] ^ 2 } n = ARGC - 1; if (q > 0) printf "%.4f", s * s / (n * q); else print 0 }' "$@"; }
 
+# fairness_pair TOOL_LABEL [CLI ARGS...]: longhaul (one `cp`) against one iperf3 flow started
+# at the same moment. The share is measured over iperf3's window: longhaul's bytes at the
+# window's end are sampled from `longhaul ls --json` as the midpoint of bytes_done (durably
+# acknowledged, lags by up to a chunk per stream) and bytes_sent (handed to the transport,
+# leads by as much); both bounds are kept in the row. A share from longhaul's whole-transfer
+# goodput would credit longhaul for the time it ran alone after iperf3 stopped.
+fairness_pair() {
+  local tool=$1 tag=${1//[^A-Za-z0-9]/_}
+  shift
+  if [[ -n "$LH_ERROR" ]]; then
+    result_error "$tool (vs iperf3 x1)" "$LH_ERROR"
+    return
+  fi
+  local port1
+  port1=$(free_port)
+  in_dst iperf3 -s -1 -B "$ADDR_DST" -p "$port1" >/dev/null 2>&1 &
+  BG_PIDS+=($!)
+  sleep 0.5
+  in_src iperf3 -c "$ADDR_DST" -p "$port1" -t "$FAIR_SECS" -J >"$WORK/fl-$tag.json" 2>&1 &
+  local pi=$!
+  ( sleep "$FAIR_SECS"; lh_cli site-a ls --json >"$WORK/ls-$tag.json" 2>/dev/null ) &
+  local ps=$!
+  longhaul_row "$tool (vs iperf3 x1)" "$@"
+  wait "$pi"
+  wait "$ps"
+  local b1 s1 x lo hi
+  if ! read -r b1 s1 x x < <(REPORT iperf3 "$WORK/fl-$tag.json" 2>/dev/null); then
+    result_error "iperf3 x1 (vs $tool)" "iperf3 failed: $(head -c 200 "$WORK/fl-$tag.json")"
+    return
+  fi
+  if ! read -r lo hi < <(python3 - "$WORK/ls-$tag.json" <<'PY'
+import json, sys
+items = json.load(open(sys.argv[1])).get("transfers", [])
+if not items:
+    raise SystemExit(1)
+t = max(items, key=lambda t: t.get("bytes_sent", 0))
+print(t.get("bytes_done", 0), t.get("bytes_sent", 0))
+PY
+  ); then
+    result_error "$tool window share" "no transfer in 'longhaul ls --json' at the end of the iperf3 window"
+    return
+  fi
+  local gi gl gl_lo gl_hi
+  gi=$(mbit "$b1" "$s1")
+  gl=$(mbit "$(( (lo + hi) / 2 ))" "$FAIR_SECS")
+  gl_lo=$(mbit "$lo" "$FAIR_SECS")
+  gl_hi=$(mbit "$hi" "$FAIR_SECS")
+  local share share_lo share_hi
+  share=$(awk -v a="$gl" -v b="$gi" 'BEGIN { printf "%.4f", a / (a + b) }')
+  share_lo=$(awk -v a="$gl_lo" -v b="$gi" 'BEGIN { printf "%.4f", a / (a + b) }')
+  share_hi=$(awk -v a="$gl_hi" -v b="$gi" 'BEGIN { printf "%.4f", a / (a + b) }')
+  result "iperf3 x1 (vs $tool)" "$b1" "$(printf %.3f "$s1")" 0 true "share=$(awk -v s="$share" 'BEGIN { printf "%.4f", 1 - s }')" \
+    "note=\"cpu not measured\""
+  REPORT row "$WORK/rows.jsonl" "tool=$(jstr "$tool (window of iperf3)")" "goodput_mbit=$gl" \
+    "seconds=$FAIR_SECS" "bytes=$(( (lo + hi) / 2 ))" "verified=null" "share=$share" \
+    "share_bounds=[$share_lo, $share_hi]" \
+    "note=\"bytes at the end of the iperf3 window: midpoint of bytes_done $lo and bytes_sent $hi\""
+  log "$tool vs iperf3 x1 over ${FAIR_SECS}s: $gl Mbit/s vs $gi Mbit/s, share $share [$share_lo, $share_hi]"
+  local key=${tag#longhaul}
+  extra "share$key" "{\"longhaul\": $share, \"iperf3\": $(awk -v s="$share" 'BEGIN { printf "%.4f", 1 - s }'), \"longhaul_bounds\": [$share_lo, $share_hi]}"
+  extra "jain$key" "$(jain "$gl" "$gi")"
+}
+
 scenario_fairness() {
   local secs=30
   [[ $SMOKE == 1 ]] && secs=5
   [[ -n "${LONGHAUL_BENCH_SECONDS:-}" ]] && secs=$LONGHAUL_BENCH_SECONDS
+  FAIR_SECS=$secs
   # Enough data to keep longhaul busy for the whole window at the link rate.
   make_data files 4 "$(bulk_size 4 $((secs * 125 * 1000 * 1000 * 12 / 10)) $((64 * MiB)))"
   link_up "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU"
@@ -301,27 +365,14 @@ scenario_fairness() {
   else
     result_error "iperf3 -P 8 vs iperf3 x1" "iperf3 failed: $(head -c 200 "$WORK/f1.json")"
   fi
-  # The scenario proper: longhaul against one iperf3 flow, started together.
+  # The scenario proper: longhaul against one iperf3 flow, started together; figures `share`
+  # (tcp), `share_udp` (8 coupled udp flows) and `share_udp_uncoupled` (udp: {coupled: false}).
   longhaul_up
-  if [[ -n "$LH_ERROR" ]]; then
-    result_error "longhaul (vs iperf3 x1)" "$LH_ERROR"
-    return
-  fi
-  in_dst iperf3 -s -1 -B "$ADDR_DST" -p "$port1" >/dev/null 2>&1 &
-  BG_PIDS+=($!)
-  sleep 0.5
-  in_src iperf3 -c "$ADDR_DST" -p "$port1" -t "$secs" -J >"$WORK/fl.json" 2>&1 &
-  local pi=$!
-  longhaul_row "longhaul (vs iperf3 x1)"
-  wait "$pi"
-  local gl gi bl sl
-  bl=$(tail -1 "$WORK/rows.jsonl" | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r.get("goodput_mbit", ""))')
-  if [[ -n "$bl" ]] && read -r b1 s1 x x < <(REPORT iperf3 "$WORK/fl.json" 2>/dev/null); then
-    gi=$(mbit "$b1" "$s1")
-    gl=$bl
-    result "iperf3 x1 (vs longhaul)" "$b1" "$(printf %.3f "$s1")" 0 true "note=\"cpu not measured\""
-    extra share "{\"longhaul\": $(awk -v a="$gl" -v b="$gi" 'BEGIN { printf "%.4f", a / (a + b) }'), \"iperf3\": $(awk -v a="$gl" -v b="$gi" 'BEGIN { printf "%.4f", b / (a + b) }')}"
-    extra jain "$(jain "$gl" "$gi")"
+  fairness_pair longhaul
+  fairness_pair longhaul-udp --transport udp
+  if [[ -z "$LH_ERROR" ]]; then
+    longhaul_reconfigure "udp: {coupled: false}"
+    fairness_pair longhaul-udp-uncoupled --transport udp
   fi
 }
 

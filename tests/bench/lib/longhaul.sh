@@ -126,3 +126,17 @@ longhaul_row() {
 # The udp transport row (issue 5): runs if the CLI accepts --transport udp,
 # and is listed with the CLI's refusal otherwise.
 longhaul_udp_row() { longhaul_row longhaul-udp --transport udp; }
+
+# longhaul_reconfigure YAML: appends YAML (a top-level key the configs do not have yet) to both
+# daemons' configs and restarts them; on failure LH_ERROR says why.
+longhaul_reconfigure() {
+  local site pid
+  for site in site-a site-b; do printf '%s\n' "$1" >>"$WORK/lh/$site/longhauld.yaml"; done
+  for pid in "$LH_PID_site_a" "$LH_PID_site_b"; do
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
+  lh_start site-a "$NS_SRC" || return 1
+  lh_start site-b "$NS_DST" || return 1
+  log "longhauld restarted with: $1"
+}
