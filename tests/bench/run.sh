@@ -76,7 +76,7 @@ fi
 # Sizes: "--size" wins, then --smoke, then BENCHMARKS.md x SCALE.
 GiB=$((1 << 30))
 MiB=$((1 << 20))
-scaled() { awk -v b="$1" -v s="$SCALE" 'BEGIN { v = int(b * s); if (v < 4096) v = 4096; print v }'; }
+scaled() { awk -v b="$1" -v s="$SCALE" 'BEGIN { v = int(b * s); if (v < 4096) v = 4096; printf "%.0f\n", v }'; }
 to_bytes() {
   python3 - "$1" <<'PY'
 import re, sys

@@ -34,6 +34,7 @@ tls: {ca: $WORK/lh/pki/ca.pem, cert: $WORK/lh/pki/$site.pem, key: $WORK/lh/pki/$
 exports: [{name: ckpt, path: $export}]
 peers: [{site: $peer, address: $peer_addr}]
 link: {bandwidth: $LH_BANDWIDTH, rtt: $LH_RTT}
+metrics: {listen: "127.0.0.1:0"}
 CFG
 }
 
