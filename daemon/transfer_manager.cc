@@ -23,17 +23,6 @@ namespace {
 // How long Pause and Shutdown let chunks in flight finish before cutting them.
 constexpr absl::Duration kDrainTimeout = absl::Seconds(20);
 
-int PriorityRank(v1::PriorityClass p) {
-  switch (p) {
-    case v1::EXCHANGE:
-      return 0;
-    case v1::BACKGROUND:
-      return 2;
-    default:
-      return 1;
-  }
-}
-
 std::string NewTransferId() {
   absl::BitGen gen;
   return absl::StrFormat("t-%016x", absl::Uniform<uint64_t>(gen));
@@ -194,7 +183,8 @@ void TransferManager::ScheduleLocked() {
     if (t->record.state() == v1::QUEUED && !t->sender) queued.push_back(t.get());
   }
   std::sort(queued.begin(), queued.end(), [](const Transfer* a, const Transfer* b) {
-    int pa = PriorityRank(a->record.spec().priority()), pb = PriorityRank(b->record.spec().priority());
+    int pa = peer::PriorityGate::Rank(a->record.spec().priority());
+    int pb = peer::PriorityGate::Rank(b->record.spec().priority());
     if (pa != pb) return pa < pb;
     return a->record.created_unix_ms() < b->record.created_unix_ms();
   });

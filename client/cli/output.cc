@@ -7,21 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/units_parse.h"
 #include "longhaul/client.h"
 
 namespace longhaul::cli {
 namespace {
 
-std::string Bytes(double bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int unit = 0;
-  while (bytes >= 1024.0 && unit < 4) {
-    bytes /= 1024.0;
-    ++unit;
-  }
-  return unit == 0 ? absl::StrFormat("%.0f %s", bytes, kUnits[unit])
-                   : absl::StrFormat("%.1f %s", bytes, kUnits[unit]);
-}
 
 std::string Rate(double bytes_per_sec) { return absl::StrFormat("%.0f Mbit/s", bytes_per_sec * 8 / 1e6); }
 
@@ -125,7 +116,7 @@ JsonObject TransferJson(const v1::TransferStatus& s) {
 
 std::string ProgressBar(const v1::TransferStatus& s, int width) {
   std::string stats = absl::StrFormat(" %5.1f%%  %s / %s  %s  ETA %s  %u streams", Fraction(s) * 100,
-                                      Bytes(s.bytes_done()), Bytes(s.bytes_total()),
+                                      FormatBytes(s.bytes_done()), FormatBytes(s.bytes_total()),
                                       Rate(s.rate_bytes_per_sec()), Eta(s), s.active_streams());
   if (!s.error().empty()) stats += "  (retrying: " + s.error().substr(0, 40) + ")";
   int bar = std::max(10, width - static_cast<int>(stats.size()) - 3);
@@ -135,7 +126,7 @@ std::string ProgressBar(const v1::TransferStatus& s, int width) {
 
 std::string ProgressLine(const v1::TransferStatus& s) {
   std::string line = absl::StrFormat("%s %s %.1f%% %s/%s %s streams=%u", s.id(), StateName(s.state()),
-                                     Fraction(s) * 100, Bytes(s.bytes_done()), Bytes(s.bytes_total()),
+                                     Fraction(s) * 100, FormatBytes(s.bytes_done()), FormatBytes(s.bytes_total()),
                                      Rate(s.rate_bytes_per_sec()), s.active_streams());
   if (!s.error().empty()) absl::StrAppend(&line, " error=\"", s.error(), "\"");
   return line;
@@ -145,8 +136,8 @@ std::string Summary(const v1::TransferStatus& s) {
   if (s.state() == v1::COMPLETED) {
     double mbit = s.seconds() > 0 ? s.bytes_total() * 8 / 1e6 / s.seconds() : 0;
     std::string out = absl::StrFormat("%s completed: %s in %llu files, %.2f s, %.0f Mbit/s, resent %s",
-                                      s.id(), Bytes(s.bytes_total()), s.files(), s.seconds(), mbit,
-                                      Bytes(s.resent_bytes()));
+                                      s.id(), FormatBytes(s.bytes_total()), s.files(), s.seconds(), mbit,
+                                      FormatBytes(s.resent_bytes()));
     if (s.files_unchanged() > 0) absl::StrAppend(&out, ", ", s.files_unchanged(), " files unchanged");
     return out;
   }
