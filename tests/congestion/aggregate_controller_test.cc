@@ -59,6 +59,34 @@ TEST(AggregateControllerTest, ModelIsAppLimitedOnlyWhenEveryFlowIs) {
   EXPECT_EQ(agg.model().DebugState().bytes_in_flight, 3000u);
 }
 
+TEST(AggregateControllerTest, IdleFlowsGiveTheirShareToBusyFlows) {
+  SplitMix64Random rng(1);
+  AggregateController agg(Bbr3Params(), rng, kT0);
+  auto a = agg.AddFlow();
+  auto b = agg.AddFlow();
+  auto c = agg.AddFlow();
+  a->OnPacketSent(kT0, 1, 1500, 0, true);
+  b->OnPacketSent(kT0, 1, 1500, 0, true);
+  c->OnPacketSent(kT0, 1, 1500, 0, true);
+  const ByteCount model = agg.model().cwnd();
+  EXPECT_EQ(a->cwnd(), model / 3);
+  EXPECT_EQ(a->pacing_rate(), agg.model().pacing_rate() / 3);
+  // c has nothing more to send: a and b split the model, less what c still has in flight.
+  c->OnAppLimited();
+  EXPECT_EQ(a->cwnd(), (model - 1500) / 2);
+  EXPECT_EQ(b->pacing_rate(), agg.model().pacing_rate() / 2);
+  // c is quoted the share it would get if it sent again.
+  EXPECT_EQ(c->cwnd(), model / 3);
+  // Once c's packet is acked it holds nothing back.
+  const AckedPacket acked[] = {{1, 1500, kT0}};
+  c->OnCongestionEvent(kT0 + TimeDelta::Milliseconds(20), 1500, acked, {});
+  EXPECT_EQ(a->cwnd(), agg.model().cwnd() / 2);
+  // c sends again: three shares.
+  c->OnPacketSent(kT0 + TimeDelta::Milliseconds(21), 2, 1500, 0, true);
+  EXPECT_EQ(a->cwnd(), agg.model().cwnd() / 3);
+  EXPECT_EQ(agg.num_flows(), 3);
+}
+
 TEST(AggregateControllerTest, DroppingAFlowForgetsItsPackets) {
   SplitMix64Random rng(1);
   AggregateController agg(Bbr3Params(), rng, kT0);

@@ -85,16 +85,16 @@ class Sites:
     def cli(self, site, *args, check=False, timeout=300):
         """Runs `longhaul --daemon SITE args...`; returns CompletedProcess."""
         daemon = self.env["LONGHAUL_SITE_" + site[-1].upper()]
+        if TRANSPORT and args and args[0] in ("cp", "sync") and "--transport" not in args:
+            args = (*args, "--transport", TRANSPORT)
         cmd = [os.path.join(BIN, "longhaul"), "--daemon", daemon, *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"{cmd} exited {proc.returncode}: {proc.stderr}{proc.stdout}")
         return proc
 
-    def cp(self, *args, wait=True, transport=TRANSPORT, **kw):
+    def cp(self, *args, wait=True, **kw):
         extra = ["--wait"] if wait else []
-        if transport:
-            extra += ["--transport", transport]
         proc = self.cli("a", "cp", *args, *extra, "--json", **kw)
         return proc, (json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None)
 
