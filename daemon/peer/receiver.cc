@@ -149,6 +149,11 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
     return fail(absl::InvalidArgumentError("a single-file transfer must have exactly one file"));
   }
 
+  // Open and abort of one transfer are serialized by its session lock, so an
+  // abort that overtakes a slow open cannot leave staging behind.
+  std::shared_ptr<Session> session = SessionFor(open.transfer_id());
+  absl::MutexLock lock(&session->mu);
+
   auto existing = journal_.GetIncoming(open.transfer_id());
   if (!existing.ok()) return fail(existing.status());
   if (*existing) {
@@ -157,14 +162,14 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
       return fail(absl::PermissionDeniedError(
           absl::StrCat("transfer ", open.transfer_id(), " belongs to site ", old.source_site())));
     }
+    if (old.state() == v1::IncomingTransfer::ABORTED) {
+      return fail(absl::FailedPreconditionError(
+          absl::StrCat("transfer ", open.transfer_id(), " was cancelled")));
+    }
     if (old.export_name() != open.export_name() || old.dest_path() != open.dest_path() ||
         old.manifest().files_size() != open.manifest().files_size()) {
       return fail(absl::InvalidArgumentError(
           absl::StrCat("transfer ", open.transfer_id(), " was opened with another destination or file list")));
-    }
-    if (old.state() == v1::IncomingTransfer::ABORTED) {
-      return fail(absl::FailedPreconditionError(
-          absl::StrCat("transfer ", open.transfer_id(), " was cancelled")));
     }
   }
 
@@ -212,14 +217,6 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
     }
   }
 
-  std::shared_ptr<Session> session;
-  {
-    absl::MutexLock lock(&mu_);
-    auto& slot = sessions_[open.transfer_id()];
-    if (!slot) slot = std::make_shared<Session>();
-    session = slot;
-  }
-  absl::MutexLock lock(&session->mu);
   session->DrainDataChannels();
   if (!session->staging) {
     auto staging = storage::Staging::Open(*dest, open.transfer_id());
@@ -257,6 +254,13 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
                open.transfer_id(), peer_site, open.export_name(), open.dest_path(),
                open.manifest().files_size(), reply->durable_size());
   return answer;
+}
+
+std::shared_ptr<Receiver::Session> Receiver::SessionFor(const std::string& transfer_id) {
+  absl::MutexLock lock(&mu_);
+  auto& slot = sessions_[transfer_id];
+  if (!slot) slot = std::make_shared<Session>();
+  return slot;
 }
 
 absl::StatusOr<std::shared_ptr<Receiver::Session>> Receiver::FindSession(
@@ -504,32 +508,31 @@ v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site, const v1::Pe
   const std::string& id = request.abort().transfer_id();
   auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
   if (absl::Status s = CheckTransferId(id); !s.ok()) return fail(s);
+  std::shared_ptr<Session> session = SessionFor(id);
+  absl::MutexLock lock(&session->mu);
   auto record = journal_.GetIncoming(id);
   if (!record.ok()) return fail(record.status());
   v1::PeerMessage answer;
   answer.set_request_id(request.request_id());
   answer.mutable_abort_reply();
-  if (!*record) return answer;  // never opened here: nothing to remove
+  if (!*record) {
+    // Not opened yet: leave a tombstone so a late open is refused.
+    v1::IncomingTransfer tombstone;
+    tombstone.set_id(id);
+    tombstone.set_source_site(peer_site);
+    tombstone.set_state(v1::IncomingTransfer::ABORTED);
+    if (absl::Status s = journal_.PutIncoming(tombstone); !s.ok()) return fail(s);
+    return answer;
+  }
   if ((*record)->source_site() != peer_site) {
     return fail(absl::PermissionDeniedError(absl::StrCat("transfer ", id, " belongs to another site")));
   }
   if ((*record)->state() == v1::IncomingTransfer::PUBLISHED) {
     return fail(absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is already published")));
   }
-  std::shared_ptr<Session> session;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(id);
-    if (it != sessions_.end()) {
-      session = it->second;
-      sessions_.erase(it);
-    }
-  }
-  if (session) {
-    absl::MutexLock lock(&session->mu);
-    session->DrainDataChannels();
-    session->staging.reset();
-  }
+  if ((*record)->state() == v1::IncomingTransfer::ABORTED) return answer;
+  session->DrainDataChannels();
+  session->staging.reset();
   auto dest = Resolve(**record);
   if (dest.ok()) {
     auto staging = storage::Staging::Open(*dest, id);

@@ -56,6 +56,8 @@ class Receiver {
   v1::PeerMessage HandleAbort(const std::string& peer_site, const v1::PeerMessage& request);
   v1::PeerMessage HandleVerify(const std::string& peer_site, const v1::PeerMessage& request);
 
+  // The session of `transfer_id`, created empty if there is none.
+  std::shared_ptr<Session> SessionFor(const std::string& transfer_id);
   // The open session of `transfer_id` owned by `peer_site`, or an error.
   absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& transfer_id,
                                                        const std::string& peer_site);

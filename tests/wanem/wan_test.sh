@@ -184,13 +184,14 @@ case_cut() {
   in_b iperf3 -s -1 -B "$LHW_ADDR_B" >/dev/null 2>&1 &
   local server=$!
   sleep 0.3
-  in_a iperf3 -c "$LHW_ADDR_B" -t 4 -b 50M -f m >"$TMP/iperf.txt" 2>&1 &
+  in_a iperf3 -c "$LHW_ADDR_B" -t 6 -b 50M -f m >"$TMP/iperf.txt" 2>&1 &
   local client=$!
   sleep 1
+  # 2.2 s, so at least one whole 1 s iperf3 interval falls inside the cut.
   ctl cut a2b >/dev/null
-  sleep 1
+  sleep 2.2
   ctl restore a2b >/dev/null
-  wait "$client" || { cat "$TMP/iperf.txt" >&2; fail "TCP flow did not survive a 1 s cut"; }
+  wait "$client" || { cat "$TMP/iperf.txt" >&2; fail "TCP flow did not survive a 2 s cut"; }
   wait "$server"
   grep -q receiver "$TMP/iperf.txt" || fail "TCP flow did not finish"
   awk '/sec/ && !/sender|receiver/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec" && $(i-1) + 0 < 5) z++ } END { exit !(z >= 1) }' "$TMP/iperf.txt" ||
