@@ -11,11 +11,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "daemon/peer/messaging.h"
+#include "common/checkpoints.h"
 #include "common/fmt_absl.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
 #include "storage/file_io.h"
 #include "storage/manifest.h"
+#include "storage/retention.h"
 
 namespace longhaul::daemon {
 namespace {
@@ -103,6 +105,25 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
     if (*existing) return Get(**existing);
   }
   if (spec.sources().empty()) return absl::InvalidArgumentError("no source given");
+  if (spec.sync()) {
+    // Overlapping cron runs: a second sync of the same sources to the same
+    // destination attaches to the one not yet ended instead of racing it.
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, t] : transfers_) {
+      const v1::TransferSpec& other = t->record.spec();
+      if (other.sync() && !IsEndState(t->record.state()) && other.dest_site() == spec.dest_site() &&
+          other.dest_export() == spec.dest_export() && other.dest_path() == spec.dest_path() &&
+          std::equal(other.sources().begin(), other.sources().end(), spec.sources().begin(),
+                     spec.sources().end())) {
+        spdlog::info("sync to {}:/{}/{} attaches to transfer {}, which is still {}", spec.dest_site(),
+                     spec.dest_export(), spec.dest_path(), id, v1::TransferState_Name(t->record.state()));
+        return StatusOf(*t);
+      }
+    }
+  }
+  if (absl::Status s = ValidateCheckpointMarker(spec.checkpoint_marker()); !s.ok()) {
+    return s;
+  }
   for (const std::string& source : spec.sources()) {
     if (source.empty() || source[0] != '/') {
       return absl::InvalidArgumentError(absl::StrCat("source '", source, "' must be an absolute path"));

@@ -48,6 +48,13 @@ inline std::string_view Sv(absl::string_view s) { return std::string_view(s.data
 // Joins a directory and a relative path for messages ("" + x = x).
 std::string JoinPath(std::string_view dir, std::string_view rel);
 
+// fsync(2) of `fd`; `desc` names it in the error.
+absl::Status FsyncFd(int fd, std::string_view desc);
+
+// Removes `name` in `dir_fd` and everything below it, never following a
+// symlink. A missing entry is not an error. `desc` names it in errors.
+absl::Status RemoveTreeAt(int dir_fd, const std::string& name, const std::string& desc);
+
 }  // namespace longhaul::storage::internal
 
 #endif  // LONGHAUL_STORAGE_POSIX_UTIL_H_

@@ -19,7 +19,9 @@
 namespace longhaul::storage {
 
 using internal::ErrnoError;
+using internal::FsyncFd;
 using internal::JoinPath;
+using internal::RemoveTreeAt;
 using internal::ScopedFd;
 
 namespace {
@@ -53,51 +55,6 @@ absl::StatusOr<std::optional<struct stat>> StatAt(int dir_fd, const std::string&
     return ErrnoError(errno, "cannot stat", desc);
   }
   return st;
-}
-
-absl::Status FsyncFd(int fd, std::string_view desc) {
-  if (fsync(fd) != 0) return ErrnoError(errno, "cannot fsync", desc);
-  return absl::OkStatus();
-}
-
-// Removes `name` in `dir_fd` and everything below it, never following a
-// symlink. A missing entry is not an error.
-absl::Status RemoveTreeAt(int dir_fd, const std::string& name, const std::string& desc) {
-  struct stat st;
-  if (fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    if (errno == ENOENT) return absl::OkStatus();
-    return ErrnoError(errno, "cannot stat", desc);
-  }
-  if (S_ISDIR(st.st_mode)) {
-    int fd = openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return ErrnoError(errno, "cannot open directory", desc);
-    DIR* d = fdopendir(fd);
-    if (d == nullptr) {
-      const int err = errno;
-      close(fd);
-      return ErrnoError(err, "cannot list directory", desc);
-    }
-    std::vector<std::string> names;
-    while (struct dirent* e = readdir(d)) {
-      std::string_view n = e->d_name;
-      if (n != "." && n != "..") names.emplace_back(n);
-    }
-    absl::Status status;
-    for (const std::string& n : names) {
-      status = RemoveTreeAt(dirfd(d), n, JoinPath(desc, n));
-      if (!status.ok()) break;
-    }
-    closedir(d);
-    if (!status.ok()) return status;
-    if (unlinkat(dir_fd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
-      return ErrnoError(errno, "cannot remove directory", desc);
-    }
-    return absl::OkStatus();
-  }
-  if (unlinkat(dir_fd, name.c_str(), 0) != 0 && errno != ENOENT) {
-    return ErrnoError(errno, "cannot remove", desc);
-  }
-  return absl::OkStatus();
 }
 
 // Directories below one base directory, opened (and created) without

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/output.h"
+#include "common/checkpoints.h"
 #include "common/units_parse.h"
 #include "longhaul/client.h"
 
@@ -97,7 +99,54 @@ struct CopyOptions {
   std::string transport;
   std::string priority;
   std::string request_id;
+  // sync only: SRC is a directory of checkpoints (see SelectCheckpoints).
+  uint32_t keep = 0;
+  std::string only_complete;
 };
+
+// The checkpoints of `dir` (its subdirectories, not symlinks, not hidden) in
+// natural name order, without those lacking `marker` (when set): they are
+// still being written, and are reported on stderr.
+std::vector<std::string> ListCompleteCheckpoints(const std::filesystem::path& dir, const std::string& marker) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name[0] == '.' || !entry.is_directory(ec) || entry.is_symlink(ec)) continue;
+    if (!marker.empty() && !std::filesystem::is_regular_file(std::filesystem::symlink_status(entry.path() / marker, ec))) {
+      std::fprintf(stderr, "longhaul: skipping %s: no %s yet (still being written?)\n", name.c_str(), marker.c_str());
+      continue;
+    }
+    names.push_back(name);
+  }
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) { return NaturalLess(a, b); });
+  return names;
+}
+
+// Submits every spec, then prints their ids or (with --wait) follows them in
+// turn. Returns the worst exit code.
+int SubmitAll(const std::vector<v1::TransferSpec>& specs, const std::vector<std::string>& request_ids,
+              bool wait, const Globals& g) {
+  auto client = Connect(g);
+  if (!client.ok()) return Report(client.status());
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto submitted = (*client)->Submit(specs[i], request_ids[i]);
+    if (!submitted.ok()) return Report(submitted.status());
+    ids.push_back(submitted->id());
+    if (!wait) std::cout << (g.json ? TransferJson(*submitted).str() : submitted->id()) << std::endl;
+  }
+  int worst = kExitOk;
+  if (wait) {
+    for (const std::string& id : ids) worst = std::max(worst, Follow(**client, id, g, /*json_lines=*/false));
+  }
+  return worst;
+}
+
+std::string RandomRequestId() {
+  absl::BitGen gen;
+  return absl::StrFormat("cli-%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
+}
 
 int Copy(const CopyOptions& o, const Globals& g, bool sync) {
   if (o.args.size() < 2) {
@@ -138,25 +187,36 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
   if (o.priority == "exchange") spec.set_priority(v1::EXCHANGE);
   if (o.priority == "background") spec.set_priority(v1::BACKGROUND);
   if (o.priority.empty() || o.priority == "checkpoint") spec.set_priority(v1::CHECKPOINT);
+  const std::string request_id = o.request_id.empty() ? RandomRequestId() : o.request_id;
+  if (o.keep == 0 && o.only_complete.empty()) return SubmitAll({spec}, {request_id}, o.wait, g);
 
-  auto client = Connect(g);
-  if (!client.ok()) return Report(client.status());
-  std::string request_id = o.request_id;
-  if (request_id.empty()) {
-    absl::BitGen gen;
-    request_id = absl::StrFormat("cli-%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
+  // Cron replication: one sync per selected checkpoint, to DEST/NAME, so each
+  // checkpoint is published (and retained) as a unit.
+  if (spec.sources_size() != 1 || !std::filesystem::is_directory(spec.sources(0))) {
+    std::fprintf(stderr, "longhaul: with --keep or --only-complete, give one SRC: the directory that holds "
+                         "the checkpoints (one subdirectory each)\n");
+    return kExitUsage;
   }
-  auto submitted = (*client)->Submit(spec, request_id);
-  if (!submitted.ok()) return Report(submitted.status());
-  if (!o.wait) {
-    if (g.json) {
-      std::cout << TransferJson(*submitted).str() << std::endl;
-    } else {
-      std::cout << submitted->id() << std::endl;
-    }
+  if (absl::Status s = ValidateCheckpointMarker(o.only_complete); !s.ok()) return Report(s);
+  std::vector<std::string> names = ListCompleteCheckpoints(spec.sources(0), o.only_complete);
+  if (o.keep > 0 && names.size() > o.keep) names.erase(names.begin(), names.end() - o.keep);
+  if (names.empty()) {
+    std::fprintf(stderr, "longhaul: no complete checkpoint in %s; nothing to send\n", spec.sources(0).c_str());
     return kExitOk;
   }
-  return Follow(**client, submitted->id(), g, /*json_lines=*/false);
+  std::vector<v1::TransferSpec> specs;
+  std::vector<std::string> request_ids;
+  for (const std::string& name : names) {
+    v1::TransferSpec one = spec;
+    one.set_sources(0, absl::StrCat(spec.sources(0), "/", name));
+    one.set_dest_path(absl::StrCat(spec.dest_path(), "/", name));
+    one.set_keep_checkpoints(o.keep);
+    one.set_checkpoint_marker(o.only_complete);
+    if (!o.only_complete.empty()) one.add_commit_last(o.only_complete);
+    specs.push_back(std::move(one));
+    request_ids.push_back(absl::StrCat(request_id, "/", name));
+  }
+  return SubmitAll(specs, request_ids, o.wait, g);
 }
 
 int Status(const std::string& id, bool watch, const Globals& g) {
@@ -347,6 +407,11 @@ int Main(int argc, char** argv) {
   add_copy_options(cp, true);
   CLI::App* sync = app.add_subcommand("sync", "send only what changed (idempotent; for cron)");
   add_copy_options(sync, true);
+  sync->add_option("--keep", copy.keep,
+                   "SRC holds checkpoints: send the newest K, and keep only the newest K at the destination");
+  sync->add_option("--only-complete", copy.only_complete,
+                   "SRC holds checkpoints: send only those holding MARKER (e.g. model.index.json), "
+                   "published last");
 
   std::string id;
   bool watch = false, all = false;

@@ -8,11 +8,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/peer/messaging.h"
+#include "absl/strings/str_join.h"
+#include "common/checkpoints.h"
 #include "common/fmt_absl.h"
+#include "daemon/peer/messaging.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
 #include "storage/manifest.h"
+#include "storage/retention.h"
 #include "storage/staging.h"
 
 namespace longhaul::peer {
@@ -33,6 +36,29 @@ absl::Status CheckTransferId(const std::string& id) {
     return absl::InvalidArgumentError("transfer id must be a short single path component");
   }
   return absl::OkStatus();
+}
+
+storage::RetentionPolicy RetentionOf(const v1::IncomingTransfer& record) {
+  return {.keep = record.keep_checkpoints(), .complete_marker = record.checkpoint_marker()};
+}
+
+// `longhaul sync --keep`: after a publish, old checkpoints beside the
+// destination go. The transfer itself succeeded, so a failure here is
+// logged for the operator and does not fail it; the next sync retries.
+void PruneOldCheckpoints(const v1::IncomingTransfer& record, const storage::ResolvedDestination& dest) {
+  if (record.keep_checkpoints() == 0 || record.single_file()) return;
+  const std::string& rel = dest.relative;
+  const size_t slash = rel.rfind('/');
+  const std::string parent = slash == std::string::npos ? "" : rel.substr(0, slash);
+  auto removed = storage::PruneCheckpoints(dest.export_root, parent, RetentionOf(record));
+  if (!removed.ok()) {
+    spdlog::warn("transfer {}: published, but old checkpoints beside {} were not pruned: {}", record.id(),
+                 dest.absolute, removed.status().message());
+  } else if (!removed->empty()) {
+    spdlog::info("transfer {}: kept the newest {} checkpoints in {}; removed {}", record.id(),
+                 record.keep_checkpoints(), dest.absolute.substr(0, dest.absolute.rfind('/')),
+                 absl::StrJoin(*removed, ", "));
+  }
 }
 
 }  // namespace
@@ -148,6 +174,9 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   if (open.single_file() && open.manifest().files_size() != 1) {
     return fail(absl::InvalidArgumentError("a single-file transfer must have exactly one file"));
   }
+  if (absl::Status s = ValidateCheckpointMarker(open.checkpoint_marker()); !s.ok()) {
+    return fail(s);
+  }
 
   // Open and abort of one transfer are serialized by its session lock, so an
   // abort that overtakes a slow open cannot leave staging behind.
@@ -182,6 +211,8 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   *record.mutable_commit_last() = open.commit_last();
   record.set_skip_unchanged(open.skip_unchanged());
   record.set_single_file(open.single_file());
+  record.set_keep_checkpoints(open.keep_checkpoints());
+  record.set_checkpoint_marker(open.checkpoint_marker());
   record.set_state(v1::IncomingTransfer::RECEIVING);
   record.set_created_unix_ms(*existing ? (*existing)->created_unix_ms()
                                        : absl::ToUnixMillis(absl::Now()));
@@ -499,6 +530,7 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site, const v1::P
   if (absl::Status s = journal_.PutIncoming(record); !s.ok()) return fail(s);
   spdlog::info("transfer {} from {}: published {} files at {}", id, peer_site,
                manifest.files_size() - record.unchanged_files_size(), session->dest.absolute);
+  PruneOldCheckpoints(record, session->dest);
   answer.mutable_commit_reply()->set_files_published(manifest.files_size() -
                                                      record.unchanged_files_size());
   return answer;

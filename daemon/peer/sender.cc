@@ -179,6 +179,8 @@ absl::Status TransferSender::RunAttempt() {
   *open->mutable_commit_last() = record.commit_last();
   open->set_skip_unchanged(spec.sync());
   open->set_single_file(record.single_file());
+  open->set_keep_checkpoints(spec.keep_checkpoints());
+  open->set_checkpoint_marker(spec.checkpoint_marker());
   auto opened = Call(**control, session_id, request);
   if (!opened.ok()) return opened.status();
   const v1::OpenReply& reply = opened->open_reply();

@@ -1,0 +1,40 @@
+// Retention of replicated checkpoints at a destination (`longhaul sync
+// --keep K`): after a checkpoint is published, only the newest K checkpoint
+// directories beside it are kept.
+#ifndef LONGHAUL_STORAGE_RETENTION_H_
+#define LONGHAUL_STORAGE_RETENTION_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace longhaul::storage {
+
+struct RetentionPolicy {
+  // Checkpoints to keep; 0 keeps everything.
+  uint32_t keep = 0;
+  // A path relative to a checkpoint directory (e.g. "model.index.json").
+  // When set, only directories holding it as a regular file are
+  // checkpoints: anything else is never counted and never removed.
+  std::string complete_marker;
+};
+
+// In the directory `parent_relative` ('/'-separated, clean, "" for the
+// export root itself) below `export_root`, the checkpoints are the
+// subdirectories that are not symlinks, do not start with '.', and hold the
+// marker when one is set. All but the newest `policy.keep` (by NaturalLess of
+// their names) are removed: each is first renamed into
+// <export_root>/.longhaul/trash (so it disappears at once and never shows
+// half-deleted), then deleted. Leftovers of an earlier crash in the trash
+// are deleted too. Returns the names removed, oldest first. Never follows a
+// symlink.
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& export_root,
+                                                          std::string_view parent_relative,
+                                                          const RetentionPolicy& policy);
+
+}  // namespace longhaul::storage
+
+#endif  // LONGHAUL_STORAGE_RETENTION_H_

@@ -1,0 +1,91 @@
+#include "storage/retention.h"
+
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/storage/test_util.h"
+
+namespace longhaul::storage {
+namespace {
+
+using testing::Exists;
+using testing::MakeDirs;
+using testing::TempDir;
+using testing::WriteFile;
+
+class RetentionTest : public ::testing::Test {
+ protected:
+  // A checkpoint directory run1/NAME, complete (with its marker) or not.
+  void Checkpoint(const std::string& name, bool complete) {
+    MakeDirs(dir_.Sub("run1/" + name + "/shards"));
+    WriteFile(dir_.Sub("run1/" + name + "/shards/0.pt"), "weights of " + name);
+    if (complete) WriteFile(dir_.Sub("run1/" + name + "/model.index.json"), "{}");
+  }
+  TempDir dir_;
+};
+
+TEST_F(RetentionTest, KeepsTheNewestInNaturalOrder) {
+  for (const char* n : {"step-9", "step-10", "step-100", "step-1000"}) Checkpoint(n, true);
+  auto removed = PruneCheckpoints(dir_.path(), "run1", {.keep = 2, .complete_marker = "model.index.json"});
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, (std::vector<std::string>{"step-9", "step-10"}));
+  EXPECT_FALSE(Exists(dir_.Sub("run1/step-9")));
+  EXPECT_FALSE(Exists(dir_.Sub("run1/step-10")));
+  EXPECT_TRUE(Exists(dir_.Sub("run1/step-100/shards/0.pt")));
+  EXPECT_TRUE(Exists(dir_.Sub("run1/step-1000/model.index.json")));
+  // The trash is emptied.
+  auto again = PruneCheckpoints(dir_.path(), "run1", {.keep = 2, .complete_marker = "model.index.json"});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->empty());
+}
+
+TEST_F(RetentionTest, IncompleteDirectoriesAreNeitherCountedNorRemoved) {
+  Checkpoint("step-1", true);
+  Checkpoint("step-2", false);  // still being written by someone
+  Checkpoint("step-3", true);
+  auto removed = PruneCheckpoints(dir_.path(), "run1", {.keep = 1, .complete_marker = "model.index.json"});
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, std::vector<std::string>{"step-1"});
+  EXPECT_TRUE(Exists(dir_.Sub("run1/step-2/shards/0.pt")));
+  EXPECT_TRUE(Exists(dir_.Sub("run1/step-3")));
+}
+
+TEST_F(RetentionTest, FilesSymlinksAndDotDirectoriesAreLeftAlone) {
+  Checkpoint("step-1", true);
+  Checkpoint("step-2", true);
+  WriteFile(dir_.Sub("run1/README"), "notes");
+  MakeDirs(dir_.Sub("run1/.hidden"));
+  MakeDirs(dir_.Sub("elsewhere"));
+  ASSERT_EQ(symlink(dir_.Sub("elsewhere").c_str(), dir_.Sub("run1/step-0").c_str()), 0);
+  auto removed = PruneCheckpoints(dir_.path(), "run1", {.keep = 1, .complete_marker = ""});
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, std::vector<std::string>{"step-1"});
+  EXPECT_TRUE(Exists(dir_.Sub("run1/README")));
+  EXPECT_TRUE(Exists(dir_.Sub("run1/.hidden")));
+  EXPECT_TRUE(Exists(dir_.Sub("run1/step-0")));
+  EXPECT_TRUE(Exists(dir_.Sub("elsewhere")));
+}
+
+TEST_F(RetentionTest, KeepZeroKeepsEverything) {
+  Checkpoint("step-1", true);
+  auto removed = PruneCheckpoints(dir_.path(), "run1", {.keep = 0, .complete_marker = ""});
+  ASSERT_TRUE(removed.ok());
+  EXPECT_TRUE(removed->empty());
+  EXPECT_TRUE(Exists(dir_.Sub("run1/step-1")));
+}
+
+TEST_F(RetentionTest, RefusesASymlinkedParentAndAnEscapingMarker) {
+  Checkpoint("step-1", true);
+  MakeDirs(dir_.Sub("real"));
+  ASSERT_EQ(symlink(dir_.Sub("real").c_str(), dir_.Sub("link").c_str()), 0);
+  EXPECT_FALSE(PruneCheckpoints(dir_.path(), "link", {.keep = 1, .complete_marker = ""}).ok());
+  auto bad = PruneCheckpoints(dir_.path(), "run1", {.keep = 1, .complete_marker = "../x"});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace longhaul::storage
