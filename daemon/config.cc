@@ -63,7 +63,8 @@ absl::Status ReadDuration(const YAML::Node& node, const char* key, absl::string_
 absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   DaemonConfig c;
   LH_RETURN_IF_ERROR(CheckKeys(root, "config",
-                               {"site", "listen", "state_dir", "control_socket", "tls", "exports",
+                               {"site", "listen", "state_dir", "control_socket", "control_listen",
+                                "control_token_file", "tls", "exports",
                                 "peers", "transfer", "link", "log_level", "metrics", "limits",
                                 "udp"}));
   LH_RETURN_IF_ERROR(Read(root, "site", &c.site));
@@ -73,6 +74,13 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   LH_RETURN_IF_ERROR(Read(root, "control_socket", &c.control_socket));
   LH_RETURN_IF_ERROR(Read(root, "log_level", &c.log_level));
   if (c.control_socket.empty()) c.control_socket = c.state_dir + "/control.sock";
+  LH_RETURN_IF_ERROR(Read(root, "control_listen", &c.control_listen));
+  LH_RETURN_IF_ERROR(Read(root, "control_token_file", &c.control_token_file));
+  if (!c.control_listen.empty() && c.control_token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "config: 'control_listen' needs 'control_token_file': a TCP control address without a token "
+        "would let anyone who can reach it drive this daemon");
+  }
 
   c.tls.ca = "/etc/longhaul/tls/ca.pem";
   c.tls.cert = absl::StrCat("/etc/longhaul/tls/", c.site, ".pem");

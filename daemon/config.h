@@ -33,6 +33,12 @@ struct DaemonConfig {
   std::string listen = "0.0.0.0:7700";
   std::string state_dir = "/var/lib/longhaul";
   std::string control_socket;  // default: <state_dir>/control.sock
+  // Optional TCP control address ("127.0.0.1:7701"), for clients on other
+  // hosts or in other containers. Every request on it must carry
+  // "authorization: Bearer <token>" with the token in control_token_file,
+  // which is then required. Plaintext: bind to a trusted network only.
+  std::string control_listen;
+  std::string control_token_file;
 
   struct Tls {
     std::string ca;    // default: /etc/longhaul/tls/ca.pem

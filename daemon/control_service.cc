@@ -4,6 +4,8 @@
 #include <limits>
 #include <thread>
 
+#include <openssl/crypto.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/fmt_absl.h"
 #include "spdlog/spdlog.h"
@@ -42,24 +44,49 @@ grpc::Status Reply(const absl::StatusOr<v1::TransferStatus>& status, Response* r
 
 }  // namespace
 
-grpc::Status ControlService::Submit(grpc::ServerContext*, const v1::SubmitRequest* request,
+grpc::Status ControlService::Authorize(const grpc::ServerContext* context, const char* method) const {
+  if (token_.empty()) return grpc::Status::OK;
+  const std::string expected = "Bearer " + token_;
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  const char* problem = "no bearer token";
+  if (it != metadata.end()) {
+    const grpc::string_ref& got = it->second;
+    // Constant time: the comparison must not tell how much of a guess matched.
+    if (got.size() == expected.size() && CRYPTO_memcmp(got.data(), expected.data(), expected.size()) == 0) {
+      return grpc::Status::OK;
+    }
+    problem = "a wrong bearer token";
+  }
+  spdlog::warn("control call {} from {} refused: {} (TCP control needs \"authorization: Bearer <token>\")",
+               method, context->peer(), problem);
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      absl::StrCat("refused: ", problem, "; the TCP control address needs the token in the "
+                                   "daemon's control_token_file (longhaul --token-file FILE or $LONGHAUL_TOKEN_FILE)"));
+}
+
+grpc::Status ControlService::Submit(grpc::ServerContext* context, const v1::SubmitRequest* request,
                                     v1::SubmitResponse* response) {
+  if (grpc::Status denied = Authorize(context, "Submit"); !denied.ok()) return denied;
   return Reply(manager_.Submit(request->request_id(), request->spec()), response);
 }
 
-grpc::Status ControlService::Get(grpc::ServerContext*, const v1::GetRequest* request,
+grpc::Status ControlService::Get(grpc::ServerContext* context, const v1::GetRequest* request,
                                  v1::GetResponse* response) {
+  if (grpc::Status denied = Authorize(context, "Get"); !denied.ok()) return denied;
   return Reply(manager_.Get(request->id()), response);
 }
 
-grpc::Status ControlService::List(grpc::ServerContext*, const v1::ListRequest* request,
+grpc::Status ControlService::List(grpc::ServerContext* context, const v1::ListRequest* request,
                                   v1::ListResponse* response) {
+  if (grpc::Status denied = Authorize(context, "List"); !denied.ok()) return denied;
   for (v1::TransferStatus& s : manager_.List(request->all())) *response->add_transfers() = std::move(s);
   return grpc::Status::OK;
 }
 
 grpc::Status ControlService::Watch(grpc::ServerContext* context, const v1::WatchRequest* request,
                                    grpc::ServerWriter<v1::TransferStatus>* writer) {
+  if (grpc::Status denied = Authorize(context, "Watch"); !denied.ok()) return denied;
   // Polls the manager: progress changes at chunk granularity, and a poll at
   // this rate costs nothing next to a chunk.
   constexpr auto kPoll = std::chrono::milliseconds(200);
@@ -82,37 +109,43 @@ grpc::Status ControlService::Watch(grpc::ServerContext* context, const v1::Watch
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::Cancel(grpc::ServerContext*, const v1::ControlRequest* request,
+grpc::Status ControlService::Cancel(grpc::ServerContext* context, const v1::ControlRequest* request,
                                     v1::ControlResponse* response) {
+  if (grpc::Status denied = Authorize(context, "Cancel"); !denied.ok()) return denied;
   return Reply(manager_.Cancel(request->id()), response);
 }
 
-grpc::Status ControlService::Pause(grpc::ServerContext*, const v1::ControlRequest* request,
+grpc::Status ControlService::Pause(grpc::ServerContext* context, const v1::ControlRequest* request,
                                    v1::ControlResponse* response) {
+  if (grpc::Status denied = Authorize(context, "Pause"); !denied.ok()) return denied;
   return Reply(manager_.Pause(request->id()), response);
 }
 
-grpc::Status ControlService::Resume(grpc::ServerContext*, const v1::ControlRequest* request,
+grpc::Status ControlService::Resume(grpc::ServerContext* context, const v1::ControlRequest* request,
                                     v1::ControlResponse* response) {
+  if (grpc::Status denied = Authorize(context, "Resume"); !denied.ok()) return denied;
   return Reply(manager_.Resume(request->id()), response);
 }
 
-grpc::Status ControlService::Verify(grpc::ServerContext*, const v1::VerifyRequestC* request,
+grpc::Status ControlService::Verify(grpc::ServerContext* context, const v1::VerifyRequestC* request,
                                     v1::VerifyResponse* response) {
+  if (grpc::Status denied = Authorize(context, "Verify"); !denied.ok()) return denied;
   auto result = manager_.Verify(request->id());
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = std::move(*result);
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::Peers(grpc::ServerContext*, const v1::PeersRequest* request,
+grpc::Status ControlService::Peers(grpc::ServerContext* context, const v1::PeersRequest* request,
                                    v1::PeersResponse* response) {
+  if (grpc::Status denied = Authorize(context, "Peers"); !denied.ok()) return denied;
   *response = manager_.Peers(request->probe());
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::SetLimit(grpc::ServerContext*, const v1::SetLimitRequest* request,
+grpc::Status ControlService::SetLimit(grpc::ServerContext* context, const v1::SetLimitRequest* request,
                                       v1::SetLimitResponse* response) {
+  if (grpc::Status denied = Authorize(context, "SetLimit"); !denied.ok()) return denied;
   if (rate_limiter_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError("this daemon has no rate limiter"));
   }
@@ -146,8 +179,9 @@ grpc::Status ControlService::SetLimit(grpc::ServerContext*, const v1::SetLimitRe
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::GetLimits(grpc::ServerContext*, const v1::GetLimitsRequest*,
+grpc::Status ControlService::GetLimits(grpc::ServerContext* context, const v1::GetLimitsRequest*,
                                        v1::GetLimitsResponse* response) {
+  if (grpc::Status denied = Authorize(context, "GetLimits"); !denied.ok()) return denied;
   if (rate_limiter_ != nullptr) AddLimits(*rate_limiter_, response);
   return grpc::Status::OK;
 }

@@ -25,6 +25,11 @@ class ControlService final : public v1::Control::Service {
     peer_sites_ = std::move(peer_sites);
   }
 
+  // Every call must then carry "authorization: Bearer <token>" (the TCP
+  // control address); calls without it fail with UNAUTHENTICATED and are
+  // logged. Call before serving.
+  void RequireToken(std::string token) { token_ = std::move(token); }
+
   grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest*, v1::SubmitResponse*) override;
   grpc::Status Get(grpc::ServerContext*, const v1::GetRequest*, v1::GetResponse*) override;
   grpc::Status List(grpc::ServerContext*, const v1::ListRequest*, v1::ListResponse*) override;
@@ -41,7 +46,12 @@ class ControlService final : public v1::Control::Service {
                          v1::GetLimitsResponse*) override;
 
  private:
+  // OK, or UNAUTHENTICATED (logged with the caller's address) when a token is
+  // required and the call does not carry it.
+  grpc::Status Authorize(const grpc::ServerContext* context, const char* method) const;
+
   TransferManager& manager_;
+  std::string token_;
   peer::RateLimiter* rate_limiter_ = nullptr;
   std::vector<std::string> peer_sites_;
 };

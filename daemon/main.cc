@@ -5,10 +5,14 @@
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
@@ -35,6 +39,29 @@ namespace {
 int Fail(absl::string_view what, const absl::Status& status) {
   spdlog::critical("{}: {}", what, status.message());
   return 1;
+}
+
+// The bearer token of the TCP control address: the file's first line,
+// trimmed. Refused when short or readable by everyone.
+absl::StatusOr<std::string> ReadControlToken(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("control_token_file ", path, ": ", strerror(errno)));
+  }
+  if (st.st_mode & S_IROTH) {
+    return absl::PermissionDeniedError(absl::StrCat("control_token_file ", path,
+                                                    " is readable by everyone; chmod 600 (or 640) it"));
+  }
+  std::ifstream in(path);
+  std::string token;
+  std::getline(in, token);
+  token = std::string(absl::StripAsciiWhitespace(token));
+  if (token.size() < 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "control_token_file ", path, " must hold a token of at least 16 characters "
+        "(e.g. openssl rand -hex 32 > ", path, ")"));
+  }
+  return token;
 }
 
 int Run(const std::string& config_path, const std::string& log_level_override) {
@@ -150,6 +177,28 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   // Local control is for the daemon's user and group only.
   chmod(socket_path.c_str(), 0660);
 
+  // The optional TCP control address: the control API only (exchanges need
+  // shared memory with a local client), every call with the bearer token.
+  ControlService tcp_service(manager);
+  std::unique_ptr<grpc::Server> tcp_server;
+  if (!config->control_listen.empty()) {
+    auto token = ReadControlToken(config->control_token_file);
+    if (!token.ok()) return Fail("cannot serve the TCP control address", token.status());
+    tcp_service.SetRateLimiter(&limiter, identity.peer_sites);
+    tcp_service.RequireToken(*std::move(token));
+    int port = 0;
+    grpc::ServerBuilder tcp_builder;
+    tcp_builder.AddListeningPort(config->control_listen, grpc::InsecureServerCredentials(), &port);
+    tcp_builder.RegisterService(&tcp_service);
+    tcp_server = tcp_builder.BuildAndStart();
+    if (!tcp_server || port == 0) {
+      return Fail("cannot serve the TCP control address",
+                  absl::UnavailableError(absl::StrCat("cannot listen on ", config->control_listen)));
+    }
+    spdlog::info("control also on tcp {}:{} (bearer token required)",
+                 config->control_listen.substr(0, config->control_listen.rfind(':')), port);
+  }
+
   const std::string listen_host = config->listen.substr(0, config->listen.rfind(':'));
   spdlog::info("site {} ready: peers on {}:{}, control on unix:{}, {} peers, {} exports",
                config->site, listen_host, (*transport)->listen_port(), socket_path,
@@ -183,6 +232,7 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
 
   if (metrics_server) metrics_server->Stop();
   exchange_hub.Shutdown();  // ends exchange calls so the server can drain
+  if (tcp_server) tcp_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   manager.Shutdown();
   receiver.Shutdown();

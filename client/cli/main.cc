@@ -12,9 +12,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli/output.h"
@@ -32,6 +34,7 @@ constexpr int kExitUnreachable = 3;
 
 struct Globals {
   std::string daemon;
+  std::string token_file;
   bool json = false;
 };
 
@@ -50,7 +53,20 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const Globals& g) {
     const char* env = std::getenv("LONGHAUL_DAEMON");
     address = env ? env : "unix:/var/lib/longhaul/control.sock";
   }
-  return Client::Connect(address);
+  Client::Options options;
+  std::string token_file = g.token_file;
+  if (token_file.empty()) {
+    const char* env = std::getenv("LONGHAUL_TOKEN_FILE");
+    token_file = env ? env : "";
+  }
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    if (!in || !std::getline(in, options.token)) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot read the token file ", token_file));
+    }
+    options.token = std::string(absl::StripAsciiWhitespace(options.token));
+  }
+  return Client::Connect(address, options);
 }
 
 int TerminalWidth() {
@@ -385,7 +401,10 @@ int Main(int argc, char** argv) {
   CLI::App app{"longhaul: replicate checkpoints and data between sites through longhauld"};
   app.require_subcommand(1);
   Globals g;
-  app.add_option("--daemon", g.daemon, "control address of the local longhauld (default $LONGHAUL_DAEMON)");
+  app.add_option("--daemon", g.daemon,
+                 "control address of longhauld: unix:PATH or HOST:PORT (default $LONGHAUL_DAEMON)");
+  app.add_option("--token-file", g.token_file,
+                 "bearer token for a TCP control address (default $LONGHAUL_TOKEN_FILE)");
   app.add_flag("--json", g.json, "print JSON");
 
   CopyOptions copy;

@@ -4,12 +4,15 @@ site and path traversal are in tests/integration/test_refusals.py (also
 labelled security)."""
 
 import datetime
+import json
 import os
+import shutil
 import socket
 import ssl
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -149,6 +152,76 @@ class SecurityTest(lh.SitesTestCase):
             self.assert_closed_by_peer(s)
         self.wait_log("site-b", "certificate has expired")
         self.assert_still_serving_and_nothing_written()
+
+
+class TcpControlTokenTest(unittest.TestCase):
+    """The TCP control address: every call needs the bearer token."""
+
+    TOKEN = "tok-" + "7f3a9c" * 6
+
+    def setUp(self):
+        self.token_dir = tempfile.mkdtemp(prefix="lh-token-")
+        self.addCleanup(shutil.rmtree, self.token_dir, True)
+        self.token_file = os.path.join(self.token_dir, "control.token")
+        self.write_token(self.token_file, self.TOKEN)
+        self.sites = lh.Sites(f"control_listen: 127.0.0.1:0\ncontrol_token_file: {self.token_file}\n")
+        self.addCleanup(self.sites.cleanup)
+        self.sites.up()
+        ready = [l for l in self.sites.log("site-a").splitlines() if "control also on tcp" in l]
+        self.assertEqual(len(ready), 1, self.sites.log("site-a"))
+        self.address = ready[0].split("control also on tcp ")[1].split()[0]
+
+    @staticmethod
+    def write_token(path, token):
+        with open(path, "w") as f:
+            f.write(token + "\n")
+        os.chmod(path, 0o600)
+
+    def tcp_cli(self, *args, token_file=None):
+        cmd = [os.path.join(lh.BIN, "longhaul"), "--daemon", self.address]
+        if token_file:
+            cmd += ["--token-file", token_file]
+        env = {k: v for k, v in os.environ.items() if k != "LONGHAUL_TOKEN_FILE"}
+        return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=120, env=env)
+
+    def assert_nothing_submitted(self):
+        listed = json.loads(self.sites.cli("a", "ls", "--all", "--json", check=True).stdout)
+        self.assertEqual(listed["transfers"], [])
+        export = self.sites.export("site-b")
+        self.assertEqual([n for n in os.listdir(export) if n != ".longhaul"], [])
+
+    def test_request_without_a_token_is_refused_and_logged(self):
+        src = self.sites.path("f.bin")
+        lh.write_random(src, 4096, seed=1)
+        for args in (("cp", src, "site-b:/ckpt/f.bin"), ("ls",), ("limit", "--peer", "site-b", "1Mbit")):
+            proc = self.tcp_cli(*args)
+            self.assertEqual(proc.returncode, 1, proc.stdout)
+            self.assertIn("refused: no bearer token", proc.stderr)
+        log = self.sites.log("site-a")
+        self.assertIn("control call Submit from ipv4:127.0.0.1:", log)
+        self.assertIn("refused: no bearer token", log)
+        self.assert_nothing_submitted()
+        self.assertIn("no rate caps", self.sites.cli("a", "limit", check=True).stdout)
+
+    def test_wrong_token_is_refused(self):
+        wrong = os.path.join(self.token_dir, "wrong.token")
+        self.write_token(wrong, self.TOKEN[:-1] + "0")
+        src = self.sites.path("f.bin")
+        lh.write_random(src, 4096, seed=1)
+        proc = self.tcp_cli("cp", src, "site-b:/ckpt/f.bin", token_file=wrong)
+        self.assertEqual(proc.returncode, 1)
+        self.assertIn("refused: a wrong bearer token", proc.stderr)
+        self.assertIn("refused: a wrong bearer token", self.sites.log("site-a"))
+        self.assert_nothing_submitted()
+
+    def test_right_token_drives_the_daemon(self):
+        src = self.sites.path("f.bin")
+        lh.write_random(src, 300000, seed=2)
+        proc = self.tcp_cli("cp", src, "site-b:/ckpt/f.bin", "--wait", "--json", token_file=self.token_file)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(json.loads(proc.stdout)["state"], "COMPLETED")
+        with open(src, "rb") as a, open(os.path.join(self.sites.export("site-b"), "f.bin"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
 
 
 if __name__ == "__main__":

@@ -35,10 +35,21 @@ bool IsEndState(v1::TransferState state);
 // daemon that cannot be reached is absl::UnavailableError.
 class Client {
  public:
-  // `address` is "unix:/path/to/control.sock" (or any gRPC target). Fails if
-  // the daemon does not answer within `timeout`.
+  struct Options {
+    // Connect fails if the daemon does not answer within this.
+    absl::Duration timeout = absl::Seconds(5);
+    // The bearer token of a daemon's TCP control address (its
+    // control_token_file); not needed on the Unix socket.
+    std::string token;
+  };
+  // `address` is "unix:/path/to/control.sock", or "HOST:PORT" for a daemon's
+  // TCP control address (with `options.token`), or any gRPC target.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
-                                                         absl::Duration timeout = absl::Seconds(5));
+                                                         const Options& options);
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
+                                                         absl::Duration timeout = absl::Seconds(5)) {
+    return Connect(address, Options{.timeout = timeout, .token = ""});
+  }
   ~Client();
 
   // Idempotent by `request_id` (empty: a fresh transfer every call).

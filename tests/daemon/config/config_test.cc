@@ -39,6 +39,20 @@ TEST(ConfigMetricsTest, EmptyListenDisablesAndBadAddressIsRefused) {
   EXPECT_NE(typo.status().message().find("unknown key 'listne' in metrics"), absl::string_view::npos);
 }
 
+TEST(ConfigControlTest, TcpControlNeedsATokenFile) {
+  auto off = ParseConfig(kTwoSites);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->control_listen, "");
+  auto bare = ParseConfig(std::string(kTwoSites) + "control_listen: 127.0.0.1:7702\n");
+  ASSERT_FALSE(bare.ok());
+  EXPECT_NE(bare.status().message().find("needs 'control_token_file'"), std::string::npos) << bare.status();
+  auto ok = ParseConfig(std::string(kTwoSites) +
+                        "control_listen: 127.0.0.1:7702\ncontrol_token_file: /etc/longhaul/control.token\n");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->control_listen, "127.0.0.1:7702");
+  EXPECT_EQ(ok->control_token_file, "/etc/longhaul/control.token");
+}
+
 TEST(ConfigLimitsTest, ParsesPeerAndClassCaps) {
   auto c = ParseConfig(std::string(kTwoSites) +
                        "limits:\n  peers: {site-b: 500Mbit}\n  classes: {background: 100Mbit, "
