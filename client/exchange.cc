@@ -183,11 +183,13 @@ class Work final : public ExchangeWork {
   // runs after a successful answer, before the work counts as done (the
   // copy back into the caller's buffer).
   using Rpc = std::function<absl::StatusOr<v1::OpResponse>(grpc::ClientContext*)>;
+  // With `on_caller`, the call runs to its end in the constructor, on the
+  // caller's thread (the blocking helpers: no thread to start and schedule).
   Work(std::shared_ptr<ExchangeGroup::Impl> group, std::string op_id, std::unique_ptr<Segment> seg,
-       Rpc rpc, std::function<void(const v1::OpResponse&, Segment&)> finish)
+       Rpc rpc, std::function<void(const v1::OpResponse&, Segment&)> finish, bool on_caller = false)
       : group_(std::move(group)), op_id_(std::move(op_id)), start_(absl::Now()) {
-    thread_ = std::thread([this, seg = std::move(seg), rpc = std::move(rpc),
-                           finish = std::move(finish)]() mutable {
+    auto body = [this, seg = std::move(seg), rpc = std::move(rpc),
+                 finish = std::move(finish)]() mutable {
       grpc::ClientContext context;
       auto response = rpc(&context);
       absl::Status status = response.ok() ? FromExchangeError(response->error()) : response.status();
@@ -205,7 +207,12 @@ class Work final : public ExchangeWork {
       }
       stats_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
       done_ = true;
-    });
+    };
+    if (on_caller) {
+      body();
+    } else {
+      thread_ = std::thread(std::move(body));
+    }
   }
 
   // A work that failed before it started.
@@ -358,62 +365,79 @@ absl::Status ExchangeGroup::AllReduceSync(void* data, size_t count, DType dtype,
   return AllReduce(data, count, dtype, options)->Wait();
 }
 
-std::unique_ptr<ExchangeWork> ExchangeGroup::SendAsync(const std::string& site,
-                                                       const std::string& tag, const void* data,
-                                                       size_t bytes, absl::Duration timeout) {
-  auto seg = impl_->Acquire(bytes);
+namespace {
+
+std::unique_ptr<Work> StartSend(const std::shared_ptr<ExchangeGroup::Impl>& group,
+                                const std::string& site, const std::string& tag, const void* data,
+                                size_t bytes, absl::Duration timeout, bool on_caller) {
+  auto seg = group->Acquire(bytes);
   if (!seg.ok()) return std::make_unique<Work>(seg.status());
   std::memcpy((*seg)->base, data, bytes);
   v1::SendRequest request;
-  request.set_group(impl_->name);
+  request.set_group(group->name);
   request.set_op_id(RandomHex());
   request.set_peer(site);
   request.set_tag(tag);
   request.mutable_buffer()->set_name((*seg)->name);
   request.mutable_buffer()->set_length(bytes);
   request.set_timeout_ms(Millis(timeout));
-  auto impl = impl_;
+  auto impl = group;
   return std::make_unique<Work>(
-      impl_, request.op_id(), std::move(*seg),
+      group, request.op_id(), std::move(*seg),
       [impl, request, timeout](grpc::ClientContext* context) {
         return CallOp(*impl, &v1::Exchange::Stub::Send, request, timeout, context);
       },
-      nullptr);
+      nullptr, on_caller);
 }
 
-std::unique_ptr<ExchangeWork> ExchangeGroup::RecvAsync(const std::string& site,
-                                                       const std::string& tag, void* data,
-                                                       size_t bytes, absl::Duration timeout) {
-  auto seg = impl_->Acquire(bytes);
+std::unique_ptr<Work> StartRecv(const std::shared_ptr<ExchangeGroup::Impl>& group,
+                                const std::string& site, const std::string& tag, void* data,
+                                size_t bytes, absl::Duration timeout, bool on_caller) {
+  auto seg = group->Acquire(bytes);
   if (!seg.ok()) return std::make_unique<Work>(seg.status());
   v1::RecvRequest request;
-  request.set_group(impl_->name);
+  request.set_group(group->name);
   request.set_op_id(RandomHex());
   request.set_peer(site);
   request.set_tag(tag);
   request.mutable_buffer()->set_name((*seg)->name);
   request.mutable_buffer()->set_length(bytes);
   request.set_timeout_ms(Millis(timeout));
-  auto impl = impl_;
+  auto impl = group;
   return std::make_unique<Work>(
-      impl_, request.op_id(), std::move(*seg),
+      group, request.op_id(), std::move(*seg),
       [impl, request, timeout](grpc::ClientContext* context) {
         return CallOp(*impl, &v1::Exchange::Stub::Recv, request, timeout, context);
       },
       [data, bytes](const v1::OpResponse& r, Segment& seg) {
         std::memcpy(data, seg.base, std::min<size_t>(r.bytes(), bytes));
-      });
+      },
+      on_caller);
+}
+
+}  // namespace
+
+std::unique_ptr<ExchangeWork> ExchangeGroup::SendAsync(const std::string& site,
+                                                       const std::string& tag, const void* data,
+                                                       size_t bytes, absl::Duration timeout) {
+  return StartSend(impl_, site, tag, data, bytes, timeout, /*on_caller=*/false);
+}
+
+std::unique_ptr<ExchangeWork> ExchangeGroup::RecvAsync(const std::string& site,
+                                                       const std::string& tag, void* data,
+                                                       size_t bytes, absl::Duration timeout) {
+  return StartRecv(impl_, site, tag, data, bytes, timeout, /*on_caller=*/false);
 }
 
 absl::Status ExchangeGroup::Send(const std::string& site, const std::string& tag, const void* data,
                                  size_t bytes, absl::Duration timeout) {
-  return SendAsync(site, tag, data, bytes, timeout)->Wait();
+  return StartSend(impl_, site, tag, data, bytes, timeout, /*on_caller=*/true)->Wait(absl::InfiniteDuration());
 }
 
 absl::StatusOr<size_t> ExchangeGroup::Recv(const std::string& site, const std::string& tag,
                                            void* data, size_t bytes, absl::Duration timeout) {
-  auto work = RecvAsync(site, tag, data, bytes, timeout);
-  if (absl::Status s = work->Wait(); !s.ok()) return s;
+  auto work = StartRecv(impl_, site, tag, data, bytes, timeout, /*on_caller=*/true);
+  if (absl::Status s = work->Wait(absl::InfiniteDuration()); !s.ok()) return s;
   return static_cast<size_t>(work->Stats().bytes_received);
 }
 

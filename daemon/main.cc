@@ -83,10 +83,12 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   transport::TlsIdentity identity{config->tls.ca, config->tls.cert, config->tls.key, config->site, {}};
   for (const PeerConfig& p : config->peers) identity.peer_sites.push_back(p.site);
   transport::TcpTuning tuning;
-  // Each of N streams gets twice its share of the bandwidth-delay product, so
-  // a stream can keep the pipe full while its siblings wait for acks.
-  tuning.socket_buffer_bytes = std::clamp<uint64_t>(
-      2 * config->BandwidthDelayProduct() / config->transfer.streams, 4u << 20, 256u << 20);
+  // Twice the bandwidth-delay product per connection: one connection (the
+  // exchange link, or a transfer with one stream) must fill the pipe alone.
+  // Bulk streams cap their unsent bytes (Channel::LimitUnsentBytes), so the
+  // larger buffers do not queue a backlog ahead of an exchange.
+  tuning.socket_buffer_bytes =
+      std::clamp<uint64_t>(2 * config->BandwidthDelayProduct(), 4u << 20, 256u << 20);
   tuning.congestion_control = config->link.congestion_control;
   auto transport = transport::MakeTcpTlsTransport(identity, tuning);
   if (!transport.ok()) return Fail("cannot set up TLS", transport.status());
@@ -106,11 +108,28 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
     receiver.Serve(std::move(channel), hello);
   };
   router.Register(v1::Hello::CONTROL, serve_transfer);
-  router.Register(v1::Hello::DATA, serve_transfer);
+  router.Register(v1::Hello::DATA, [&receiver](std::unique_ptr<transport::Channel> channel,
+                                               const v1::Hello& hello) {
+    // Checking and storing chunks yields the CPU to exchanges (this thread
+    // serves this one data channel and ends with it).
+    peer::PriorityGate::LowerThreadPriority(v1::CHECKPOINT);
+    receiver.Serve(std::move(channel), hello);
+  });
   router.Register(v1::Hello::PROBE, [](auto, const v1::Hello&) {});  // the handshake was the point
   router.Register(v1::Hello::UDP_HANDSHAKE, [&udp](auto channel, const v1::Hello&) {
     (*udp)->AcceptHandshake(std::move(channel));
   });
+  // Operators' caps: from the config, changed at run time by `longhaul limit`;
+  // they apply to transfers and to exchanges alike.
+  peer::RateLimiter limiter(RealClock::Get());
+  for (const auto& [site, bps] : config->limits.peers) {
+    limiter.SetPeerLimit(site, Bandwidth::BitsPerSecond(static_cast<int64_t>(bps)));
+  }
+  for (const auto& [name, bps] : config->limits.classes) {
+    if (auto cls = peer::ParsePriorityClass(name); cls.ok()) {
+      limiter.SetClassLimit(*cls, Bandwidth::BitsPerSecond(static_cast<int64_t>(bps)));
+    }
+  }
   peer::PriorityGate gate;
   std::vector<std::string> exchange_peers;
   for (const PeerConfig& p : config->peers) exchange_peers.push_back(p.site);
@@ -124,7 +143,7 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
         hello.set_role(v1::Hello::EXCHANGE);
         return peer::DialSession(**transport, site, peer->address, hello);
       },
-      &gate);
+      &gate, exchange::HubOptions{}, &limiter);
   router.Register(v1::Hello::EXCHANGE, [&exchange_hub](std::unique_ptr<transport::Channel> channel,
                                                        const v1::Hello&) {
     exchange_hub.ServeInbound(std::move(channel));
@@ -143,16 +162,6 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
     return Fail("cannot listen for udp peers", s);
   }
 
-  // Operators' caps: from the config, changed at run time by `longhaul limit`.
-  peer::RateLimiter limiter(RealClock::Get());
-  for (const auto& [site, bps] : config->limits.peers) {
-    limiter.SetPeerLimit(site, Bandwidth::BitsPerSecond(static_cast<int64_t>(bps)));
-  }
-  for (const auto& [name, bps] : config->limits.classes) {
-    if (auto cls = peer::ParsePriorityClass(name); cls.ok()) {
-      limiter.SetClassLimit(*cls, Bandwidth::BitsPerSecond(static_cast<int64_t>(bps)));
-    }
-  }
   transport::TransportSet transports = {{"tcp", transport->get()}, {"udp", udp->get()}};
   TransferManager manager(*config, transports, **journal, gate);
   manager.SetRateLimiter(&limiter);

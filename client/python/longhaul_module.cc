@@ -204,15 +204,21 @@ class PyGroup {
   py::object Send(const std::string& site, const std::string& tag, py::object data, double timeout,
                   bool async_op) {
     Borrowed b = Borrow(data, /*writable=*/false);
+    if (!async_op) {
+      absl::Status s;
+      {
+        py::gil_scoped_release release;
+        s = Live().Send(site, tag, b.data, b.bytes, absl::Seconds(timeout));
+      }
+      Check(s);
+      return py::none();
+    }
     std::unique_ptr<ExchangeWork> work;
     {
       py::gil_scoped_release release;
       work = Live().SendAsync(site, tag, b.data, b.bytes, absl::Seconds(timeout));
     }
-    auto handle = std::make_unique<PyWork>(std::move(work), std::move(b));
-    if (async_op) return py::cast(std::move(handle));
-    handle->Wait(std::nullopt);
-    return py::none();
+    return py::cast(std::make_unique<PyWork>(std::move(work), std::move(b)));
   }
 
   size_t Recv(const std::string& site, const std::string& tag, py::object out, double timeout) {

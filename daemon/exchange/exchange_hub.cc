@@ -42,7 +42,7 @@ struct ExchangeHub::Outbound {
 struct ExchangeHub::Message {
   std::string from;
   Msg header;
-  std::vector<uint8_t> payload;
+  Payload payload;
 };
 
 struct ExchangeHub::Group {
@@ -112,12 +112,13 @@ class SenderSet {
 };
 
 ExchangeHub::ExchangeHub(std::string local_site, std::vector<std::string> peers, Dialer dialer,
-                         peer::PriorityGate* gate, HubOptions options)
+                         peer::PriorityGate* gate, HubOptions options, peer::RateLimiter* limiter)
     : local_site_(std::move(local_site)),
       peers_(std::move(peers)),
       dialer_(std::move(dialer)),
       gate_(gate),
-      options_(options) {}
+      options_(options),
+      limiter_(limiter) {}
 
 ExchangeHub::~ExchangeHub() { Shutdown(); }
 
@@ -168,14 +169,24 @@ absl::StatusOr<std::shared_ptr<ExchangeHub::Outbound>> ExchangeHub::LinkTo(const
 
 absl::Status ExchangeHub::SendMessage(const std::string& site, Msg header,
                                       absl::Span<const uint8_t> payload,
-                                      const std::atomic<bool>* stop) {
+                                      const std::atomic<bool>* stop, absl::Time deadline) {
   auto link = LinkTo(site);
   if (!link.ok()) return link.status();
   header.set_msg_id(next_msg_id_.fetch_add(1));
   header.set_total_bytes(payload.size());
+  auto stopped = [&] {
+    return (stop != nullptr && stop->load()) ||
+           (deadline != absl::InfiniteFuture() && absl::Now() >= deadline);
+  };
   uint64_t offset = 0;
   do {
-    if (stop != nullptr && stop->load()) {
+    const uint64_t n = std::min<uint64_t>(kSegmentBytes, payload.size() - offset);
+    // The operators' caps, charged per segment like a transfer's chunk.
+    bool capped_out = false;
+    if (limiter_ != nullptr && n > 0 && !stopped()) {
+      capped_out = !limiter_->Acquire(site, v1::EXCHANGE, n, stopped);
+    }
+    if (capped_out || stopped()) {
       if (offset > 0) {
         // Tell the peer to drop the segments it holds.
         Msg discard;
@@ -186,7 +197,6 @@ absl::Status ExchangeHub::SendMessage(const std::string& site, Msg header,
       }
       return absl::CancelledError("stopped");
     }
-    const uint64_t n = std::min<uint64_t>(kSegmentBytes, payload.size() - offset);
     header.set_offset(offset);
     header.set_payload_bytes(n);
     absl::Status s;
@@ -230,7 +240,7 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
   // Only this thread touches them; their bytes are counted in buffered_bytes_.
   struct Partial {
     Msg header;
-    std::vector<uint8_t> payload;
+    Payload payload;
     uint64_t received = 0;
     bool dropped = false;  // over the memory limit: read and discarded
   };
@@ -284,7 +294,7 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
         spdlog::warn("dropping a {}-byte exchange message from {}: {} bytes already buffered",
                      h.total_bytes(), from, options_.max_buffered_bytes);
       } else {
-        p.payload.resize(h.total_bytes());
+        p.payload = TakeBuffer(h.total_bytes());
       }
       p.header = h;
       it = partial.emplace(h.msg_id(), std::move(p)).first;
@@ -320,7 +330,39 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
   return result;
 }
 
-void ExchangeHub::Deliver(const std::string& from, Msg header, std::vector<uint8_t> payload) {
+Payload ExchangeHub::TakeBuffer(uint64_t bytes) {
+  Payload buffer;
+  if (bytes >= kMinSpareBytes) {
+    absl::MutexLock lock(&mu_);
+    // The smallest spare that fits, if it is not much larger.
+    auto best = spare_.end();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      if (it->capacity() >= bytes && it->capacity() <= 2 * bytes &&
+          (best == spare_.end() || it->capacity() < best->capacity())) {
+        best = it;
+      }
+    }
+    if (best != spare_.end()) {
+      buffer = std::move(*best);
+      spare_bytes_ -= buffer.capacity();
+      spare_.erase(best);
+    }
+  }
+  buffer.resize(bytes);  // no zeroing (DefaultInitAllocator)
+  return buffer;
+}
+
+void ExchangeHub::Recycle(Payload payload) {
+  if (payload.capacity() < kMinSpareBytes || payload.capacity() > kSpareBytes) return;
+  while (!spare_.empty() && spare_bytes_ + payload.capacity() > kSpareBytes) {
+    spare_bytes_ -= spare_.front().capacity();
+    spare_.erase(spare_.begin());
+  }
+  spare_bytes_ += payload.capacity();
+  spare_.push_back(std::move(payload));
+}
+
+void ExchangeHub::Deliver(const std::string& from, Msg header, Payload payload) {
   // Delivered payload bytes stay counted in buffered_bytes_ until taken.
   auto drop = [&] { buffered_bytes_ -= payload.size(); };
   auto git = groups_.find(header.group());
@@ -853,7 +895,10 @@ OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> b
   result.status = failure;
   result.lost_peer = lost_peer;
   uint64_t received = 0;
-  for (const auto& m : taken) received += m.payload.size();
+  for (auto& m : taken) {
+    received += m.payload.size();
+    Recycle(std::move(m.payload));
+  }
   result.stats.set_bytes_sent(sent);
   result.stats.set_bytes_received(received);
   result.stats.set_peers(peers.size());
@@ -906,12 +951,10 @@ OpResult ExchangeHub::Send(const P2PArgs& args, absl::Span<const uint8_t> data) 
   header.set_generation(generation);
   header.set_tag(args.tag);
   const absl::Time deadline = start + args.timeout;
-  SenderSet sender({args.peer}, [&](const std::string& site) {
-    return SendMessage(site, header, data, &op->stop);
-  });
-  // The sender stops at a segment boundary once the op is cancelled or late.
-  sender.Finish(deadline, [&](const std::string&) { op->stop = true; });
-  absl::Status s = sender.statuses()[0];
+  // On this thread: one peer needs no sender thread, and a small message
+  // should not wait for one to be scheduled. It stops at a segment boundary
+  // once the op is cancelled or late.
+  absl::Status s = SendMessage(args.peer, header, data, &op->stop, deadline);
   absl::MutexLock lock(&mu_);
   EndOp(args.op_id);
   auto it = groups_.find(args.group);
@@ -1001,6 +1044,7 @@ OpResult ExchangeHub::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
     std::memcpy(out.data(), msg.payload.data(), msg.payload.size());
     result.bytes = msg.payload.size();
     result.stats.set_bytes_received(msg.payload.size());
+    Recycle(std::move(msg.payload));
     result.stats.set_peers(1);
     result.stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
     result.stats.set_generation(generation);

@@ -43,6 +43,8 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <new>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -55,12 +57,33 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "daemon/peer/priority_gate.h"
+#include "daemon/peer/rate_limiter.h"
 #include "daemon/transport/transport.h"
 #include "longhaul/v1/exchange.pb.h"
 
 namespace longhaul::exchange {
 
 inline constexpr uint64_t kSegmentBytes = 4ull << 20;
+
+// Allocates without value-initializing: a message buffer is always filled
+// from the network before it is read, so zeroing it first is wasted work.
+template <typename T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  using std::allocator<T>::allocator;
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using Payload = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
 
 struct HubOptions {
   // Payload bytes the hub holds for messages not yet taken by an operation.
@@ -106,9 +129,13 @@ class ExchangeHub {
       std::function<absl::StatusOr<std::unique_ptr<transport::Channel>>(const std::string& site)>;
 
   // `peers` are the sites this daemon may exchange with (its configured
-  // peers); `gate` (not owned, may be null) learns when exchanges use a link.
+  // peers); `gate` (not owned, may be null) learns when exchanges use a link,
+  // so bulk transfers on it yield; `limiter` (not owned, may be null) holds
+  // the operators' caps: every payload segment is charged to the `exchange`
+  // class cap and to the cap of the peer it goes to before it is written.
   ExchangeHub(std::string local_site, std::vector<std::string> peers, Dialer dialer,
-              peer::PriorityGate* gate, HubOptions options = {});
+              peer::PriorityGate* gate, HubOptions options = {},
+              peer::RateLimiter* limiter = nullptr);
   ~ExchangeHub();
   ExchangeHub(const ExchangeHub&) = delete;
   ExchangeHub& operator=(const ExchangeHub&) = delete;
@@ -145,13 +172,21 @@ class ExchangeHub {
   struct Op;
 
   absl::StatusOr<std::shared_ptr<Outbound>> LinkTo(const std::string& site);
-  // Sends one message (header + payload in segments). Stops between segments
-  // once `stop` is set. A failed write breaks the link and loses the peer.
+  // Sends one message (header + payload in segments) on the calling thread.
+  // Stops between segments (and while waiting for a rate cap) once `stop` is
+  // set or `deadline` has passed. A failed write breaks the link and loses
+  // the peer.
   absl::Status SendMessage(const std::string& site, v1::ExchangePeerMessage header,
-                           absl::Span<const uint8_t> payload, const std::atomic<bool>* stop);
+                           absl::Span<const uint8_t> payload, const std::atomic<bool>* stop,
+                           absl::Time deadline = absl::InfiniteFuture());
   absl::Status ReadLoop(transport::Channel& channel);
   void Deliver(const std::string& from, v1::ExchangePeerMessage header,
-               std::vector<uint8_t> payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+               Payload payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A buffer of `bytes` for an arriving message, reused from a message that
+  // was taken if one is large enough (its pages are already mapped).
+  Payload TakeBuffer(uint64_t bytes);
+  // Keeps `payload` for reuse (up to kSpareBytes in all), or frees it.
+  void Recycle(Payload payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PeerLost(const std::string& site, const std::string& reason);
   // The commit round of an all-reduce whose inputs are all here: sends DONE
   // and waits for every peer's DONE.
@@ -175,6 +210,7 @@ class ExchangeHub {
   const Dialer dialer_;
   peer::PriorityGate* const gate_;
   const HubOptions options_;
+  peer::RateLimiter* const limiter_;
   std::atomic<uint64_t> next_msg_id_{1};
 
   absl::Mutex mu_;
@@ -187,6 +223,12 @@ class ExchangeHub {
   // Messages whose segments are still arriving, by "from/msg_id".
   absl::flat_hash_map<std::string, std::shared_ptr<Assembly>> assembling_ ABSL_GUARDED_BY(mu_);
   uint64_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Buffers of taken messages kept for the next ones (faulting in and
+  // zeroing fresh pages costs more CPU than the copy itself).
+  static constexpr uint64_t kSpareBytes = 256ull << 20;
+  static constexpr uint64_t kMinSpareBytes = 1ull << 20;  // smaller ones: malloc is cheap
+  std::vector<Payload> spare_ ABSL_GUARDED_BY(mu_);
+  uint64_t spare_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);
   absl::Mutex dial_mu_;  // one dial at a time, so a site gets one outbound link
 };

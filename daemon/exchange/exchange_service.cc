@@ -69,7 +69,10 @@ absl::StatusOr<ShmMapping> ShmMapping::Open(const v1::ShmRegion& region, bool wr
                                                    " bytes, the request names ", region.offset(),
                                                    "+", region.length()));
   }
-  void* base = mmap(nullptr, end, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  // MAP_POPULATE: one call maps every page, instead of a fault per 4 KiB
+  // page while the call copies a large buffer.
+  void* base = mmap(nullptr, end, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                    MAP_SHARED | MAP_POPULATE, fd, 0);
   int e = errno;
   close(fd);
   if (base == MAP_FAILED) {

@@ -95,12 +95,16 @@ void RegisterDaemonMetrics(Registry& registry, DaemonSources sources) {
 
   auto& limits = r->AddGauge("longhaul_rate_limit_bits_per_second",
                              "Operators' rate caps in force (longhaul limit).", {"scope", "name"});
+  auto& capped = r->AddCounter("longhaul_rate_capped_bytes_total",
+                               "Bytes sent under an operator's cap, charged to it (transfers and "
+                               "exchanges).",
+                               {"scope", "name"});
 
   r->AddCollector([=, &transfers, &queued_bytes, &bytes_sent, &bytes_resent, &bytes_acked,
                    &chunks_acked, &peer_sent, &peer_resent, &peer_up, &peer_rtt, &peer_bw,
                    &peer_retrans, &peer_sockbuf, &peer_streams, &peer_cc, &chunks_durable,
                    &bytes_durable, &hash_mismatches, &frames_refused, &journal_writes,
-                   &journal_max, &limits] {
+                   &journal_max, &limits, &capped] {
     if (sources.manager != nullptr) {
       std::map<v1::TransferState, int> by_state;
       double sent = 0, resent = 0, acked = 0, chunks = 0, queued = 0;
@@ -166,6 +170,11 @@ void RegisterDaemonMetrics(Registry& registry, DaemonSources sources) {
               .Set(static_cast<double>(l.rate.ToBitsPerSecond()));
         } else {
           limits.WithLabels({"peer", l.peer}).Set(static_cast<double>(l.rate.ToBitsPerSecond()));
+        }
+      }
+      for (v1::PriorityClass p : {v1::EXCHANGE, v1::CHECKPOINT, v1::BACKGROUND}) {
+        if (ByteCount b = sources.limiter->ChargedToClass(p); b > 0) {
+          capped.WithLabels({"class", peer::PriorityClassName(p)}).Set(static_cast<double>(b));
         }
       }
     }

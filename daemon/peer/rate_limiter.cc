@@ -114,7 +114,21 @@ TimeDelta RateLimiter::TryAcquire(const std::string& site, v1::PriorityClass pri
   for (Bucket* b : buckets) {
     if (b != nullptr) b->tokens -= static_cast<double>(bytes);
   }
+  if (buckets[0] != nullptr) charged_peers_[site] += bytes;
+  if (buckets[1] != nullptr) charged_classes_[PriorityClassName(priority)] += bytes;
   return TimeDelta::Zero();
+}
+
+ByteCount RateLimiter::ChargedToClass(v1::PriorityClass priority) const {
+  absl::MutexLock lock(&mu_);
+  auto it = charged_classes_.find(PriorityClassName(priority));
+  return it == charged_classes_.end() ? 0 : it->second;
+}
+
+ByteCount RateLimiter::ChargedToPeer(const std::string& site) const {
+  absl::MutexLock lock(&mu_);
+  auto it = charged_peers_.find(site);
+  return it == charged_peers_.end() ? 0 : it->second;
 }
 
 bool RateLimiter::Acquire(const std::string& site, v1::PriorityClass priority, ByteCount bytes,

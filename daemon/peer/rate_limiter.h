@@ -50,6 +50,12 @@ class RateLimiter {
   // Caps in force: peers by name, then classes from exchange to background.
   std::vector<Limit> Limits() const;
 
+  // Bytes charged so far to the cap of `priority` (UNSPECIFIED: checkpoint)
+  // and to the cap of `site`: what went out while the cap was in force.
+  // Zero for a class or peer that never had a cap.
+  ByteCount ChargedToClass(v1::PriorityClass priority) const;
+  ByteCount ChargedToPeer(const std::string& site) const;
+
   // Non-blocking. If neither cap of (`site`, `priority`) is in debt, charges
   // `bytes` to both and returns zero; otherwise charges nothing and returns
   // how long until the caps allow sending again (at the current rates).
@@ -75,6 +81,9 @@ class RateLimiter {
   absl::CondVar changed_;  // signalled when a cap changes
   std::map<std::string, Bucket> peers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Bucket> classes_ ABSL_GUARDED_BY(mu_);  // by PriorityClassName
+  // Kept when a cap is lifted, so the accounting survives `limit off`.
+  std::map<std::string, ByteCount> charged_peers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ByteCount> charged_classes_ ABSL_GUARDED_BY(mu_);
 };
 
 // "exchange", "checkpoint", "background" (UNSPECIFIED reads as checkpoint).

@@ -21,6 +21,8 @@ namespace {
 
 constexpr absl::Duration kMinBackoff = absl::Milliseconds(500);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
+// Per stream, the most chunks sent and not yet acknowledged (see StreamLoop).
+constexpr size_t kMaxPipelinedChunks = 64;
 
 // Errors after which trying again later can succeed without an operator.
 bool IsRetryable(const absl::Status& s) {
@@ -313,6 +315,10 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     }
   } unregister{this, channel.get()};
   if (stop_.load()) return absl::CancelledError("stopped");
+  // Hashing and encrypting chunks must not hold the CPU from an exchange,
+  // and a paused stream must not leave a backlog queued ahead of one.
+  PriorityGate::LowerThreadPriority(this->record().spec().priority());
+  channel->LimitUnsentBytes(PriorityGate::kBulkUnsentBytes);
   progress_.Update([](TransferProgress::Snapshot& s) { ++s.active_streams; });
 
   const v1::OutgoingTransfer record = this->record();
@@ -336,7 +342,90 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     return absl::AbortedError(why.message());
   };
 
+  // Chunks sent on this stream and not acknowledged yet, oldest first (the
+  // receiver answers in order). Small chunks (the ends of files, small
+  // files) are pipelined up to one chunk_size of bytes, so a stream does not
+  // idle a round trip per file, while what a crash can make us re-send stays
+  // within streams x chunk_size. A full-size chunk waits for its ack.
+  std::deque<Chunk> unacked;
+  uint64_t unacked_bytes = 0;
+  auto next_fits = [&] {
+    absl::MutexLock lock(&mu_);
+    return !queue_.empty() && unacked.size() < kMaxPipelinedChunks &&
+           unacked_bytes + queue_.front().size <= chunk_size;
+  };
+  // Reads the ack of unacked.front() and applies it.
+  auto await_ack = [&]() -> absl::Status {
+    auto ack_header = ReadFrameHeader(*channel, kChunkAckFixedSize + kMaxAckMessage);
+    if (!ack_header.ok()) return ack_header.status();
+    if (ack_header->type != FrameType::kChunkAck || ack_header->session_id != session_id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(channel->peer_site(), " answered a chunk with an unexpected frame"));
+    }
+    std::vector<uint8_t> ack_bytes(ack_header->payload_length);
+    if (absl::Status s = channel->ReadExactly(absl::MakeSpan(ack_bytes)); !s.ok()) return s;
+    auto ack = ParseChunkAck(ack_bytes);
+    if (!ack.ok()) return ack.status();
+    const Chunk chunk = unacked.front();
+    if (ack->file_index != chunk.file_index || ack->chunk_index != chunk.chunk_index) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(channel->peer_site(), " acknowledged a chunk that was not sent"));
+    }
+    unacked.pop_front();
+    unacked_bytes -= chunk.size;
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_bytes_ -= chunk.size;
+      if (ack->result == ChunkAck::Result::kHashMismatch) queue_.push_front(chunk);
+    }
+    switch (ack->result) {
+      case ChunkAck::Result::kDurable: {
+        progress_.Update([&](TransferProgress::Snapshot& s) {
+          s.bytes_done += chunk.size;
+          ++s.chunks_done;
+        });
+        if (observer_) observer_(channel->peer_site(), channel->Stats());
+        break;
+      }
+      case ChunkAck::Result::kHashMismatch:
+        spdlog::warn("transfer {}: {} reports a corrupted chunk {} of {}; sending it again",
+                     record.id(), channel->peer_site(), chunk.chunk_index,
+                     manifest.files(chunk.file_index).path());
+        break;
+      case ChunkAck::Result::kRetryLater:
+        return absl::ResourceExhaustedError(
+            absl::StrCat(channel->peer_site(), " cannot store data: ", ack->message));
+      case ChunkAck::Result::kRefused:
+        return absl::FailedPreconditionError(
+            absl::StrCat(channel->peer_site(), " refused a chunk: ", ack->message));
+    }
+    // Bytes that left more than once: everything sent beyond what is durable
+    // or still on its way.
+    uint64_t in_flight;
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight = in_flight_bytes_;
+    }
+    progress_.Update([&](TransferProgress::Snapshot& s) {
+      uint64_t accounted = s.bytes_done + in_flight;
+      s.resent_bytes = s.bytes_sent > accounted ? s.bytes_sent - accounted : 0;
+    });
+    return absl::OkStatus();
+  };
+
   while (!stopping()) {
+    bool queue_empty;
+    {
+      absl::MutexLock lock(&mu_);
+      queue_empty = queue_.empty();
+    }
+    if (queue_empty) {
+      // Done once everything sent here is acknowledged; an ack may requeue
+      // a chunk (hash mismatch), which is then sent again.
+      if (unacked.empty()) break;
+      if (absl::Status s = await_ack(); !s.ok()) return s;
+      continue;
+    }
     // Chunk boundary: a higher class on this link goes first.
     gate_.WaitForTurn(record.spec().dest_site(), record.spec().priority(), stop_);
     if (stopping()) break;
@@ -346,7 +435,7 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
       uint64_t next_size;
       {
         absl::MutexLock lock(&mu_);
-        if (queue_.empty()) break;
+        if (queue_.empty()) continue;
         next_size = queue_.front().size;
       }
       if (!rate_limiter_->Acquire(record.spec().dest_site(), record.spec().priority(), next_size,
@@ -357,7 +446,7 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     Chunk chunk;
     {
       absl::MutexLock lock(&mu_);
-      if (queue_.empty()) break;
+      if (queue_.empty()) continue;
       chunk = queue_.front();
       queue_.pop_front();
       in_flight_bytes_ += chunk.size;
@@ -397,62 +486,25 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     EncodeChunkHeader(header, header_bytes);
     AddBytesSent(chunk.size);
     progress_.Update([&](TransferProgress::Snapshot& s) { s.bytes_sent += chunk.size; });
-    if (absl::Status s = SendFrame(*channel, FrameType::kChunk, session_id,
-                                   {absl::Span<const uint8_t>(header_bytes), data});
+    // Written in slices: an exchange that starts mid-chunk goes first.
+    std::array<uint8_t, kFrameHeaderSize> frame_header;
+    EncodeFrameHeader({FrameType::kChunk, static_cast<uint32_t>(kChunkHeaderSize + data.size()),
+                       session_id},
+                      frame_header);
+    if (absl::Status s = gate_.WriteYielding(
+            *channel, {absl::Span<const uint8_t>(frame_header), absl::Span<const uint8_t>(header_bytes), data},
+            record.spec().dest_site(), record.spec().priority(), stop_);
         !s.ok()) {
       return s;
     }
 
-    auto ack_header = ReadFrameHeader(*channel, kChunkAckFixedSize + kMaxAckMessage);
-    if (!ack_header.ok()) return ack_header.status();
-    if (ack_header->type != FrameType::kChunkAck || ack_header->session_id != session_id) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(channel->peer_site(), " answered a chunk with an unexpected frame"));
+    unacked.push_back(chunk);
+    unacked_bytes += chunk.size;
+    // Wait for acks until the next chunk fits the pipeline (or, with the
+    // queue empty, until this stream has nothing unacknowledged).
+    while (!unacked.empty() && !next_fits()) {
+      if (absl::Status s = await_ack(); !s.ok()) return s;
     }
-    std::vector<uint8_t> ack_bytes(ack_header->payload_length);
-    if (absl::Status s = channel->ReadExactly(absl::MakeSpan(ack_bytes)); !s.ok()) return s;
-    auto ack = ParseChunkAck(ack_bytes);
-    if (!ack.ok()) return ack.status();
-    if (ack->file_index != chunk.file_index || ack->chunk_index != chunk.chunk_index) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(channel->peer_site(), " acknowledged a chunk that was not sent"));
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      in_flight_bytes_ -= chunk.size;
-      if (ack->result == ChunkAck::Result::kHashMismatch) queue_.push_front(chunk);
-    }
-    switch (ack->result) {
-      case ChunkAck::Result::kDurable: {
-        progress_.Update([&](TransferProgress::Snapshot& s) {
-          s.bytes_done += chunk.size;
-          ++s.chunks_done;
-        });
-        if (observer_) observer_(channel->peer_site(), channel->Stats());
-        break;
-      }
-      case ChunkAck::Result::kHashMismatch:
-        spdlog::warn("transfer {}: {} reports a corrupted chunk {} of {}; sending it again",
-                     record.id(), channel->peer_site(), chunk.chunk_index, file.path());
-        break;
-      case ChunkAck::Result::kRetryLater:
-        return absl::ResourceExhaustedError(
-            absl::StrCat(channel->peer_site(), " cannot store data: ", ack->message));
-      case ChunkAck::Result::kRefused:
-        return absl::FailedPreconditionError(
-            absl::StrCat(channel->peer_site(), " refused a chunk: ", ack->message));
-    }
-    // Bytes that left more than once: everything sent beyond what is durable
-    // or still on its way.
-    uint64_t in_flight;
-    {
-      absl::MutexLock lock(&mu_);
-      in_flight = in_flight_bytes_;
-    }
-    progress_.Update([&](TransferProgress::Snapshot& s) {
-      uint64_t accounted = s.bytes_done + in_flight;
-      s.resent_bytes = s.bytes_sent > accounted ? s.bytes_sent - accounted : 0;
-    });
   }
   return absl::OkStatus();
 }

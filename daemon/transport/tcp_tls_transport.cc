@@ -195,6 +195,12 @@ class TcpTlsChannel final : public Channel {
   const std::string& peer_site() const override { return peer_site_; }
   const std::string& peer_address() const override { return peer_address_; }
 
+  void LimitUnsentBytes(uint64_t bytes) override {
+    int lowat = static_cast<int>(std::min<uint64_t>(bytes, 1u << 30));
+    setsockopt(stream_.lowest_layer().native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat,
+               sizeof lowat);
+  }
+
   LinkStats Stats() const override {
     LinkStats stats;
     stats.congestion_control = congestion_control_;

@@ -48,6 +48,14 @@ class Channel {
   virtual const std::string& peer_address() const = 0;
   virtual LinkStats Stats() const = 0;
 
+  // Caps the bytes written to this channel that the transport has not yet
+  // put on the wire (TCP_NOTSENT_LOWAT for tcp). A bulk stream sets it so
+  // that its large send buffer holds what is in flight, not a backlog: when
+  // it pauses (to let an exchange go first), its share of the link frees up
+  // at once instead of after its queued megabytes drain. Best effort; the
+  // default does nothing.
+  virtual void LimitUnsentBytes(uint64_t bytes) {}
+
   // RFC 5705 / RFC 8446 §7.5 exporter over the channel's TLS session, for
   // keys of protocols keyed by this handshake (the udp transport). Channels
   // without a TLS session return Unimplemented.

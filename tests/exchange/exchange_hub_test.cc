@@ -16,7 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/exchange/reduce.h"
+#include "common/clock.h"
 #include "daemon/peer/messaging.h"
+#include "daemon/peer/rate_limiter.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -65,7 +67,8 @@ class SocketChannel final : public transport::Channel {
 // Sites site-a, site-b, ... each with a hub; every hub may dial every other.
 class Net {
  public:
-  explicit Net(int sites) {
+  // `limiter` (may be null) is every hub's rate limiter.
+  explicit Net(int sites, peer::RateLimiter* limiter = nullptr) {
     for (int i = 0; i < sites; ++i) names_.push_back(std::string("site-") + static_cast<char>('a' + i));
     for (const auto& name : names_) {
       std::vector<std::string> peers;
@@ -73,7 +76,8 @@ class Net {
         if (other != name) peers.push_back(other);
       }
       hubs_[name] = std::make_unique<ExchangeHub>(
-          name, peers, [this, name](const std::string& site) { return Dial(name, site); }, &gate_);
+          name, peers, [this, name](const std::string& site) { return Dial(name, site); }, &gate_,
+          HubOptions{}, limiter);
     }
   }
   ~Net() {
@@ -83,6 +87,7 @@ class Net {
   }
 
   ExchangeHub& hub(const std::string& site) { return *hubs_.at(site); }
+  peer::PriorityGate& gate() { return gate_; }
   const std::vector<std::string>& names() const { return names_; }
 
   // Joins every listed site to `group` concurrently.
@@ -427,6 +432,92 @@ TEST(ExchangeHubGroupTest, OversizedSegmentClosesTheLink) {
   ASSERT_TRUE(view.ok());
   EXPECT_EQ(view->generation(), 2u);
 }
+
+
+constexpr uint64_t kMiB = 1 << 20;
+
+// Polls (real time, bounded) until `done`; for handing off between threads,
+// never to judge how fast something went.
+template <typename F>
+bool Eventually(F done) {
+  for (int i = 0; i < 2000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(5));
+  return done();
+}
+
+// The operators' `exchange` class cap: every payload segment is charged to
+// it before it is written, and a segment waits while the cap is in debt.
+TEST(ExchangeHubRateCapTest, ExchangeClassCapChargesEverySegmentAndHoldsTheRest) {
+  FakeClock clock;
+  peer::RateLimiter limiter(clock);
+  limiter.SetClassLimit(v1::EXCHANGE, Bandwidth::MbitsPerSecond(8));  // 1e6 bytes/s
+  Net net(2, &limiter);
+  net.JoinAll("g", net.names());
+
+  std::vector<uint8_t> message(6 * kMiB);  // two segments: 4 MiB, then 2 MiB
+  for (size_t i = 0; i < message.size(); ++i) message[i] = static_cast<uint8_t>(i * 7 + 1);
+  P2PArgs send{"g", "capped", "site-b", "t", absl::Seconds(60), nullptr};
+  auto sent = std::async(std::launch::async, [&] {
+    return net.hub("site-a").Send(send, absl::MakeConstSpan(message));
+  });
+
+  // The first segment goes on the full bucket (100 ms at the cap = 1e5
+  // bytes) and leaves the cap 4 MiB - 1e5 bytes in debt; the second waits.
+  ASSERT_TRUE(Eventually([&] { return limiter.ChargedToClass(v1::EXCHANGE) == 4 * kMiB; }));
+  const TimeDelta debt = limiter.TryAcquire("site-b", v1::EXCHANGE, 0);
+  EXPECT_NEAR(debt.ToSecondsF(), (4.0 * kMiB - 1e5) * 8 / 8e6, 1e-6);
+  EXPECT_EQ(limiter.ChargedToClass(v1::EXCHANGE), 4 * kMiB) << "the second segment went out in debt";
+  EXPECT_EQ(limiter.ChargedToClass(v1::CHECKPOINT), 0u);
+  EXPECT_EQ(limiter.TryAcquire("site-b", v1::CHECKPOINT, 16 * kMiB), TimeDelta::Zero())
+      << "the exchange cap must not hold checkpoint traffic";
+  // While it waits, the exchange holds the link: bulk senders to site-b yield.
+  EXPECT_EQ(net.gate().ActiveCount("site-b", v1::EXCHANGE), 1);
+  EXPECT_TRUE(net.gate().HigherActive("site-b", v1::CHECKPOINT));
+
+  // Once the debt is repaid, the second segment is charged and sent.
+  clock.Advance(debt);
+  OpResult r = sent.get();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(limiter.ChargedToClass(v1::EXCHANGE), 6 * kMiB);
+  EXPECT_NEAR(limiter.TryAcquire("site-b", v1::EXCHANGE, 0).ToSecondsF(), 2.0 * kMiB * 8 / 8e6, 1e-6);
+  EXPECT_EQ(net.gate().ActiveCount("site-b", v1::EXCHANGE), 0);
+
+  std::vector<uint8_t> out(message.size());
+  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(10), nullptr};
+  OpResult got = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+  ASSERT_TRUE(got.status.ok()) << got.status;
+  EXPECT_EQ(got.bytes, message.size());
+  EXPECT_TRUE(out == message);
+}
+
+TEST(ExchangeHubRateCapTest, PeerCapCountsExchangeTrafficAndCancelStopsAWaitingSend) {
+  FakeClock clock;
+  peer::RateLimiter limiter(clock);
+  limiter.SetPeerLimit("site-b", Bandwidth::MbitsPerSecond(8));
+  Net net(2, &limiter);
+  net.JoinAll("g", net.names());
+
+  std::vector<uint8_t> small(4096, 1);
+  P2PArgs send{"g", "s1", "site-b", "small", absl::Seconds(60), nullptr};
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(small)).status.ok());
+  EXPECT_EQ(limiter.ChargedToPeer("site-b"), 4096u);
+  EXPECT_EQ(limiter.ChargedToClass(v1::EXCHANGE), 0u) << "no class cap is in force";
+
+  // A big message puts the peer cap in debt; the next one waits for it and
+  // a cancel ends that wait (the fake clock never moves).
+  std::vector<uint8_t> big(4 * kMiB, 2);
+  send.op_id = "s2";
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(big)).status.ok());
+  EXPECT_EQ(limiter.ChargedToPeer("site-b"), 4096u + 4 * kMiB);
+  send.op_id = "s3";
+  auto waiting = std::async(std::launch::async, [&] {
+    return net.hub("site-a").Send(send, absl::MakeConstSpan(small));
+  });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").Cancel("s3"); }));
+  OpResult r = waiting.get();
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
+  EXPECT_EQ(limiter.ChargedToPeer("site-b"), 4096u + 4 * kMiB) << "a cancelled send is not charged";
+}
+
 
 }  // namespace
 }  // namespace longhaul::exchange

@@ -121,6 +121,48 @@ class ExchangeTest(unittest.TestCase):
         with self.assertRaises(longhaul.CancelledError):
             w.wait(10)
 
+    def test_exchange_class_cap_is_charged_for_every_byte_sent(self):
+        """`longhaul limit --class exchange` caps exchanges: their bytes are
+        charged to the cap (the daemon's /metrics accounting), not to others."""
+        import json
+        import os
+        import re
+        import subprocess
+        import urllib.request
+
+        cli = os.path.join(os.environ["LONGHAUL_BIN"], "longhaul")
+
+        def limit(*args):
+            out = subprocess.run([cli, "--daemon", self.sites.address("site-a"), "limit", *args,
+                                  "--json"], check=True, capture_output=True, text=True).stdout
+            return json.loads(out)
+
+        def capped(cls):
+            log = open(os.path.join(self.sites.dir, "site-a", "longhauld.log")).read()
+            port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", log).group(1)
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            m = re.search(r'^longhaul_rate_capped_bytes_total\{scope="class",name="%s"\} (\S+)$' % cls,
+                          text, re.M)
+            return float(m.group(1)) if m else 0.0
+
+        self.assertEqual(limit("--class", "exchange", "400Mbit"),
+                         {"limits": [{"class": "exchange", "bits_per_second": 400000000}]})
+        try:
+            before = capped("exchange")
+            data = np.arange(3 << 20, dtype=np.uint8)  # 3 MiB: one segment
+            self.groups[0].send("site-b", "capped", data)
+            out = np.zeros_like(data)
+            self.assertEqual(self.groups[1].recv("site-a", "capped", out), data.nbytes)
+            np.testing.assert_array_equal(out, data)
+            self.assertEqual(capped("exchange") - before, data.nbytes)
+            self.assertEqual(capped("checkpoint"), 0.0)
+        finally:
+            self.assertEqual(limit("--class", "exchange", "off"), {"limits": []})
+        # With the cap lifted, nothing more is charged to it.
+        self.groups[0].send("site-b", "free", data)
+        self.groups[1].recv("site-a", "free", out)
+        self.assertEqual(capped("exchange") - before, data.nbytes)
+
 
 if __name__ == "__main__":
     unittest.main()

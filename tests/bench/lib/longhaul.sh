@@ -141,3 +141,141 @@ longhaul_reconfigure() {
   lh_start site-b "$NS_DST" || return 1
   log "longhauld restarted with: $1"
 }
+
+# --- the exchange scenario: the ExchangeGroup API through the Python binding --
+LH_PYTHON=/usr/bin/python3
+LH_PYPATH="${LONGHAUL_PYTHONPATH:-$(cd "$BIN_DIR/.." 2>/dev/null && pwd)/python}"
+lh_py() { env PYTHONPATH="$LH_PYPATH" PYTHONDONTWRITEBYTECODE=1 "$LH_PYTHON" "$BENCH_LIB/exchange_bench.py" "$@"; }
+
+# lh_copy_loop_start: keeps a 2 GiB `cp` site-a -> site-b running (one after
+# another) until lh_copy_loop_stop; returns once the first one moves data.
+lh_copy_loop_start() {
+  rm -f "$WORK/copy.stop" "$WORK/copy.ready" "$WORK/copies.json"
+  export -f lh_py
+  export LH_PYPATH LH_PYTHON BENCH_LIB
+  in_src bash -c 'lh_py "$@"' _ copy-loop --daemon "unix:$WORK/lh/site-a/control.sock" \
+    --source "$WORK/ckpt/ckpt.bin" --dest "site-b:/ckpt/copy" --stop-file "$WORK/copy.stop" \
+    --ready-file "$WORK/copy.ready" --out "$WORK/copies.json" >"$WORK/copy.log" 2>&1 &
+  LH_COPY_PID=$!
+  BG_PIDS+=("$LH_COPY_PID")
+  local i
+  for ((i = 0; i < 600; i++)); do
+    [[ -e "$WORK/copy.ready" ]] && break
+    kill -0 "$LH_COPY_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  log "checkpoint copy loop running: $(cat "$WORK/copy.log" 2>/dev/null | tail -c 200)"
+}
+
+# lh_copy_loop_stop: cancels the copy in flight; adds a row for the copies
+# (the first completed one is checked against the source digest).
+lh_copy_loop_stop() {
+  touch "$WORK/copy.stop"
+  wait "$LH_COPY_PID" 2>/dev/null
+  local summary
+  summary=$(python3 - "$WORK/copies.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["copies"]
+done = [x for x in c if x["state"] == "COMPLETED"]
+print(len(c), len(done), done[0]["dest"].split("/ckpt/", 1)[1] if done else "",
+      "%.3f" % (done[0]["end"] - done[0]["submitted"]) if done else 0)
+PY
+  )
+  local n ncomplete first secs
+  read -r n ncomplete first secs <<<"$summary"
+  local verified=false
+  if [[ -n "$first" ]]; then
+    local got
+    got=$(find "$LH_EXPORT_B/$first" -type f 2>/dev/null | head -1)
+    [[ -n "$got" && "$(sha256sum <"$got" | awk '{ print $1 }')" == "$(cat "$WORK/ckpt.sha256")" ]] && verified=true
+    result "longhaul cp (concurrent checkpoint copy)" "$(stat -c %s "$WORK/ckpt/ckpt.bin")" "$secs" null "$verified" \
+      "note=\"$ncomplete of $n copies completed during the exchange rounds (the last one cancelled); the first one's time and digest\""
+  else
+    result_error "longhaul cp (concurrent checkpoint copy)" "no copy completed: $(tail -c 300 "$WORK/copy.log" | tr '\n' ' ')"
+  fi
+  rm -rf "$LH_EXPORT_B"/copy-*
+}
+
+# lh_exchange_rows COND BIG ROUNDS IDEAL_BIG IDEAL_SMALL RTT_S [raw]: both
+# sites run exchange_bench.py in their namespaces; one row per size. With
+# "raw", the anchor: the same rounds over plain TCP, no daemon.
+lh_exchange_rows() {
+  local cond=$1 big=$2 rounds=$3 ideal_big=$4 ideal_small=$5 rtt_s=$6 mode=${7:-run}
+  local tag=$cond
+  [[ $mode == raw ]] && tag="raw-$cond"
+  local out_a="$WORK/xbench-$tag-site-a.json" out_b="$WORK/xbench-$tag-site-b.json"
+  local common=(--size "big=$big" --size small=4096 --rounds "$rounds")
+  local args_a args_b
+  if [[ $mode == raw ]]; then
+    local port
+    port=$(free_port)
+    args_a=(raw --connect "$ADDR_DST:$port" --site site-a --peer site-b)
+    args_b=(raw --listen "$ADDR_DST:$port" --site site-b --peer site-a)
+  else
+    args_a=(run --group "bench-$cond" --daemon "unix:$WORK/lh/site-a/control.sock" --site site-a
+            --peer site-b --daemon-pid "$LH_PID_site_a")
+    args_b=(run --group "bench-$cond" --daemon "unix:$WORK/lh/site-b/control.sock" --site site-b
+            --peer site-a --daemon-pid "$LH_PID_site_b")
+  fi
+  export -f lh_py
+  export LH_PYPATH LH_PYTHON BENCH_LIB
+  log "exchange rounds ($tag): $rounds x $big bytes and $rounds x 4096 bytes, both directions"
+  timeout --kill-after=10 "$TOOL_TIMEOUT" ip netns exec "$NS_DST" bash -c 'lh_py "$@"' _ \
+    "${args_b[@]}" --out "$out_b" "${common[@]}" >"$WORK/xbench-$tag-b.log" 2>&1 &
+  local pb=$!
+  timeout --kill-after=10 "$TOOL_TIMEOUT" ip netns exec "$NS_SRC" bash -c 'lh_py "$@"' _ \
+    "${args_a[@]}" --out "$out_a" "${common[@]}" >"$WORK/xbench-$tag-a.log" 2>&1
+  local ra=$?
+  wait "$pb"
+  local rb=$?
+  local label=""
+  [[ $cond == copy ]] && label=" + 2 GiB cp"
+  local tool="longhaul exchange"
+  [[ $mode == raw ]] && tool="tcp (raw sockets, no TLS) exchange"
+  cond=$tag
+  if [[ $ra != 0 || $rb != 0 ]]; then
+    local why
+    why=$(tail -c 300 "$WORK/xbench-$cond-a.log" "$WORK/xbench-$cond-b.log" | tr '\n' ' ')
+    result_error "$tool big$label" "exchange_bench.py failed (exit $ra/$rb): $why"
+    result_error "$tool small$label" "exchange_bench.py failed (exit $ra/$rb): $why"
+    return
+  fi
+  local copies=()
+  [[ -n $label ]] && copies=(--copies "$WORK/copies.json")
+  lh_py merge "$out_a" "$out_b" "${copies[@]}" >"$WORK/xbench-$cond.json" || {
+    result_error "$tool big$label" "merge failed"
+    return
+  }
+  local kind
+  for kind in big small; do
+    python3 - "$WORK/xbench-$cond.json" "$kind" "$ideal_big" "$ideal_small" "$rtt_s" >"$WORK/xrow.args" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+kind, ideal_big, ideal_small, rtt = sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+r = s[kind]
+ideal = ideal_big if kind == "big" else ideal_small
+limit = 1.15 * ideal if kind == "big" else rtt + 0.002
+med = r["median_seconds"]
+print(json.dumps({
+    "seconds": round(med, 5), "bytes": r["bytes"], "cpu": round(r["cpu_seconds"], 3),
+    "verified": r["verified"],
+    "extra": {"ideal_seconds": ideal, "ratio_to_ideal": round(med / ideal, 4),
+              "target_seconds": round(limit, 5), "meets_target": med <= limit,
+              "min_seconds": round(r["min_seconds"], 5), "p90_seconds": round(r["p90_seconds"], 5),
+              "max_seconds": round(r["max_seconds"], 5), "rounds": r["rounds"],
+              "rounds_counted": r["rounds_counted"], "late_starts": r["late_starts"],
+              "round_seconds": r["seconds"]}}))
+PY
+    local seconds bytes cpu verified extra_kv=()
+    seconds=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["seconds"])' "$WORK/xrow.args")
+    bytes=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["bytes"])' "$WORK/xrow.args")
+    cpu=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cpu"])' "$WORK/xrow.args")
+    verified=$(python3 -c 'import json,sys; print(str(json.load(open(sys.argv[1]))["verified"]).lower())' "$WORK/xrow.args")
+    mapfile -t extra_kv < <(python3 -c 'import json,sys
+for k, v in json.load(open(sys.argv[1]))["extra"].items(): print(k + "=" + json.dumps(v))' "$WORK/xrow.args")
+    local note="ExchangeGroup send+recv both directions at once (Python binding); median of rounds; cpu: both daemons + clients"
+    [[ $mode == raw ]] && note="anchor: one plain TCP connection (kernel BBR, 10 MB buffers), both directions at once, same rounds; cpu: the two clients"
+    [[ -n $label ]] && note="$note; only rounds run wholly while a copy moved data are counted (cpu includes the copy)"
+    result "$tool $kind$label" "$bytes" "$seconds" "$cpu" "$verified" "${extra_kv[@]}" "note=$(jstr "$note")"
+  done
+}
