@@ -4,7 +4,9 @@
 #include <netinet/udp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -246,6 +248,18 @@ void UdpConnection::Sync(bool* stop) {
 }
 
 void UdpConnection::Run() {
+  if (params_.io_thread_nice != 0) {
+    // Linux applies PRIO_PROCESS with a thread id to that thread alone.
+    const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+    if (::setpriority(PRIO_PROCESS, tid, params_.io_thread_nice) != 0) {
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true)) {
+        spdlog::info("udp transport: cannot set the I/O threads' nice value to {} ({}); they "
+                     "run at normal priority",
+                     params_.io_thread_nice, std::strerror(errno));
+      }
+    }
+  }
   bool stop = false;
   Timestamp last_stats = clock_.Now();
   while (true) {
@@ -266,12 +280,15 @@ void UdpConnection::Run() {
       if (spdlog::should_log(spdlog::level::debug)) {
         spdlog::debug(
             "udp to {} fd {}: sent {} received {} lost {} gso {} | cwnd {} in flight {} pacing {:.0f} "
-            "Mbit/s bw {:.0f} Mbit/s {} min_rtt {:.1f} ms srtt {:.1f} ms | blocked by cwnd {} "
-            "pacer {}, app-limited {} | written {} acked {} next {} peer credit {}",
+            "Mbit/s bw {:.0f} Mbit/s (max {:.0f} short {:.0f}) {} min_rtt {:.1f} ms "
+            "srtt {:.1f} ms | blocked by cwnd {} pacer {}, app-limited {} | written {} acked {} "
+            "next {} peer credit {}",
             params_.peer_site, params_.fd, io_counters_.datagrams_sent,
             io_counters_.datagrams_received, io_counters_.lost, io_counters_.gso_batches, st.cwnd,
             loss_.bytes_in_flight(), st.pacing_rate.ToMbitsPerSecondF(),
-            st.bw.IsInfinite() ? -1.0 : st.bw.ToMbitsPerSecondF(), st.state,
+            st.bw.IsInfinite() ? -1.0 : st.bw.ToMbitsPerSecondF(),
+            st.max_bw.IsInfinite() ? -1.0 : st.max_bw.ToMbitsPerSecondF(),
+            st.bw_shortterm.IsInfinite() ? -1.0 : st.bw_shortterm.ToMbitsPerSecondF(), st.state,
             st.min_rtt.IsInfinite() ? -1.0 : st.min_rtt.ToMillisecondsF(),
             loss_.rtt().smoothed.ToMillisecondsF(), blocked_by_cwnd_, blocked_by_pacer_,
             app_limited_events_, io_written_, io_send_acked_, send_next_, peer_max_data_);

@@ -54,6 +54,7 @@ struct UdpConnectionParams {
   std::string congestion_control_name;
   const Clock* clock = nullptr;
   TimeDelta idle_timeout = TimeDelta::Seconds(30);
+  int io_thread_nice = 0;  // see UdpOptions::io_thread_nice
   TimeDelta keepalive = TimeDelta::Seconds(5);
   // Test hook: silently drops every Nth datagram received (0: none).
   uint32_t drop_every_nth_received = 0;

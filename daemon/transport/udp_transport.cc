@@ -425,6 +425,7 @@ class UdpTransportImpl final : public UdpTransport {
     params.gso = options_.gso;
     params.key_update_interval = options_.key_update_interval;
     params.idle_timeout = options_.idle_timeout;
+    params.io_thread_nice = options_.io_thread_nice;
     params.drop_every_nth_received = options_.drop_every_nth_received_datagram;
     params.clock = &clock_;
     auto holder = std::make_shared<UdpConnection*>(nullptr);

@@ -47,6 +47,12 @@ struct UdpOptions {
   bool gso = true;
   uint64_t key_update_interval = udp::kDefaultKeyUpdateInterval;
   TimeDelta idle_timeout = TimeDelta::Seconds(30);
+  // Nice value for each flow's I/O thread (best effort; raising priority needs CAP_SYS_NICE or
+  // RLIMIT_NICE). The I/O thread sends the ACKs and releases paced bursts, work the kernel does in
+  // softirq context for TCP; queued behind the daemon's own hashing and disk copies (or anything
+  // else on the host) it delays ACKs, which inflates RTT samples and stalls the peer's cwnd.
+  // 0 leaves the thread as it is.
+  int io_thread_nice = -10;
   // Test hook: every flow drops every Nth datagram it receives (0: none).
   uint32_t drop_every_nth_received_datagram = 0;
   const Clock* clock = nullptr;  // nullptr: RealClock

@@ -10,7 +10,9 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <future>
+#include <sstream>
 #include <thread>
 
 #include "congestion/bbr3.h"
@@ -170,7 +172,7 @@ TEST(UdpTransportTest, DialToSiteWithoutUdpIsRefused) {
 
 // Two connections over a socketpair, built directly.
 struct Pair {
-  explicit Pair(bool same_keys) {
+  explicit Pair(bool same_keys, int io_thread_nice = 0) : io_thread_nice(io_thread_nice) {
     int fds[2];
     EXPECT_EQ(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, fds), 0);
     udp::DirectionKeys k1, k2;
@@ -197,8 +199,10 @@ struct Pair {
     p.controller = congestion::CreateBbr3({}, random, RealClock::Get().Now());
     p.congestion_control_name = "bbr3";
     p.idle_timeout = TimeDelta::Seconds(5);
+    p.io_thread_nice = io_thread_nice;
     return std::make_unique<udp::UdpConnection>(std::move(p));
   }
+  int io_thread_nice;
   congestion::SplitMix64Random random{1};
   std::unique_ptr<udp::UdpConnection> a, b;
 };
@@ -229,6 +233,44 @@ TEST(UdpConnectionTest, AbortFailsABlockedRead) {
   // The peer hears about it: its read fails rather than hanging.
   absl::Status peer = pair.a->ReadExactly(absl::MakeSpan(&byte, 1));
   EXPECT_EQ(peer.code(), absl::StatusCode::kUnavailable) << peer;
+}
+
+// Threads of this process whose nice value (field 19 of /proc/self/task/TID/stat) is `nice`.
+int ThreadsWithNice(int nice) {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');  // the command name may contain spaces
+    if (close == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close + 2));
+    std::string field;
+    // Fields after the name start at 3 (state); nice is field 19.
+    for (int i = 3; i <= 19 && fields >> field; ++i) {
+      if (i == 19 && field == std::to_string(nice)) ++n;
+    }
+  }
+  return n;
+}
+
+TEST(UdpConnectionTest, IoThreadRunsAtTheConfiguredNiceValue) {
+  // A higher nice value (lower priority) needs no privilege, so the test runs anywhere; the
+  // transport's default asks for a lower one, best effort.
+  constexpr int kNice = 7;
+  ASSERT_EQ(ThreadsWithNice(kNice), 0);
+  Pair pair(/*same_keys=*/true, kNice);
+  // The I/O threads set their priority as they start.
+  for (int i = 0; i < 500 && ThreadsWithNice(kNice) < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(ThreadsWithNice(kNice), 2);  // one I/O thread per connection; callers untouched
+  const uint8_t data[3] = {1, 2, 3};
+  ASSERT_TRUE(pair.a->Write({absl::Span<const uint8_t>(data)}).ok());
+  uint8_t got[3];
+  ASSERT_TRUE(pair.b->ReadExactly(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(std::memcmp(got, data, 3), 0);
+  pair.a->Abort();
+  pair.b->Abort();
 }
 
 }  // namespace
