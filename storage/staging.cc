@@ -176,6 +176,14 @@ void Staging::CloseFiles() {
 }
 
 absl::StatusOr<int> Staging::OpenFile(uint32_t file_index, const v1::ManifestFile& file) {
+  return Open(file_index, file, /*create=*/true);
+}
+
+absl::StatusOr<int> Staging::OpenStagedFile(uint32_t file_index, const v1::ManifestFile& file) {
+  return Open(file_index, file, /*create=*/false);
+}
+
+absl::StatusOr<int> Staging::Open(uint32_t file_index, const v1::ManifestFile& file, bool create) {
   State& s = *state_;
   absl::MutexLock lock(&s.mu);
   if (auto it = s.open_files.find(file_index); it != s.open_files.end()) return it->second;
@@ -184,6 +192,9 @@ absl::StatusOr<int> Staging::OpenFile(uint32_t file_index, const v1::ManifestFil
   const std::string desc = absl::StrCat(s.dir, "/", kFilesDir, "/", name, " (", file.path(), ")");
   bool created = false;
   ScopedFd fd(openat(s.files_fd, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid() && errno == ENOENT && !create) {
+    return absl::NotFoundError(absl::StrCat(desc, " is no longer staged"));
+  }
   if (!fd.valid() && errno == ENOENT) {
     fd.reset(openat(s.files_fd, name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                     0600));
@@ -385,7 +396,8 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
   }
 
   if (!dest_st->has_value()) {
-    // New destination: assemble tree/ in staging, then one rename.
+    // New destination: assemble all of it in tree/ in staging, then one
+    // rename, so nobody ever sees it partly there.
     absl::StatusOr<int> tree_fd =
         OpenDirBeneath(s.staging_fd, kTreeDir, /*create=*/true, s.dir);
     if (!tree_fd.ok()) return tree_fd.status();
@@ -398,7 +410,8 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
       auto [prel, fname] = SplitParent(path);
       absl::StatusOr<int> dir = tree.Get(prel, /*create=*/true);
       if (!dir.ok()) return dir.status();
-      if (marker[i]) continue;  // stays in f/ until the tree is in place
+      // Markers too: the one rename below makes the whole checkpoint appear
+      // at once, complete.
       if (absl::Status st = place(i, *dir, std::string(fname), JoinPath(tree_desc, path), -1);
           !st.ok()) {
         return st;
@@ -428,9 +441,9 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
     if (absl::Status st = root_dirs.SyncDirty(); !st.ok()) return st;
   }
 
-  // The destination directory exists now: merge into it. After a fresh tree
-  // rename only the markers remain staged; on a re-sync or a re-run, every
-  // file still staged (or left in tree/) is moved here.
+  // The destination directory exists now: merge into it, markers last.
+  // After a fresh tree rename nothing remains staged; on a re-sync or a
+  // re-run, every file still staged (or left in tree/) is moved here.
   ScopedFd dest_fd;
   {
     absl::StatusOr<int> fd = OpenDirBeneath(*dest_parent, base, /*create=*/false, dest_desc);

@@ -62,6 +62,10 @@ class Staging {
   // caller's fdatasync of the data is enough to make chunks durable.
   absl::StatusOr<int> OpenFile(uint32_t file_index, const v1::ManifestFile& file);
 
+  // Like OpenFile, but never creates: NotFound when the file is not staged
+  // (an interrupted Publish already moved it on, after verifying it).
+  absl::StatusOr<int> OpenStagedFile(uint32_t file_index, const v1::ManifestFile& file);
+
   // Throws away the staged file (its source changed); the next OpenFile
   // starts from an empty file. Delete the file's chunks from the journal
   // first (Journal::DeleteFileChunks), then call this.
@@ -70,9 +74,9 @@ class Staging {
   // Publishes the staged files into the destination. For each staged file:
   // chmod to the manifest mode, set its mtime (ns), fsync. Then:
   //  - single_file: rename f/0 onto the destination path.
-  //  - destination missing: assemble tree/ (non-marker files, parent and
-  //    empty dirs; fsync'ed), ONE rename(2) of tree/ onto the destination,
-  //    then rename the markers into it.
+  //  - destination missing: assemble tree/ (every file, markers included,
+  //    parent and empty dirs; fsync'ed), then ONE rename(2) of tree/ onto
+  //    the destination: the tree appears whole or not at all.
   //  - destination an existing directory: rename files into it one by one,
   //    creating parents, non-markers first and markers last.
   // Directories touched are fsync'ed; finally the staging dir is removed.
@@ -101,6 +105,7 @@ class Staging {
     ~State();
   };
   explicit Staging(std::unique_ptr<State> state) : state_(std::move(state)) {}
+  absl::StatusOr<int> Open(uint32_t file_index, const v1::ManifestFile& file, bool create);
   void CloseFiles();
 
   std::unique_ptr<State> state_;

@@ -50,7 +50,10 @@ class KillTest(lh.SitesTestCase):
             self.assertEqual(done["state"], "COMPLETED", done.get("error"))
             self.assertEqual(lh.tree_digest(dest), expected, f"run {i}")
             # At most what was in flight: streams x chunk size.
-            self.assertLessEqual(done["resent_bytes"], 4 * 4 * MIB)
+            self.assertLessEqual(done["resent_bytes"], 4 * 4 * MIB,
+                                 f"kill {i} of {victim} after {delay:.3f} s: {done}\n"
+                                 + "".join(self.sites.log("site-a").splitlines(True)[-40:])
+                                 + "".join(self.sites.log("site-b").splitlines(True)[-60:]))
             rows.append((i, victim, round(delay, 3), done["resent_bytes"],
                          round(time.time() - restarted, 2)))
         print("\nkill  victim  after_s  resent_bytes  resume_to_done_s")

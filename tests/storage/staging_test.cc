@@ -110,7 +110,7 @@ TEST_F(StagingTest, StagesByIndexNotByPath) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(StagingTest, PublishesNewTreeWithMarkersLast) {
+TEST_F(StagingTest, PublishesANewTreeWholeInOneRename) {
   const std::string dest = dir_.Sub("export/ckpt/step-1");
   auto s = Staging::Open(Resolve("ckpt/step-1"), "t1");
   ASSERT_TRUE(s.ok()) << s.status();
@@ -118,13 +118,13 @@ TEST_F(StagingTest, PublishesNewTreeWithMarkersLast) {
   int hook_calls = 0;
   opts_.before_markers = [&] {
     ++hook_calls;
-    // The tree is in place, markers are not.
+    // By the time the tree is visible, its markers are in it too.
     EXPECT_TRUE(Exists(dest + "/shard-0.distcp"));
     EXPECT_TRUE(Exists(dest + "/nested/shard-1.distcp"));
     EXPECT_TRUE(Exists(dest + "/logs/empty"));
-    EXPECT_FALSE(Exists(dest + "/.metadata"));
-    EXPECT_FALSE(Exists(dest + "/nested/COMPLETE"));
-    EXPECT_FALSE(Exists(dest + "/model.index.json"));
+    EXPECT_TRUE(Exists(dest + "/.metadata"));
+    EXPECT_TRUE(Exists(dest + "/nested/COMPLETE"));
+    EXPECT_TRUE(Exists(dest + "/model.index.json"));
   };
   const std::string staging_dir = s->dir();
   absl::Status st = s->Publish(m_, opts_);
@@ -213,14 +213,14 @@ TEST_F(StagingTest, PublishesASingleFile) {
   EXPECT_EQ(ReadFile(dest), std::string(data.begin(), data.end()));
 }
 
-TEST_F(StagingTest, PublishResumesAfterACrashBeforeTheMarkers) {
+TEST_F(StagingTest, PublishResumesAfterACrashAfterTheTreeRename) {
   const std::string dest = dir_.Sub("export/ckpt/step-2");
   {
     auto s = Staging::Open(Resolve("ckpt/step-2"), "t5");
     ASSERT_TRUE(s.ok());
     StageAll(*s);
     // A child process publishes and dies abruptly (no cleanup, like kill -9)
-    // right after the tree rename, before any marker is placed.
+    // right after the tree rename.
     opts_.before_markers = [] { _exit(0); };
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
@@ -233,12 +233,17 @@ TEST_F(StagingTest, PublishResumesAfterACrashBeforeTheMarkers) {
     ASSERT_TRUE(WIFEXITED(status));
     ASSERT_EQ(WEXITSTATUS(status), 0);
   }
+  // The tree arrived whole, markers included.
   EXPECT_TRUE(Exists(dest + "/shard-0.distcp"));
-  EXPECT_FALSE(Exists(dest + "/.metadata"));
-  // The restarted daemon re-opens staging and publishes again.
+  EXPECT_TRUE(Exists(dest + "/.metadata"));
+  // The restarted daemon re-opens staging and publishes again: a no-op.
   opts_.before_markers = nullptr;
   auto s = Staging::Open(Resolve("ckpt/step-2"), "t5");
   ASSERT_TRUE(s.ok());
+  // Verification before that publish finds the moved files not staged, and
+  // looking does not create an empty one in their place.
+  EXPECT_EQ(s->OpenStagedFile(0, m_.files(0)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(Exists(s->dir() + "/f/0"));
   absl::Status st = s->Publish(m_, opts_);
   ASSERT_TRUE(st.ok()) << st;
   ExpectPublished(dest);
