@@ -100,6 +100,9 @@ class CorruptionTest(lh.SitesTestCase):
     def test_byte_flipped_in_a_staged_chunk_is_detected_and_resent(self):
         src = self.sites.path("src")
         expected = make_checkpoint(src, shards=2, shard_size=64 * MIB)
+        # Capped, so the transfer is surely still running when it is paused
+        # (a slow build, e.g. ASan, polls status slowly).
+        self.sites.cli("a", "limit", "--peer", "site-b", "100Mbit", check=True)
         tid = self.sites.cli("a", "cp", src, "site-b:/ckpt/step", "--chunk-size", "4MiB",
                              "--streams", "2", check=True).stdout.strip()
         deadline = time.time() + 60
@@ -115,6 +118,7 @@ class CorruptionTest(lh.SitesTestCase):
             f.write(bytes([byte[0] ^ 0xFF]))
             f.flush()
             os.fsync(f.fileno())
+        self.sites.cli("a", "limit", "--peer", "site-b", "off", check=True)
         self.sites.cli("a", "resume", tid, check=True)
         done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"})
         self.assertEqual(done["state"], "COMPLETED", done.get("error"))
