@@ -77,6 +77,25 @@ absl::Status FsyncFd(int fd, std::string_view desc) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::string>> ListDirAt(int dir_fd, std::string_view desc) {
+  int fd = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);  // fdopendir takes ownership
+  if (fd < 0) return ErrnoError(errno, "cannot list directory", desc);
+  DIR* d = fdopendir(fd);
+  if (d == nullptr) {
+    const int err = errno;
+    close(fd);
+    return ErrnoError(err, "cannot list directory", desc);
+  }
+  rewinddir(d);  // the dup shares the offset of an fd that may have been read
+  std::vector<std::string> names;
+  while (struct dirent* e = readdir(d)) {
+    std::string_view n = e->d_name;
+    if (n != "." && n != "..") names.emplace_back(n);
+  }
+  closedir(d);
+  return names;
+}
+
 absl::Status RemoveTreeAt(int dir_fd, const std::string& name, const std::string& desc) {
   struct stat st;
   if (fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
@@ -84,26 +103,13 @@ absl::Status RemoveTreeAt(int dir_fd, const std::string& name, const std::string
     return ErrnoError(errno, "cannot stat", desc);
   }
   if (S_ISDIR(st.st_mode)) {
-    int fd = openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return ErrnoError(errno, "cannot open directory", desc);
-    DIR* d = fdopendir(fd);
-    if (d == nullptr) {
-      const int err = errno;
-      close(fd);
-      return ErrnoError(err, "cannot list directory", desc);
+    ScopedFd fd(openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd.valid()) return ErrnoError(errno, "cannot open directory", desc);
+    absl::StatusOr<std::vector<std::string>> names = ListDirAt(fd.get(), desc);
+    if (!names.ok()) return names.status();
+    for (const std::string& n : *names) {
+      if (absl::Status status = RemoveTreeAt(fd.get(), n, JoinPath(desc, n)); !status.ok()) return status;
     }
-    std::vector<std::string> names;
-    while (struct dirent* e = readdir(d)) {
-      std::string_view n = e->d_name;
-      if (n != "." && n != "..") names.emplace_back(n);
-    }
-    absl::Status status;
-    for (const std::string& n : names) {
-      status = RemoveTreeAt(dirfd(d), n, JoinPath(desc, n));
-      if (!status.ok()) break;
-    }
-    closedir(d);
-    if (!status.ok()) return status;
     if (unlinkat(dir_fd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
       return ErrnoError(errno, "cannot remove directory", desc);
     }

@@ -5,8 +5,10 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace longhaul::storage::internal {
 
@@ -50,6 +52,10 @@ std::string JoinPath(std::string_view dir, std::string_view rel);
 
 // fsync(2) of `fd`; `desc` names it in the error.
 absl::Status FsyncFd(int fd, std::string_view desc);
+
+// The entries of the directory `dir_fd` (not "." and ".."), unsorted. The
+// fd stays the caller's. `desc` names the directory in errors.
+absl::StatusOr<std::vector<std::string>> ListDirAt(int dir_fd, std::string_view desc);
 
 // Removes `name` in `dir_fd` and everything below it, never following a
 // symlink. A missing entry is not an error. `desc` names it in errors.

@@ -1,6 +1,5 @@
 #include "storage/retention.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,30 +17,13 @@ namespace longhaul::storage {
 using internal::ErrnoError;
 using internal::FsyncFd;
 using internal::JoinPath;
+using internal::ListDirAt;
 using internal::RemoveTreeAt;
 using internal::ScopedFd;
 
 namespace {
 
 constexpr char kTrashRel[] = ".longhaul/trash";
-
-absl::StatusOr<std::vector<std::string>> ListNames(int dir_fd, const std::string& desc) {
-  int fd = dup(dir_fd);
-  if (fd < 0) return ErrnoError(errno, "cannot list directory", desc);
-  DIR* d = fdopendir(fd);
-  if (d == nullptr) {
-    const int err = errno;
-    close(fd);
-    return ErrnoError(err, "cannot list directory", desc);
-  }
-  std::vector<std::string> names;
-  while (struct dirent* e = readdir(d)) {
-    std::string_view n = e->d_name;
-    if (n != "." && n != "..") names.emplace_back(n);
-  }
-  closedir(d);
-  return names;
-}
 
 bool IsCheckpoint(int parent_fd, const std::string& name, const std::string& marker) {
   if (name.empty() || name[0] == '.') return false;
@@ -84,13 +66,13 @@ absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& exp
   const std::string trash_desc = JoinPath(export_root, kTrashRel);
 
   // Finish what a crash interrupted: everything in the trash goes.
-  absl::StatusOr<std::vector<std::string>> leftovers = ListNames(trash.get(), trash_desc);
+  absl::StatusOr<std::vector<std::string>> leftovers = ListDirAt(trash.get(), trash_desc);
   if (!leftovers.ok()) return leftovers.status();
   for (const std::string& n : *leftovers) {
     if (absl::Status s = RemoveTreeAt(trash.get(), n, JoinPath(trash_desc, n)); !s.ok()) return s;
   }
 
-  absl::StatusOr<std::vector<std::string>> names = ListNames(parent.get(), parent_desc);
+  absl::StatusOr<std::vector<std::string>> names = ListDirAt(parent.get(), parent_desc);
   if (!names.ok()) return names.status();
   std::vector<std::string> checkpoints;
   for (const std::string& n : *names) {
