@@ -11,7 +11,8 @@ jstr() { python3 -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$1"; }
 BG_PIDS=()
 
 # Removes work directories of earlier runs whose harness died (SIGKILL leaves
-# no trap behind): /tmp/lhbench.<pid>.* with <pid> no longer running.
+# no trap behind): /tmp/lhbench.<pid>.* with <pid> no longer running, unless
+# the run kept it (LONGHAUL_BENCH_KEEP).
 cleanup_stale_workdirs() {
   local d pid
   for d in "$BENCH_TMP_PARENT"/lhbench.*; do
@@ -19,6 +20,8 @@ cleanup_stale_workdirs() {
     pid=${d##*/lhbench.}
     pid=${pid%%.*}
     [[ "$pid" =~ ^[0-9]+$ ]] || continue
+    # A run with LONGHAUL_BENCH_KEEP left its directory on purpose.
+    [[ -e "$d/.kept" ]] && continue
     if ! kill -0 "$pid" 2>/dev/null; then
       rm -rf "$d"
     fi
@@ -38,6 +41,7 @@ teardown() {
   done
   if [[ -n "${WORK:-}" && -d "$WORK" ]]; then
     if [[ -n "${LONGHAUL_BENCH_KEEP:-}" ]]; then
+      touch "$WORK/.kept"
       log "kept $WORK"
     else
       rm -rf "$WORK"
