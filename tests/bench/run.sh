@@ -274,11 +274,13 @@ jain() { awk 'BEGIN { for (i = 1; i < ARGC; i++) { s += ARGV[i]; q += ARGV[i] ^ 
 # acknowledged, lags by up to a chunk per stream) and bytes_sent (handed to the transport,
 # leads by as much); both bounds are kept in the row. A share from longhaul's whole-transfer
 # goodput would credit longhaul for the time it ran alone after iperf3 stopped.
+# FAIR_CC names the iperf3 flow's congestion control (default: the kernel's).
 fairness_pair() {
-  local tool=$1 tag=${1//[^A-Za-z0-9]/_}
+  local cc=${FAIR_CC:-}
+  local tool=$1 tag=${1//[^A-Za-z0-9]/_}${cc:+_$cc} other="iperf3 x1${cc:+ -C $cc}"
   shift
   if [[ -n "$LH_ERROR" ]]; then
-    result_error "$tool (vs iperf3 x1)" "$LH_ERROR"
+    result_error "$tool (vs $other)" "$LH_ERROR"
     return
   fi
   local port1
@@ -286,16 +288,16 @@ fairness_pair() {
   in_dst iperf3 -s -1 -B "$ADDR_DST" -p "$port1" >/dev/null 2>&1 &
   BG_PIDS+=($!)
   sleep 0.5
-  in_src iperf3 -c "$ADDR_DST" -p "$port1" -t "$FAIR_SECS" -J >"$WORK/fl-$tag.json" 2>&1 &
+  in_src iperf3 -c "$ADDR_DST" -p "$port1" -t "$FAIR_SECS" ${cc:+-C "$cc"} -J >"$WORK/fl-$tag.json" 2>&1 &
   local pi=$!
   ( sleep "$FAIR_SECS"; lh_cli site-a ls --json >"$WORK/ls-$tag.json" 2>/dev/null ) &
   local ps=$!
-  longhaul_row "$tool (vs iperf3 x1)" "$@"
+  longhaul_row "$tool (vs $other)" "$@"
   wait "$pi"
   wait "$ps"
   local b1 s1 x lo hi
   if ! read -r b1 s1 x x < <(REPORT iperf3 "$WORK/fl-$tag.json" 2>/dev/null); then
-    result_error "iperf3 x1 (vs $tool)" "iperf3 failed: $(head -c 200 "$WORK/fl-$tag.json")"
+    result_error "$other (vs $tool)" "iperf3 failed: $(head -c 200 "$WORK/fl-$tag.json")"
     return
   fi
   if ! read -r lo hi < <(python3 - "$WORK/ls-$tag.json" <<'PY'
@@ -319,13 +321,13 @@ PY
   share=$(awk -v a="$gl" -v b="$gi" 'BEGIN { printf "%.4f", a / (a + b) }')
   share_lo=$(awk -v a="$gl_lo" -v b="$gi" 'BEGIN { printf "%.4f", a / (a + b) }')
   share_hi=$(awk -v a="$gl_hi" -v b="$gi" 'BEGIN { printf "%.4f", a / (a + b) }')
-  result "iperf3 x1 (vs $tool)" "$b1" "$(printf %.3f "$s1")" 0 true "share=$(awk -v s="$share" 'BEGIN { printf "%.4f", 1 - s }')" \
+  result "$other (vs $tool)" "$b1" "$(printf %.3f "$s1")" 0 true "share=$(awk -v s="$share" 'BEGIN { printf "%.4f", 1 - s }')" \
     "note=\"cpu not measured\""
-  REPORT row "$WORK/rows.jsonl" "tool=$(jstr "$tool (window of iperf3)")" "goodput_mbit=$gl" \
+  REPORT row "$WORK/rows.jsonl" "tool=$(jstr "$tool (window of $other)")" "goodput_mbit=$gl" \
     "seconds=$FAIR_SECS" "bytes=$(( (lo + hi) / 2 ))" "verified=null" "share=$share" \
     "share_bounds=[$share_lo, $share_hi]" \
     "note=\"bytes at the end of the iperf3 window: midpoint of bytes_done $lo and bytes_sent $hi\""
-  log "$tool vs iperf3 x1 over ${FAIR_SECS}s: $gl Mbit/s vs $gi Mbit/s, share $share [$share_lo, $share_hi]"
+  log "$tool vs $other over ${FAIR_SECS}s: $gl Mbit/s vs $gi Mbit/s, share $share [$share_lo, $share_hi]"
   local key=${tag#longhaul}
   extra "share$key" "{\"longhaul\": $share, \"iperf3\": $(awk -v s="$share" 'BEGIN { printf "%.4f", 1 - s }'), \"longhaul_bounds\": [$share_lo, $share_hi]}"
   extra "jain$key" "$(jain "$gl" "$gi")"
@@ -374,6 +376,13 @@ scenario_fairness() {
   longhaul_up
   fairness_pair longhaul
   fairness_pair longhaul-udp --transport udp
+  # Reported beside them: the same pairs against a CUBIC flow (Debian's stock
+  # default, and the loss-based traffic BBRv3 is built to share with); figures
+  # `share_cubic` and `share_udp_cubic`.
+  if iperf_cc_ok cubic; then
+    FAIR_CC=cubic fairness_pair longhaul
+    FAIR_CC=cubic fairness_pair longhaul-udp --transport udp
+  fi
   if [[ -z "$LH_ERROR" ]]; then
     longhaul_reconfigure "udp: {coupled: false}"
     fairness_pair longhaul-udp-uncoupled --transport udp
