@@ -25,6 +25,11 @@ constexpr absl::Duration kPoll = absl::Milliseconds(50);
 // After an op gives up, how long its senders may take to reach a segment
 // boundary before their links are cut.
 constexpr absl::Duration kSenderGrace = absl::Seconds(2);
+// A segment read into a waiting Recv's buffer goes in pieces of this size: a
+// Recv that ends mid-message waits for the piece being read, so unless the
+// link is below ~1 Mbit/s that takes well under kSenderGrace, after which
+// the link would be cut.
+constexpr uint64_t kInPlacePieceBytes = 256 << 10;
 
 std::string Members(const std::vector<std::string>& members) {
   return absl::StrCat("[", absl::StrJoin(members, ", "), "]");
@@ -73,8 +78,8 @@ struct ExchangeHub::Op {
 // inbound reader fills it in place. Every field is guarded by the hub's mu_.
 //
 // Lifetime contract (the Recv unmaps `out` once it returns):
-//  - The reader writes into `out` only while `writing` is set, and sets it
-//    only in kFilling, under mu_.
+//  - The reader writes into `out` only while `writing` is set (one piece of
+//    at most kInPlacePieceBytes), and sets it only in kFilling, under mu_.
 //  - Only the Recv moves the landing out of kWaiting into kHandingOver or
 //    kWithdrawn (Withdraw). From kHandingOver on, the reader starts no write
 //    into `out` and waits for kWithdrawn before it touches the message again;
@@ -393,45 +398,53 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
       break;
     }
     Partial& p = it->second;
-    absl::Span<uint8_t> into;
-    if (p.landing) {
-      absl::MutexLock lock(&mu_);
-      settle(p);
+    // Into a Recv's buffer the segment is read in short pieces, so a Recv
+    // that ends waits for one piece at most; the rest of the segment then
+    // follows the message into the hub buffer the Recv hands over.
+    const uint64_t end = h.offset() + h.payload_bytes();
+    absl::Status read;
+    while (read.ok() && p.received < end) {
+      absl::Span<uint8_t> into;
       if (p.landing) {
-        p.landing->writing = true;
-        p.landing->channel = &channel;
-        into = p.landing->out.subspan(h.offset(), h.payload_bytes());
-      }
-    }
-    if (p.landing) {
-      // `into` is the Recv's buffer, bounds-checked above against the
-      // message size, which fits the buffer.
-    } else if (p.dropped) {
-      scratch.resize(h.payload_bytes());
-      into = absl::MakeSpan(scratch);
-    } else {
-      into = absl::MakeSpan(p.payload).subspan(h.offset(), h.payload_bytes());
-    }
-    absl::Status read = channel.ReadExactly(into);
-    if (p.landing) {
-      absl::MutexLock lock(&mu_);
-      Landing& l = *p.landing;
-      l.writing = false;
-      l.channel = nullptr;
-      if (read.ok()) {
-        l.filled += h.payload_bytes();
-        bytes_in_place_ += h.payload_bytes();
-        // A Recv handing it over sees `filled` reach the total itself.
-        if (l.filled == l.header.total_bytes() && l.state == State::kFilling) {
-          l.state = State::kComplete;
+        absl::MutexLock lock(&mu_);
+        settle(p);
+        if (p.landing) {
+          // Within `out`: the bound message fits it, and `end` is within the message.
+          into = p.landing->out.subspan(p.received,
+                                        std::min<uint64_t>(kInPlacePieceBytes, end - p.received));
+          p.landing->writing = true;
+          p.landing->channel = &channel;
         }
       }
+      if (p.landing) {
+        // `into` is set above.
+      } else if (p.dropped) {
+        scratch.resize(end - p.received);
+        into = absl::MakeSpan(scratch);
+      } else {
+        into = absl::MakeSpan(p.payload).subspan(p.received, end - p.received);
+      }
+      read = channel.ReadExactly(into);
+      if (p.landing) {
+        absl::MutexLock lock(&mu_);
+        Landing& l = *p.landing;
+        l.writing = false;
+        l.channel = nullptr;
+        if (read.ok()) {
+          l.filled += into.size();
+          bytes_in_place_ += into.size();
+          // A Recv handing it over sees `filled` reach the total itself.
+          if (l.filled == l.header.total_bytes() && l.state == State::kFilling) {
+            l.state = State::kComplete;
+          }
+        }
+      }
+      if (read.ok()) p.received += into.size();
     }
     if (!read.ok()) {
       result = read;
       break;
     }
-    p.received += h.payload_bytes();
     if (p.received == p.header.total_bytes()) {
       if (!p.dropped && !p.landing) {
         absl::MutexLock lock(&mu_);

@@ -163,9 +163,9 @@ class ExchangeHub {
   // (in place as it arrives when this call is already waiting). `out` stays
   // the caller's: the hub never touches it after Recv returns, whatever the
   // outcome. If the call ends (cancel, timeout, lost peer, shutdown) while a
-  // message is arriving into `out`, it first waits for the segment being
-  // read (if the peer stalls inside it for 2 s, the link is cut and the peer
-  // lost); the part that arrived is then moved to a hub buffer and the
+  // message is arriving into `out`, it first waits for the piece being read
+  // (256 KiB; if the peer stalls inside it for 2 s, the link is cut and the
+  // peer lost); the part that arrived is then moved to a hub buffer and the
   // message kept for the next Recv, as if it had arrived before this one.
   OpResult Recv(const P2PArgs& args, absl::Span<uint8_t> out);
 

@@ -711,6 +711,60 @@ TEST(ExchangeHubInPlaceTest, TimeoutWhileASegmentStallsCutsTheLinkBeforeReturnin
   }
 }
 
+// Cancelled in the middle of a segment that is still flowing: the Recv waits
+// only for the piece being read, the rest of the segment follows the message
+// into a hub buffer, the link stays up and the next Recv gets it whole.
+TEST(ExchangeHubInPlaceTest, CancelMidSegmentHandsTheRestToTheNextRecvWithoutCuttingTheLink) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  auto raw = net.RawDial("site-a", "site-b");
+  const std::vector<uint8_t> message = Pattern(4 * kMiB, 11);  // one segment
+  MappedBuffer buffer(4 * kMiB);
+  P2PArgs recv{"g", "to-cancel", "site-a", "t", absl::Seconds(60), nullptr};
+  auto got =
+      std::async(std::launch::async, [&] { return net.hub("site-b").Recv(recv, buffer.span()); });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
+  v1::ExchangePeerMessage h;
+  h.set_kind(v1::ExchangePeerMessage::P2P);
+  h.set_group("g");
+  h.set_tag("t");
+  h.set_msg_id(1);
+  h.set_total_bytes(message.size());
+  h.set_payload_bytes(message.size());
+  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, h).ok());
+  ASSERT_TRUE(raw->Write({absl::MakeConstSpan(message).subspan(0, kMiB)}).ok());
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").bytes_received_in_place() == kMiB; }));
+  // The rest trickles in (64 KiB every 20 ms) while the Recv is cancelled.
+  std::thread trickle([&] {
+    for (uint64_t at = kMiB; at < message.size(); at += 64 << 10) {
+      ASSERT_TRUE(raw->Write({absl::MakeConstSpan(message).subspan(at, 64 << 10)}).ok());
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  EXPECT_TRUE(net.hub("site-b").Cancel("to-cancel"));
+  OpResult r = got.get();
+  const bool finished_first = r.status.ok();  // only if this thread was starved for a second
+  if (finished_first) {
+    EXPECT_TRUE(std::equal(message.begin(), message.end(), buffer.span().begin()));
+  } else {
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
+  }
+  buffer.Unmap();
+  trickle.join();
+
+  if (!finished_first) {
+    std::vector<uint8_t> out(message.size());
+    recv.op_id = "again";
+    r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_TRUE(out == message);
+    EXPECT_LT(net.hub("site-b").bytes_received_in_place(), message.size());
+  }
+  auto view = net.hub("site-b").View("g");
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->generation(), 1u) << "the link from site-a was cut";
+}
+
 // The link breaks while a message is arriving in place: the Recv learns the
 // peer is lost; a sender's DISCARD instead leaves the Recv waiting for the
 // next message.
