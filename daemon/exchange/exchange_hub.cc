@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -24,9 +25,20 @@ constexpr absl::Duration kPoll = absl::Milliseconds(50);
 // After an op gives up, how long its senders may take to reach a segment
 // boundary before their links are cut.
 constexpr absl::Duration kSenderGrace = absl::Seconds(2);
+// A segment read into a waiting Recv's buffer goes in pieces of this size: a
+// Recv that ends mid-message waits for the piece being read, so unless the
+// link is below ~1 Mbit/s that takes well under kSenderGrace, after which
+// the link would be cut.
+constexpr uint64_t kInPlacePieceBytes = 256 << 10;
 
 std::string Members(const std::vector<std::string>& members) {
   return absl::StrCat("[", absl::StrJoin(members, ", "), "]");
+}
+
+// A broken internal invariant (STYLE.md, Errors); Debian's abseil has no absl/log.
+[[noreturn]] void Broken(const char* what) {
+  spdlog::critical("exchange hub: {}", what);
+  std::abort();
 }
 
 std::string DurationText(absl::Duration d) { return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(1))); }
@@ -60,6 +72,37 @@ struct ExchangeHub::Group {
 struct ExchangeHub::Op {
   std::atomic<bool> stop{false};
   bool cancelled = false;  // guarded by the hub's mu_
+};
+
+// A waiting Recv's buffer, offered to the next message under its key so the
+// inbound reader fills it in place. Every field is guarded by the hub's mu_.
+//
+// Lifetime contract (the Recv unmaps `out` once it returns):
+//  - The reader writes into `out` only while `writing` is set (one piece of
+//    at most kInPlacePieceBytes), and sets it only in kFilling, under mu_.
+//  - Only the Recv moves the landing out of kWaiting into kHandingOver or
+//    kWithdrawn (Withdraw). From kHandingOver on, the reader starts no write
+//    into `out` and waits for kWithdrawn before it touches the message again;
+//    the Recv waits for `writing` to clear before it returns.
+// So once Withdraw has returned, nothing but the Recv's thread uses `out`.
+struct ExchangeHub::Landing {
+  enum class State {
+    kWaiting,      // in waiting_, no message bound
+    kFilling,      // bound to a message whose segments are arriving
+    kComplete,     // the whole bound message is in `out`
+    kHandingOver,  // the Recv is leaving; the reader must not start a write
+    kWithdrawn,    // the Recv left; the reader continues in `spill`
+  };
+  std::string key;
+  absl::Span<uint8_t> out;
+  State state = State::kWaiting;
+  Msg header;                             // of the bound message
+  uint64_t filled = 0;                    // bytes of the bound message in `out`
+  bool writing = false;                   // the reader is reading a segment into `out`
+  transport::Channel* channel = nullptr;  // that reader's link; valid while `writing`
+  // kWithdrawn: the bytes that arrived and room for the rest (counted in
+  // buffered_bytes_); empty when the memory limit dropped the message.
+  std::optional<Payload> spill;
 };
 
 // The senders of one operation: one thread per destination, each sending
@@ -235,21 +278,46 @@ void ExchangeHub::ServeInbound(std::unique_ptr<transport::Channel> channel) {
 }
 
 absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
+  using State = Landing::State;
   const std::string from = channel.peer_site();
   // Messages from this peer whose segments are still arriving, by msg_id.
-  // Only this thread touches them; their bytes are counted in buffered_bytes_.
+  // Only this thread touches them. A payload's bytes are counted in
+  // buffered_bytes_; a message read into a Recv's buffer (`landing`) has no
+  // payload and is not counted.
   struct Partial {
     Msg header;
     Payload payload;
     uint64_t received = 0;
     bool dropped = false;  // over the memory limit: read and discarded
+    std::shared_ptr<Landing> landing;
+  };
+  // Brings a partial that fills a Recv's buffer up to date (mu_ held): waits
+  // out a Recv that is handing it over, and once the Recv has left, carries
+  // on in the buffer it handed over. Afterwards p.landing is null or kFilling.
+  auto settle = [&](Partial& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!p.landing) return;
+    Landing* l = p.landing.get();
+    mu_.Await(absl::Condition(
+        +[](Landing* l) { return l->state != State::kHandingOver; }, l));
+    if (l->state != State::kWithdrawn) return;
+    if (l->spill) {
+      p.payload = std::move(*l->spill);
+    } else {
+      p.dropped = true;
+    }
+    l->spill.reset();
+    p.landing.reset();
+  };
+  // The message bound to p.landing will not complete (DISCARD, or this link
+  // ends): the Recv waits on, first in line for the next message (mu_ held).
+  auto unbind = [&](Partial& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Landing& l = *p.landing;
+    l.state = State::kWaiting;
+    l.filled = 0;
+    waiting_[l.key].push_front(std::move(p.landing));
   };
   absl::flat_hash_map<uint64_t, Partial> partial;
   std::vector<uint8_t> scratch;
-  auto release = [&](uint64_t bytes) {
-    absl::MutexLock lock(&mu_);
-    buffered_bytes_ -= bytes;
-  };
   absl::Status result;
   while (true) {
     Msg h;
@@ -260,7 +328,14 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
     if (h.total_bytes() == 0) {
       if (h.kind() == Msg::DISCARD) {
         if (auto it = partial.find(h.msg_id()); it != partial.end()) {
-          if (!it->second.dropped) release(it->second.payload.size());
+          absl::MutexLock lock(&mu_);
+          Partial& p = it->second;
+          settle(p);
+          if (p.landing) {
+            unbind(p);
+          } else if (!p.dropped) {
+            buffered_bytes_ -= p.payload.size();
+          }
           partial.erase(it);
         }
         continue;
@@ -287,13 +362,32 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
       Partial p;
       {
         absl::MutexLock lock(&mu_);
-        p.dropped = buffered_bytes_ + h.total_bytes() > options_.max_buffered_bytes;
-        if (!p.dropped) buffered_bytes_ += h.total_bytes();
+        if (h.kind() == Msg::P2P) {
+          // The first Recv waiting under this key takes the message in its
+          // own buffer if it fits, unless an earlier message is queued for
+          // that Recv to take first.
+          const std::string key = Key(h.group(), Msg::P2P, from, h.tag());
+          auto w = waiting_.find(key);
+          auto queued = mailbox_.find(key);
+          if (w != waiting_.end() && (queued == mailbox_.end() || queued->second.empty()) &&
+              w->second.front()->out.size() >= h.total_bytes()) {
+            p.landing = std::move(w->second.front());
+            w->second.pop_front();
+            if (w->second.empty()) waiting_.erase(w);
+            p.landing->state = State::kFilling;
+            p.landing->header = h;
+            p.landing->filled = 0;
+          }
+        }
+        if (!p.landing) {
+          p.dropped = buffered_bytes_ + h.total_bytes() > options_.max_buffered_bytes;
+          if (!p.dropped) buffered_bytes_ += h.total_bytes();
+        }
       }
       if (p.dropped) {
         spdlog::warn("dropping a {}-byte exchange message from {}: {} bytes already buffered",
                      h.total_bytes(), from, options_.max_buffered_bytes);
-      } else {
+      } else if (!p.landing) {
         p.payload = TakeBuffer(h.total_bytes());
       }
       p.header = h;
@@ -304,28 +398,69 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
       break;
     }
     Partial& p = it->second;
-    absl::Span<uint8_t> into;
-    if (p.dropped) {
-      scratch.resize(h.payload_bytes());
-      into = absl::MakeSpan(scratch);
-    } else {
-      into = absl::MakeSpan(p.payload).subspan(h.offset(), h.payload_bytes());
+    // Into a Recv's buffer the segment is read in short pieces, so a Recv
+    // that ends waits for one piece at most; the rest of the segment then
+    // follows the message into the hub buffer the Recv hands over.
+    const uint64_t end = h.offset() + h.payload_bytes();
+    absl::Status read;
+    while (read.ok() && p.received < end) {
+      absl::Span<uint8_t> into;
+      if (p.landing) {
+        absl::MutexLock lock(&mu_);
+        settle(p);
+        if (p.landing) {
+          // Within `out`: the bound message fits it, and `end` is within the message.
+          into = p.landing->out.subspan(p.received,
+                                        std::min<uint64_t>(kInPlacePieceBytes, end - p.received));
+          p.landing->writing = true;
+          p.landing->channel = &channel;
+        }
+      }
+      if (p.landing) {
+        // `into` is set above.
+      } else if (p.dropped) {
+        scratch.resize(end - p.received);
+        into = absl::MakeSpan(scratch);
+      } else {
+        into = absl::MakeSpan(p.payload).subspan(p.received, end - p.received);
+      }
+      read = channel.ReadExactly(into);
+      if (p.landing) {
+        absl::MutexLock lock(&mu_);
+        Landing& l = *p.landing;
+        l.writing = false;
+        l.channel = nullptr;
+        if (read.ok()) {
+          l.filled += into.size();
+          bytes_in_place_ += into.size();
+          // A Recv handing it over sees `filled` reach the total itself.
+          if (l.filled == l.header.total_bytes() && l.state == State::kFilling) {
+            l.state = State::kComplete;
+          }
+        }
+      }
+      if (read.ok()) p.received += into.size();
     }
-    if (absl::Status s = channel.ReadExactly(into); !s.ok()) {
-      result = s;
+    if (!read.ok()) {
+      result = read;
       break;
     }
-    p.received += h.payload_bytes();
     if (p.received == p.header.total_bytes()) {
-      if (!p.dropped) {
+      if (!p.dropped && !p.landing) {
         absl::MutexLock lock(&mu_);
         Deliver(from, std::move(p.header), std::move(p.payload));
       }
       partial.erase(it);
     }
   }
+  absl::MutexLock lock(&mu_);
   for (auto& [id, p] : partial) {
-    if (!p.dropped) release(p.payload.size());
+    settle(p);
+    if (p.landing) {
+      unbind(p);
+    } else if (!p.dropped) {
+      buffered_bytes_ -= p.payload.size();
+    }
   }
   return result;
 }
@@ -980,7 +1115,77 @@ OpResult ExchangeHub::Send(const P2PArgs& args, absl::Span<const uint8_t> data) 
   return result;
 }
 
+size_t ExchangeHub::receives_waiting() {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [key, queue] : waiting_) n += queue.size();
+  return n;
+}
+
+bool ExchangeHub::Withdraw(Landing& l) {
+  using State = Landing::State;
+  switch (l.state) {
+    case State::kComplete:
+      return true;
+    case State::kWaiting: {
+      auto w = waiting_.find(l.key);
+      if (w == waiting_.end()) Broken("a waiting receive buffer is not in waiting_");
+      auto& queue = w->second;
+      auto self = std::find_if(queue.begin(), queue.end(),
+                               [&](const std::shared_ptr<Landing>& x) { return x.get() == &l; });
+      if (self == queue.end()) Broken("a waiting receive buffer is not in its queue");
+      queue.erase(self);
+      if (queue.empty()) waiting_.erase(w);
+      l.state = State::kWithdrawn;
+      return false;
+    }
+    case State::kFilling:
+      break;
+    case State::kHandingOver:
+    case State::kWithdrawn:
+      Broken("a receive buffer withdrawn twice");
+  }
+  l.state = State::kHandingOver;
+  auto idle = [&l]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !l.writing; };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&idle), absl::Now() + kSenderGrace)) {
+    // The peer stalled inside a segment: cut its link so the read fails.
+    // Abort only stops the socket, and the channel lives while its reader
+    // is writing, so this is safe under mu_ (as in Shutdown).
+    spdlog::warn("exchange: cutting the link from {}: a segment for a finished receive stalled",
+                 l.channel->peer_site());
+    l.channel->Abort();
+    mu_.Await(absl::Condition(&idle));
+  }
+  if (l.filled == l.header.total_bytes()) {
+    l.state = State::kComplete;
+    return true;
+  }
+  // Keep the message for the next Recv: the reader carries on in a hub
+  // buffer holding what arrived so far.
+  const uint64_t total = l.header.total_bytes();
+  std::optional<Payload> spill;
+  if (buffered_bytes_ + total <= options_.max_buffered_bytes) {
+    buffered_bytes_ += total;
+    // Unlocked: TakeBuffer takes mu_, and the copy may be large. The reader
+    // waits while the landing is kHandingOver, so `out` and `filled` are
+    // this thread's alone here.
+    mu_.Unlock();
+    spill = TakeBuffer(total);
+    std::memcpy(spill->data(), l.out.data(), l.filled);
+    mu_.Lock();
+  } else {
+    spdlog::warn(
+        "dropping a {}-byte exchange message (group {}, tag '{}') whose receive ended: "
+        "{} bytes already buffered",
+        total, l.header.group(), l.header.tag(), options_.max_buffered_bytes);
+  }
+  l.spill = std::move(spill);
+  l.state = State::kWithdrawn;
+  return false;
+}
+
 OpResult ExchangeHub::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
+  using State = Landing::State;
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + args.timeout;
   OpResult result;
@@ -1018,18 +1223,47 @@ OpResult ExchangeHub::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
     const auto& m = g->second->members;
     return std::find(m.begin(), m.end(), args.peer) == m.end();
   };
-  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto queued = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto m = mailbox_.find(key);
-    return (m != mailbox_.end() && !m->second.empty()) || shutdown_ || op->cancelled || peer_gone();
+    return m != mailbox_.end() && !m->second.empty();
+  };
+  // Offer `out` to the next message under the key, unless one is already
+  // here for this call to take.
+  std::shared_ptr<Landing> landing;
+  if (!queued()) {
+    landing = std::make_shared<Landing>();
+    landing->key = key;
+    landing->out = out;
+    waiting_[key].push_back(landing);
+  }
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (shutdown_ || op->cancelled || peer_gone()) return true;
+    if (landing && landing->state == State::kComplete) return true;
+    // Bound to a message that is arriving: that one is this call's.
+    if (landing && landing->state == State::kFilling) return false;
+    return queued();
   };
   while (!ready() && absl::Now() < deadline) {
     mu_.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, absl::Now() + kPoll));
     if (!op->cancelled && args.client_gone && args.client_gone()) op->cancelled = true;
   }
   EndOp(args.op_id);
+  // From here on the hub no longer touches `out` (whatever the outcome).
+  const bool landed = landing && Withdraw(*landing);
   auto m = mailbox_.find(key);
   it = groups_.find(args.group);
   if (it != groups_.end()) result.view = ViewOf(*it->second);
+  auto succeed = [&](uint64_t bytes) {
+    result.bytes = bytes;
+    result.stats.set_bytes_received(bytes);
+    result.stats.set_peers(1);
+    result.stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+    result.stats.set_generation(generation);
+  };
+  if (landed) {
+    succeed(landing->header.total_bytes());
+    return result;
+  }
   if (m != mailbox_.end() && !m->second.empty()) {
     Message msg = std::move(m->second.front());
     m->second.pop_front();
@@ -1041,13 +1275,13 @@ OpResult ExchangeHub::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
                        out.size(), " (the message is dropped)"));
       return result;
     }
+    // Unlocked: the message is this call's alone now, and the inbound
+    // readers should not wait for a large copy.
+    mu_.Unlock();
     std::memcpy(out.data(), msg.payload.data(), msg.payload.size());
-    result.bytes = msg.payload.size();
-    result.stats.set_bytes_received(msg.payload.size());
+    mu_.Lock();
+    succeed(msg.payload.size());
     Recycle(std::move(msg.payload));
-    result.stats.set_peers(1);
-    result.stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
-    result.stats.set_generation(generation);
     return result;
   }
   if (op->cancelled) {

@@ -17,6 +17,13 @@
 // network is checked against the message's declared size and the hub's
 // memory limit.
 //
+// Receiving in place. A Recv that is already waiting when its message starts
+// to arrive offers its buffer: the inbound reader reads the payload segments
+// straight into it, so nothing is copied once the last byte is in. A message
+// that arrives first (or does not fit the waiting buffer) is assembled in a
+// hub buffer and copied out by the Recv that takes it. See Landing in the .cc
+// for who may touch an offered buffer when.
+//
 // Groups. Join sends JOIN (members, proposed generation) to every member and
 // waits for every member's JOIN; the group forms at the largest proposal.
 // When a member's link breaks, every group holding it drops it and moves to
@@ -152,7 +159,14 @@ class ExchangeHub {
   OpResult AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer);
   // Sends `data` to args.peer under args.tag; done once it is on the link.
   OpResult Send(const P2PArgs& args, absl::Span<const uint8_t> data);
-  // Waits for a message from args.peer under args.tag and copies it into `out`.
+  // Waits for a message from args.peer under args.tag and puts it into `out`
+  // (in place as it arrives when this call is already waiting). `out` stays
+  // the caller's: the hub never touches it after Recv returns, whatever the
+  // outcome. If the call ends (cancel, timeout, lost peer, shutdown) while a
+  // message is arriving into `out`, it first waits for the piece being read
+  // (256 KiB; if the peer stalls inside it for 2 s, the link is cut and the
+  // peer lost); the part that arrived is then moved to a hub buffer and the
+  // message kept for the next Recv, as if it had arrived before this one.
   OpResult Recv(const P2PArgs& args, absl::Span<uint8_t> out);
 
   // Ends the operation `op_id` with Cancelled; false if it is not running.
@@ -164,9 +178,16 @@ class ExchangeHub {
 
   const std::string& local_site() const { return local_site_; }
 
+  // Payload bytes read straight into a waiting Recv's buffer so far (the
+  // rest went through hub buffers and a copy).
+  uint64_t bytes_received_in_place() const { return bytes_in_place_.load(); }
+  // Recv calls waiting with their buffer offered to a message not yet begun.
+  size_t receives_waiting();
+
  private:
   struct Outbound;
   struct Message;
+  struct Landing;
   struct Assembly;
   struct Group;
   struct Op;
@@ -188,6 +209,11 @@ class ExchangeHub {
   // Keeps `payload` for reuse (up to kSpareBytes in all), or frees it.
   void Recycle(Payload payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PeerLost(const std::string& site, const std::string& reason);
+  // Ends the offer of a Recv's buffer; afterwards the hub never touches
+  // `landing.out`. Returns true if a whole message landed in it first. May
+  // wait for the segment being read into it (cutting the link if that
+  // stalls) and release mu_ while it copies a partly arrived message out.
+  bool Withdraw(Landing& landing) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The commit round of an all-reduce whose inputs are all here: sends DONE
   // and waits for every peer's DONE.
   absl::Status Commit(const AllReduceArgs& args, const std::string& what, uint64_t generation,
@@ -222,6 +248,10 @@ class ExchangeHub {
   absl::flat_hash_map<std::string, std::deque<Message>> mailbox_ ABSL_GUARDED_BY(mu_);
   // Messages whose segments are still arriving, by "from/msg_id".
   absl::flat_hash_map<std::string, std::shared_ptr<Assembly>> assembling_ ABSL_GUARDED_BY(mu_);
+  // Buffers of waiting Recvs not yet bound to a message, by Key(); FIFO per key.
+  absl::flat_hash_map<std::string, std::deque<std::shared_ptr<Landing>>> waiting_
+      ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> bytes_in_place_{0};
   uint64_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Buffers of taken messages kept for the next ones (faulting in and
   // zeroing fresh pages costs more CPU than the copy itself).

@@ -4,9 +4,11 @@
 
 #include "daemon/exchange/exchange_hub.h"
 
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <future>
@@ -15,8 +17,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/exchange/reduce.h"
 #include "common/clock.h"
+#include "daemon/exchange/reduce.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/rate_limiter.h"
 #include "gmock/gmock.h"
@@ -518,6 +520,287 @@ TEST(ExchangeHubRateCapTest, PeerCapCountsExchangeTrafficAndCancelStopsAWaitingS
   EXPECT_EQ(limiter.ChargedToPeer("site-b"), 4096u + 4 * kMiB) << "a cancelled send is not charged";
 }
 
+// ---------------------------------------------------------------- receiving in place
+
+std::vector<uint8_t> Pattern(size_t bytes, uint8_t seed) {
+  std::vector<uint8_t> v(bytes);
+  for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<uint8_t>(i * 131 + seed + (i >> 12));
+  return v;
+}
+
+// A Recv buffer in its own mapping, so a test can unmap it once the Recv has
+// returned: a hub that wrote into it afterwards would crash the test.
+class MappedBuffer {
+ public:
+  explicit MappedBuffer(size_t bytes) : bytes_(bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    base_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+  }
+  ~MappedBuffer() { Unmap(); }
+  absl::Span<uint8_t> span() { return {base_, bytes_}; }
+  void Unmap() {
+    if (base_ != nullptr) munmap(base_, bytes_);
+    base_ = nullptr;
+  }
+
+ private:
+  uint8_t* base_;
+  size_t bytes_;
+};
+
+// Writes one segment of P2P message `msg_id` (tag `tag` in group g) on a
+// raw link, as the peer's hub would.
+absl::Status SendSegment(transport::Channel& raw, uint64_t msg_id, const std::string& tag,
+                         absl::Span<const uint8_t> message, uint64_t offset, uint64_t bytes) {
+  v1::ExchangePeerMessage h;
+  h.set_kind(v1::ExchangePeerMessage::P2P);
+  h.set_group("g");
+  h.set_tag(tag);
+  h.set_msg_id(msg_id);
+  h.set_total_bytes(message.size());
+  h.set_offset(offset);
+  h.set_payload_bytes(bytes);
+  if (absl::Status s = peer::SendProto(raw, peer::FrameType::kControl, 0, h); !s.ok()) return s;
+  return raw.Write({message.subspan(offset, bytes)});
+}
+
+TEST(ExchangeHubInPlaceTest, RecvWaitingBeforeTheMessageGetsItInItsBuffer) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  const std::vector<uint8_t> message = Pattern(6 * kMiB + 123, 7);  // two segments
+  std::vector<uint8_t> out(8 * kMiB, 0);
+  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(30), nullptr};
+  auto got = std::async(std::launch::async,
+                        [&] { return net.hub("site-b").Recv(recv, absl::MakeSpan(out)); });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
+
+  P2PArgs send{"g", "s", "site-b", "t", absl::Seconds(30), nullptr};
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(message)).status.ok());
+  OpResult r = got.get();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.bytes, message.size());
+  EXPECT_EQ(r.stats.bytes_received(), message.size());
+  EXPECT_TRUE(std::equal(message.begin(), message.end(), out.begin()));
+  EXPECT_EQ(out[message.size()], 0) << "wrote past the message";
+  EXPECT_EQ(net.hub("site-b").bytes_received_in_place(), message.size());
+  EXPECT_EQ(net.hub("site-b").receives_waiting(), 0u);
+}
+
+TEST(ExchangeHubInPlaceTest, MessageBeforeRecvIsBufferedAndCopiedOnce) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  const std::vector<uint8_t> message = Pattern(5 * kMiB, 3);
+  P2PArgs send{"g", "s1", "site-b", "t", absl::Seconds(30), nullptr};
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(message)).status.ok());
+  // A later message on the same link: once it is received, the first one
+  // has been read whole into a hub buffer.
+  send.op_id = "s2";
+  send.tag = "later";
+  const std::vector<uint8_t> marker = {42};
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(marker)).status.ok());
+  std::vector<uint8_t> one(1);
+  P2PArgs recv{"g", "r1", "site-a", "later", absl::Seconds(30), nullptr};
+  ASSERT_TRUE(net.hub("site-b").Recv(recv, absl::MakeSpan(one)).status.ok());
+  const uint64_t in_place = net.hub("site-b").bytes_received_in_place();
+  EXPECT_LE(in_place, 1u);
+
+  std::vector<uint8_t> out(message.size());
+  recv.op_id = "r2";
+  recv.tag = "t";
+  OpResult r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.bytes, message.size());
+  EXPECT_TRUE(out == message);
+  EXPECT_EQ(net.hub("site-b").bytes_received_in_place(), in_place) << "it arrived before the Recv";
+}
+
+TEST(ExchangeHubInPlaceTest, MessageLargerThanTheWaitingBufferFailsThatRecvAndIsDropped) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  std::vector<uint8_t> small(1 * kMiB);
+  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(30), nullptr};
+  auto got = std::async(std::launch::async,
+                        [&] { return net.hub("site-b").Recv(recv, absl::MakeSpan(small)); });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
+  const std::vector<uint8_t> message = Pattern(2 * kMiB, 1);
+  P2PArgs send{"g", "s", "site-b", "t", absl::Seconds(30), nullptr};
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(message)).status.ok());
+  OpResult r = got.get();
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument) << r.status;
+  EXPECT_THAT(std::string(r.status.message()), HasSubstr("the message is 2097152 bytes"));
+  EXPECT_EQ(net.hub("site-b").bytes_received_in_place(), 0u);
+  // Dropped: the next Recv under the tag waits for a new message.
+  recv.op_id = "r2";
+  recv.timeout = absl::Milliseconds(100);
+  std::vector<uint8_t> big(4 * kMiB);
+  EXPECT_EQ(net.hub("site-b").Recv(recv, absl::MakeSpan(big)).status.code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+// Cancelled between two segments of a message arriving into its buffer: the
+// Recv returns, the hub never writes into that buffer again (it is unmapped
+// here), and the whole message goes to the next Recv.
+TEST(ExchangeHubInPlaceTest, CancelMidMessageKeepsTheMessageAndNeverTouchesTheBufferAgain) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  auto raw = net.RawDial("site-a", "site-b");
+  const std::vector<uint8_t> message = Pattern(6 * kMiB, 9);
+  MappedBuffer buffer(8 * kMiB);
+  P2PArgs recv{"g", "to-cancel", "site-a", "t", absl::Seconds(60), nullptr};
+  auto got =
+      std::async(std::launch::async, [&] { return net.hub("site-b").Recv(recv, buffer.span()); });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
+  ASSERT_TRUE(SendSegment(*raw, 1, "t", message, 0, 4 * kMiB).ok());
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").bytes_received_in_place() == 4 * kMiB; }));
+
+  EXPECT_TRUE(net.hub("site-b").Cancel("to-cancel"));
+  OpResult r = got.get();
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
+  buffer.Unmap();
+
+  ASSERT_TRUE(SendSegment(*raw, 1, "t", message, 4 * kMiB, 2 * kMiB).ok());
+  std::vector<uint8_t> out(message.size());
+  recv.op_id = "again";
+  r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.bytes, message.size());
+  EXPECT_TRUE(out == message);
+  EXPECT_EQ(net.hub("site-b").bytes_received_in_place(), 4 * kMiB);
+}
+
+// Timed out while the peer stalls inside a segment that is being read into
+// the Recv's buffer: the Recv still returns (the stalled link is cut after a
+// grace period) and the buffer, unmapped right after, is never written.
+TEST(ExchangeHubInPlaceTest, TimeoutWhileASegmentStallsCutsTheLinkBeforeReturning) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  auto raw = net.RawDial("site-a", "site-b");
+  const std::vector<uint8_t> message = Pattern(4 * kMiB, 5);
+  MappedBuffer buffer(4 * kMiB);
+  P2PArgs recv{"g", "r", "site-a", "t", absl::Milliseconds(500), nullptr};
+  auto got =
+      std::async(std::launch::async, [&] { return net.hub("site-b").Recv(recv, buffer.span()); });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
+  // The header and the first MiB of a 4 MiB segment; the rest never comes.
+  v1::ExchangePeerMessage h;
+  h.set_kind(v1::ExchangePeerMessage::P2P);
+  h.set_group("g");
+  h.set_tag("t");
+  h.set_msg_id(1);
+  h.set_total_bytes(message.size());
+  h.set_payload_bytes(message.size());
+  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, h).ok());
+  ASSERT_TRUE(raw->Write({absl::MakeConstSpan(message).subspan(0, kMiB)}).ok());
+
+  OpResult r = got.get();
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
+  buffer.Unmap();
+  // Whatever comes now must not reach the unmapped buffer.
+  raw->Write({absl::MakeConstSpan(message).subspan(kMiB)}).IgnoreError();
+  // Normally the read was under way and the link got cut: site-a is lost.
+  // (Had the Recv given up before the read began, the message would have
+  // been kept whole for the next Recv instead.)
+  std::vector<uint8_t> out(message.size());
+  recv.op_id = "r2";
+  recv.timeout = absl::Seconds(10);
+  r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+  if (r.status.ok()) {
+    EXPECT_TRUE(out == message);
+  } else {
+    EXPECT_EQ(r.lost_peer, "site-a") << r.status;
+  }
+}
+
+// Cancelled in the middle of a segment that is still flowing: the Recv waits
+// only for the piece being read, the rest of the segment follows the message
+// into a hub buffer, the link stays up and the next Recv gets it whole.
+TEST(ExchangeHubInPlaceTest, CancelMidSegmentHandsTheRestToTheNextRecvWithoutCuttingTheLink) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  auto raw = net.RawDial("site-a", "site-b");
+  const std::vector<uint8_t> message = Pattern(4 * kMiB, 11);  // one segment
+  MappedBuffer buffer(4 * kMiB);
+  P2PArgs recv{"g", "to-cancel", "site-a", "t", absl::Seconds(60), nullptr};
+  auto got =
+      std::async(std::launch::async, [&] { return net.hub("site-b").Recv(recv, buffer.span()); });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
+  v1::ExchangePeerMessage h;
+  h.set_kind(v1::ExchangePeerMessage::P2P);
+  h.set_group("g");
+  h.set_tag("t");
+  h.set_msg_id(1);
+  h.set_total_bytes(message.size());
+  h.set_payload_bytes(message.size());
+  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, h).ok());
+  ASSERT_TRUE(raw->Write({absl::MakeConstSpan(message).subspan(0, kMiB)}).ok());
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").bytes_received_in_place() == kMiB; }));
+  // The rest trickles in (64 KiB every 20 ms) while the Recv is cancelled.
+  std::thread trickle([&] {
+    for (uint64_t at = kMiB; at < message.size(); at += 64 << 10) {
+      ASSERT_TRUE(raw->Write({absl::MakeConstSpan(message).subspan(at, 64 << 10)}).ok());
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  EXPECT_TRUE(net.hub("site-b").Cancel("to-cancel"));
+  OpResult r = got.get();
+  const bool finished_first = r.status.ok();  // only if this thread was starved for a second
+  if (finished_first) {
+    EXPECT_TRUE(std::equal(message.begin(), message.end(), buffer.span().begin()));
+  } else {
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
+  }
+  buffer.Unmap();
+  trickle.join();
+
+  if (!finished_first) {
+    std::vector<uint8_t> out(message.size());
+    recv.op_id = "again";
+    r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_TRUE(out == message);
+    EXPECT_LT(net.hub("site-b").bytes_received_in_place(), message.size());
+  }
+  auto view = net.hub("site-b").View("g");
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->generation(), 1u) << "the link from site-a was cut";
+}
+
+// The link breaks while a message is arriving in place: the Recv learns the
+// peer is lost; a sender's DISCARD instead leaves the Recv waiting for the
+// next message.
+TEST(ExchangeHubInPlaceTest, DiscardMidMessageLeavesTheRecvWaitingAndALostLinkFailsIt) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  auto raw = net.RawDial("site-a", "site-b");
+  const std::vector<uint8_t> first = Pattern(6 * kMiB, 2), second = Pattern(3 * kMiB, 4);
+  MappedBuffer buffer(8 * kMiB);
+  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(60), nullptr};
+  auto got =
+      std::async(std::launch::async, [&] { return net.hub("site-b").Recv(recv, buffer.span()); });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
+  ASSERT_TRUE(SendSegment(*raw, 1, "t", first, 0, 4 * kMiB).ok());
+  v1::ExchangePeerMessage discard;
+  discard.set_kind(v1::ExchangePeerMessage::DISCARD);
+  discard.set_msg_id(1);
+  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, discard).ok());
+  ASSERT_TRUE(SendSegment(*raw, 2, "t", second, 0, second.size()).ok());
+  OpResult r = got.get();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.bytes, second.size());
+  EXPECT_TRUE(std::equal(second.begin(), second.end(), buffer.span().begin()));
+
+  recv.op_id = "r2";
+  got = std::async(std::launch::async, [&] { return net.hub("site-b").Recv(recv, buffer.span()); });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
+  ASSERT_TRUE(SendSegment(*raw, 3, "t", first, 0, 4 * kMiB).ok());
+  ASSERT_TRUE(Eventually(
+      [&] { return net.hub("site-b").bytes_received_in_place() == second.size() + 8 * kMiB; }));
+  raw.reset();  // the link from site-a closes mid-message
+  r = got.get();
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable) << r.status;
+  EXPECT_EQ(r.lost_peer, "site-a");
+  EXPECT_EQ(net.hub("site-b").receives_waiting(), 0u);
+}
 
 }  // namespace
 }  // namespace longhaul::exchange
