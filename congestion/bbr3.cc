@@ -25,6 +25,7 @@ Bbr3::Bbr3(const Bbr3Params& params, Random& random, Timestamp now)
   probe_rtt_min_stamp_ = now;
   extra_acked_interval_start_ = now;
   cycle_stamp_ = now;
+  this_round_start_time_ = now;
   ResetShortTermModel();
   // BBRInitPacingRate: no SRTT yet, so assume 1 ms.
   const Bandwidth nominal =
@@ -168,8 +169,19 @@ void Bbr3::OnCongestionEvent(Timestamp now, ByteCount prior_in_flight,
 // draft-ietf-ccwg-bbr-06, "Tracking Packet-Timed Round Trips" (BBRUpdateRound).
 void Bbr3::UpdateRound() {
   round_start_ = false;
+  this_round_min_rtt_ = std::min(this_round_min_rtt_, rs_.rtt);
   if (rs_.newly_acked == 0) return;
   if (rs_.prior_delivered >= next_round_delivered_) {
+    const TimeDelta round_time = now_ - this_round_start_time_;
+    last_round_delivery_rate_ =
+        round_time > TimeDelta::Zero()
+            ? Bandwidth::FromBytesAndTimeDelta(sampler_.delivered() - this_round_start_delivered_,
+                                               round_time)
+            : Bandwidth::Zero();
+    last_round_min_rtt_ = this_round_min_rtt_;
+    this_round_min_rtt_ = TimeDelta::Infinite();
+    this_round_start_time_ = now_;
+    this_round_start_delivered_ = sampler_.delivered();
     StartRound();
     ++round_count_;
     ++rounds_since_bw_probe_;
@@ -222,10 +234,10 @@ void Bbr3::UpdateCongestionSignals() {
   const double loss_rate = round_total == 0 ? 0.0
                                             : static_cast<double>(round_lost_) /
                                                   static_cast<double>(round_total);
-  // Only in CRUISE: in DOWN the queue is usually the one our own ProbeBW_UP just built.
-  const bool standing_queue = mode_ == Mode::kProbeBwCruise && !min_rtt_.IsInfinite() &&
-                              !round_min_rtt_.IsInfinite() &&
+  const bool queue_in_round = !min_rtt_.IsInfinite() && !round_min_rtt_.IsInfinite() &&
                               round_min_rtt_ > min_rtt_ * params_.standing_queue_rtt_factor;
+  // Only in CRUISE: in DOWN the queue is usually the one our own ProbeBW_UP just built.
+  const bool standing_queue = mode_ == Mode::kProbeBwCruise && queue_in_round;
   loss_in_round_ = round_lost_ > 0 &&
                    (standing_queue || IsCongestiveLoss(round_lost_, round_acked_ + round_lost_));
   // What the path delivered over the whole round: unlike bw_latest (a max over per-packet
@@ -238,13 +250,23 @@ void Bbr3::UpdateCongestionSignals() {
   round_acked_ = 0;
   round_lost_ = 0;
   round_min_rtt_ = TimeDelta::Infinite();
-  const bool heavy = params_.heavy_loss_rate > 0 && loss_rate >= params_.heavy_loss_rate;
+  // In a standing queue, a flow squeezed by a competitor holds about RTT / min_rtt BDPs at its
+  // delivered rate; one on a path that shrank holds far more
+  // (Bbr3Params::heavy_loss_min_inflight_bdp).
+  const bool path_shrink_plausible =
+      params_.heavy_loss_min_inflight_bdp <= 0 || !queue_in_round ||
+      static_cast<double>(inflight_) >
+          params_.heavy_loss_min_inflight_bdp * static_cast<double>(BdpMultiple(round_rate, 1.0));
+  const bool heavy =
+      params_.heavy_loss_rate > 0 && loss_rate >= params_.heavy_loss_rate && path_shrink_plausible;
   const bool path_shrank = heavy && HandleHeavyLoss(std::min(bw_latest_, round_rate));
   AdaptLowerBoundsFromCongestion();
   loss_in_round_ = false;
   loss_noted_in_round_ = false;
-  // After AdaptLowerBoundsFromCongestion, which needs this round's bw_latest.
+  // After AdaptLowerBoundsFromCongestion, which needs this round's bw_latest. From ProbeRTT, drain
+  // once it ends (ExitProbeRtt) rather than cruise into the queue the old estimate built.
   if (path_shrank && mode_ == Mode::kProbeBwCruise) StartProbeBwDown();
+  if (path_shrank && mode_ == Mode::kProbeRtt) drain_after_probe_rtt_ = true;
 }
 
 // A longhaul deviation (Bbr3Params::heavy_loss_rate): a round outside bandwidth probing lost at
@@ -300,7 +322,28 @@ void Bbr3::ResetCongestionSignals() {
   inflight_latest_ = 0;
 }
 
-void Bbr3::BoundBwForModel() { bw_ = std::min(max_bw_, bw_shortterm_); }
+// With standing_queue_allowance_packets (a longhaul deviation), a flow cruising in a standing
+// queue is held by its cwnd target (BoundCwndForModel), not by bw_shortterm: pacing at max_bw lets
+// a flow below its share deliver more, and so raise its target, the next round trip.
+void Bbr3::BoundBwForModel() {
+  bw_ = IsCruisingInStandingQueue() ? max_bw_ : std::min(max_bw_, bw_shortterm_);
+}
+
+// A longhaul deviation (Bbr3Params::standing_queue_allowance_packets): cruising, and every RTT
+// sample of the last round trip was above min_rtt by the standing-queue margin
+// (standing_queue_rtt_factor - 1) x min_rtt or by the time the allowance takes at max_bw,
+// whichever is less. The second term lets flows with different min_rtt engage at about the same
+// queueing delay (a 150 ms flow would otherwise need 37.5 ms of queue, a 20 ms flow 5 ms).
+bool Bbr3::IsCruisingInStandingQueue() const {
+  if (params_.standing_queue_allowance_packets == 0 || mode_ != Mode::kProbeBwCruise ||
+      min_rtt_.IsInfinite() || last_round_min_rtt_.IsInfinite() || max_bw_.IsZero()) {
+    return false;
+  }
+  const TimeDelta margin =
+      std::min(min_rtt_ * (params_.standing_queue_rtt_factor - 1.0),
+               max_bw_.TransferTime(params_.standing_queue_allowance_packets * params_.mss));
+  return last_round_min_rtt_ > min_rtt_ + margin;
+}
 
 // draft-ietf-ccwg-bbr-06, "BBR.extra_acked" (BBRUpdateACKAggregation): how much more than the
 // model's rate the ACKs delivered, to provision cwnd for ACK aggregation.
@@ -583,6 +626,10 @@ void Bbr3::ExitProbeRtt() {
   ResetShortTermModel();
   if (full_bw_reached_) {
     StartProbeBwDown();
+    if (drain_after_probe_rtt_) {
+      drain_after_probe_rtt_ = false;
+      return;
+    }
     StartProbeBwCruise();
   } else {
     EnterStartup();
@@ -639,6 +686,11 @@ void Bbr3::BoundCwndForModel() {
   ByteCount cap = kInfiniteBytes;
   if (IsInProbeBwState() && mode_ != Mode::kProbeBwCruise) {
     cap = inflight_longterm_;
+  } else if (IsCruisingInStandingQueue()) {
+    // A longhaul deviation (Bbr3Params::standing_queue_allowance_packets): the same number of
+    // packets in the shared queue for every flow, whatever its inflight_longterm.
+    cap = BdpMultiple(last_round_delivery_rate_, 1.0) +
+          params_.standing_queue_allowance_packets * params_.mss;
   } else if (mode_ == Mode::kProbeRtt || mode_ == Mode::kProbeBwCruise) {
     cap = InflightWithHeadroom();
   }

@@ -1,5 +1,4 @@
 // One test per scenario of issue 3, asserting the figure the issue demands. Label: sim.
-#include <cstdlib>
 #include <cstdio>
 #include <string>
 
@@ -80,15 +79,7 @@ TEST_F(ScenarioTest, ProbeRttEveryFiveSecondsAtHalfBdpCheaply) {
   EXPECT_LE(r.figures.at("utilization_loss_from_probe_rtt"), 0.03);
 }
 
-// KNOWN FAILURE (issue 3 stays open): Bbr3 reaches Jain 0.74-0.97 across
-// seeds 1-10 here (0.83 on seed 1), short of 0.95; congestion/README.md has the
-// diagnosis and what was tried.
-// Skipped in CI so the rest of the suite gates main; run it with
-// LONGHAUL_RUN_KNOWN_FAILING=1. The assertion is the issue's real threshold.
 TEST_F(ScenarioTest, FourStaggeredFlowsShareFairly) {
-  if (std::getenv("LONGHAUL_RUN_KNOWN_FAILING") == nullptr) {
-    GTEST_SKIP() << "known failure: fair-4 Jain < 0.95 (issue 3 open)";
-  }
   const ScenarioResult r = Run("fair-4");
   EXPECT_GE(r.figures.at("jain"), 0.95);
 }
