@@ -548,19 +548,29 @@ class MappedBuffer {
   size_t bytes_;
 };
 
-// Writes one segment of P2P message `msg_id` (tag `tag` in group g) on a
-// raw link, as the peer's hub would.
-absl::Status SendSegment(transport::Channel& raw, uint64_t msg_id, const std::string& tag,
-                         absl::Span<const uint8_t> message, uint64_t offset, uint64_t bytes) {
+// Writes the header of one segment of P2P message `msg_id` (tag `tag` in
+// group g) on a raw link, as the peer's hub would; `bytes` of payload must
+// follow it.
+absl::Status SendSegmentHeader(transport::Channel& raw, uint64_t msg_id, const std::string& tag,
+                               uint64_t total_bytes, uint64_t offset, uint64_t bytes) {
   v1::ExchangePeerMessage h;
   h.set_kind(v1::ExchangePeerMessage::P2P);
   h.set_group("g");
   h.set_tag(tag);
   h.set_msg_id(msg_id);
-  h.set_total_bytes(message.size());
+  h.set_total_bytes(total_bytes);
   h.set_offset(offset);
   h.set_payload_bytes(bytes);
-  if (absl::Status s = peer::SendProto(raw, peer::FrameType::kControl, 0, h); !s.ok()) return s;
+  return peer::SendProto(raw, peer::FrameType::kControl, 0, h);
+}
+
+// Writes one whole segment (header and payload) of `message`.
+absl::Status SendSegment(transport::Channel& raw, uint64_t msg_id, const std::string& tag,
+                         absl::Span<const uint8_t> message, uint64_t offset, uint64_t bytes) {
+  if (absl::Status s = SendSegmentHeader(raw, msg_id, tag, message.size(), offset, bytes);
+      !s.ok()) {
+    return s;
+  }
   return raw.Write({message.subspan(offset, bytes)});
 }
 
@@ -682,14 +692,7 @@ TEST(ExchangeHubInPlaceTest, TimeoutWhileASegmentStallsCutsTheLinkBeforeReturnin
       std::async(std::launch::async, [&] { return net.hub("site-b").Recv(recv, buffer.span()); });
   ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
   // The header and the first MiB of a 4 MiB segment; the rest never comes.
-  v1::ExchangePeerMessage h;
-  h.set_kind(v1::ExchangePeerMessage::P2P);
-  h.set_group("g");
-  h.set_tag("t");
-  h.set_msg_id(1);
-  h.set_total_bytes(message.size());
-  h.set_payload_bytes(message.size());
-  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, h).ok());
+  ASSERT_TRUE(SendSegmentHeader(*raw, 1, "t", message.size(), 0, message.size()).ok());
   ASSERT_TRUE(raw->Write({absl::MakeConstSpan(message).subspan(0, kMiB)}).ok());
 
   OpResult r = got.get();
@@ -724,14 +727,7 @@ TEST(ExchangeHubInPlaceTest, CancelMidSegmentHandsTheRestToTheNextRecvWithoutCut
   auto got =
       std::async(std::launch::async, [&] { return net.hub("site-b").Recv(recv, buffer.span()); });
   ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
-  v1::ExchangePeerMessage h;
-  h.set_kind(v1::ExchangePeerMessage::P2P);
-  h.set_group("g");
-  h.set_tag("t");
-  h.set_msg_id(1);
-  h.set_total_bytes(message.size());
-  h.set_payload_bytes(message.size());
-  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, h).ok());
+  ASSERT_TRUE(SendSegmentHeader(*raw, 1, "t", message.size(), 0, message.size()).ok());
   ASSERT_TRUE(raw->Write({absl::MakeConstSpan(message).subspan(0, kMiB)}).ok());
   ASSERT_TRUE(Eventually([&] { return net.hub("site-b").bytes_received_in_place() == kMiB; }));
   // The rest trickles in (64 KiB every 20 ms) while the Recv is cancelled.
