@@ -416,12 +416,10 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
           p.landing->channel = &channel;
         }
       }
-      if (p.landing) {
-        // `into` is set above.
-      } else if (p.dropped) {
+      if (!p.landing && p.dropped) {
         scratch.resize(end - p.received);
         into = absl::MakeSpan(scratch);
-      } else {
+      } else if (!p.landing) {
         into = absl::MakeSpan(p.payload).subspan(p.received, end - p.received);
       }
       read = channel.ReadExactly(into);
