@@ -238,8 +238,8 @@ void Bbr3::UpdateCongestionSignals() {
                               round_min_rtt_ > min_rtt_ * params_.standing_queue_rtt_factor;
   // Only in CRUISE: in DOWN the queue is usually the one our own ProbeBW_UP just built.
   const bool standing_queue = mode_ == Mode::kProbeBwCruise && queue_in_round;
-  loss_in_round_ = round_lost_ > 0 &&
-                   (standing_queue || IsCongestiveLoss(round_lost_, round_acked_ + round_lost_));
+  const bool congestive_rate = IsCongestiveRound(round_lost_, round_total);
+  loss_in_round_ = round_lost_ > 0 && (standing_queue || congestive_rate);
   // What the path delivered over the whole round: unlike bw_latest (a max over per-packet
   // samples), it has no samples whose interval straddles a drop in the path's rate.
   const TimeDelta round_time = now_ - loss_round_start_time_;
@@ -287,6 +287,29 @@ bool Bbr3::HandleHeavyLoss(Bandwidth delivered_rate) {
 bool Bbr3::IsCongestiveLoss(ByteCount lost, ByteCount total) const {
   if (lost == 0) return false;
   return static_cast<double>(lost) > static_cast<double>(total) * params_.random_loss_tolerance;
+}
+
+// Records the loss round that just ended and says whether its loss counts as congestion under
+// random_loss_tolerance, judged over the newest rounds that carried at least
+// random_loss_min_sample_packets (see Bbr3Params). A round without loss never counts.
+bool Bbr3::IsCongestiveRound(ByteCount lost, ByteCount total) {
+  if (loss_history_size_ == kLossHistoryRounds) {
+    std::move(loss_history_.begin() + 1, loss_history_.end(), loss_history_.begin());
+    --loss_history_size_;
+  }
+  loss_history_[loss_history_size_++] = RoundLoss{lost, total};
+  if (lost == 0) return false;
+  const ByteCount min_sample = params_.random_loss_min_sample_packets * params_.mss;
+  ByteCount sample_lost = 0;
+  ByteCount sample_total = 0;
+  for (size_t i = loss_history_size_; i > 0; --i) {
+    sample_lost += loss_history_[i - 1].lost;
+    sample_total += loss_history_[i - 1].total;
+    if (sample_total >= min_sample) break;
+  }
+  if (!IsCongestiveLoss(sample_lost, sample_total)) return false;
+  loss_history_size_ = 0;
+  return true;
 }
 
 // draft-ietf-ccwg-bbr-06, "Short-term model" (BBRAdaptLowerBoundsFromCongestion). Once per round

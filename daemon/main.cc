@@ -94,8 +94,12 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   if (!transport.ok()) return Fail("cannot set up TLS", transport.status());
   // The udp transport (issue 5): keys agreed over the tcp transport's TLS.
   transport::UdpOptions udp_options;
-  udp_options.window_bytes = std::clamp<uint64_t>(
-      2 * config->BandwidthDelayProduct() / config->transfer.streams, 4u << 20, 64u << 20);
+  // Per flow, like the tcp buffers above: twice the bandwidth-delay product, so one flow can fill
+  // the pipe alone. The coupled controller hands the whole cwnd to the flows that still have data
+  // at a transfer's tail; a window of BDP x 2 / streams held each of them to a fraction of the
+  // link there (wan-lossy: 4 MiB per flow, < 750 Mbit/s for one flow at 45 ms).
+  udp_options.window_bytes =
+      std::clamp<uint64_t>(2 * config->BandwidthDelayProduct(), 4u << 20, 64u << 20);
   udp_options.socket_buffer_bytes = std::clamp<uint64_t>(udp_options.window_bytes, 4u << 20, 32u << 20);
   udp_options.coupled = config->udp.coupled;
   auto udp = transport::MakeUdpTransport(**transport, udp_options);

@@ -49,6 +49,13 @@ TEST_F(ScenarioTest, Loss1KeepsGoodputWhileCubicCollapses) {
   EXPECT_LT(r.figures.at("cubic_goodput_over_ideal"), 0.5);
 }
 
+// The udp transport's shape on the wan-lossy link: few packets per round make the per-round loss
+// rate noisy, and chance rounds above the loss tolerance must not drag the rate down.
+TEST_F(ScenarioTest, LossyJumboCoupledFlowsKeepGoodput) {
+  const ScenarioResult r = Run("lossy-jumbo");
+  EXPECT_GE(r.figures.at("goodput_over_ideal"), 0.94);
+}
+
 TEST_F(ScenarioTest, ShallowBufferEstimatesBandwidthAndBoundsLoss) {
   const ScenarioResult r = Run("shallow");
   EXPECT_NEAR(r.figures.at("bw_estimate_ratio"), 1.0, 0.05);
