@@ -57,9 +57,10 @@ class TransferProgress {
 using LinkObserver = std::function<void(const std::string& site, const transport::LinkStats&)>;
 
 // Drives one outgoing transfer to its end: opens a session with the
-// destination, sends every chunk it lacks over N streams (one chunk in flight
-// per stream, so a crash re-sends at most streams x chunk size), re-sends
-// files whose source changed, and asks the destination to publish.
+// destination, sends every chunk it lacks over N streams (up to two chunk
+// sizes unacknowledged per stream, so a crash re-sends at most 2 x streams x
+// chunk size), re-sends files whose source changed, and asks the destination
+// to publish.
 // Transient failures (a broken connection, a restarted peer, a full disk at
 // the destination) are retried with exponential backoff; the journal record
 // is kept current so a restarted daemon resumes where this one stopped.
