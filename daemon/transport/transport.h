@@ -56,6 +56,12 @@ class Channel {
   // default does nothing.
   virtual void LimitUnsentBytes(uint64_t bytes) {}
 
+  // Bytes written to this channel that the transport has not yet put on the
+  // wire (for tcp the unsent part of the socket's send queue, SIOCOUTQNSD).
+  // Unlike the rest of the channel, any thread may call it. 0 when the
+  // transport cannot tell.
+  virtual uint64_t UnsentBytes() const { return 0; }
+
   // RFC 5705 / RFC 8446 §7.5 exporter over the channel's TLS session, for
   // keys of protocols keyed by this handshake (the udp transport). Channels
   // without a TLS session return Unimplemented.
