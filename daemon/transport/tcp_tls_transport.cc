@@ -203,6 +203,12 @@ class TcpTlsChannel final : public Channel {
                sizeof lowat);
   }
 
+  void LimitPacingRate(Bandwidth rate) override {
+    uint64_t bytes_per_second = static_cast<uint64_t>(std::max<int64_t>(rate.ToBytesPerSecond(), 1));
+    setsockopt(stream_.lowest_layer().native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE,
+               &bytes_per_second, sizeof bytes_per_second);
+  }
+
   uint64_t UnsentBytes() const override {
     int fd = const_cast<ssl::stream<tcp::socket>&>(stream_).lowest_layer().native_handle();
     int unsent = 0;
