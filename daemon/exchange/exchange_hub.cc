@@ -30,6 +30,12 @@ constexpr absl::Duration kSenderGrace = absl::Seconds(2);
 // link is below ~1 Mbit/s that takes well under kSenderGrace, after which
 // the link would be cut.
 constexpr uint64_t kInPlacePieceBytes = 256 << 10;
+// How often the hub looks whether a finished Send's bytes are all sent (a
+// few per cent of a long-haul RTT), and how long it keeps bulk traffic
+// paused for them at most: a link that has not drained by then is stalled,
+// and bulk traffic may as well use the time.
+constexpr absl::Duration kDrainPoll = absl::Milliseconds(1);
+constexpr absl::Duration kDrainLimit = absl::Seconds(2);
 
 std::string Members(const std::vector<std::string>& members) {
   return absl::StrCat("[", absl::StrJoin(members, ", "), "]");
@@ -49,6 +55,12 @@ struct ExchangeHub::Outbound {
   std::unique_ptr<transport::Channel> channel;
   absl::Mutex write_mu;
   std::atomic<bool> broken{false};
+};
+
+struct ExchangeHub::Draining {
+  std::shared_ptr<Outbound> link;
+  peer::PriorityGate::Scope scope;
+  absl::Time until;
 };
 
 struct ExchangeHub::Message {
@@ -161,9 +173,47 @@ ExchangeHub::ExchangeHub(std::string local_site, std::vector<std::string> peers,
       dialer_(std::move(dialer)),
       gate_(gate),
       options_(options),
-      limiter_(limiter) {}
+      limiter_(limiter),
+      drain_thread_([this] { DrainLoop(); }) {}
 
-ExchangeHub::~ExchangeHub() { Shutdown(); }
+ExchangeHub::~ExchangeHub() {
+  Shutdown();
+  drain_thread_.join();
+}
+
+void ExchangeHub::HoldUntilSent(const std::string& site, peer::PriorityGate::Scope scope) {
+  std::shared_ptr<Outbound> link;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = outbound_.find(site);
+    if (it == outbound_.end() || it->second->broken.load()) return;
+    link = it->second;
+  }
+  absl::MutexLock lock(&drain_mu_);
+  if (drain_stop_) return;
+  draining_.push_back({std::move(link), std::move(scope), absl::Now() + kDrainLimit});
+}
+
+void ExchangeHub::DrainLoop() {
+  absl::MutexLock lock(&drain_mu_);
+  auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(drain_mu_) {
+    return drain_stop_ || !draining_.empty();
+  };
+  while (true) {
+    drain_mu_.Await(absl::Condition(&has_work));
+    if (drain_stop_) break;
+    const absl::Time now = absl::Now();
+    for (auto it = draining_.begin(); it != draining_.end();) {
+      const bool done = it->link->broken.load() || now >= it->until ||
+                        it->link->channel->UnsentBytes() == 0;
+      it = done ? draining_.erase(it) : std::next(it);
+    }
+    if (!draining_.empty()) {
+      drain_mu_.AwaitWithTimeout(absl::Condition(&drain_stop_), kDrainPoll);
+    }
+  }
+  draining_.clear();
+}
 
 std::string ExchangeHub::Key(absl::string_view group, int kind, absl::string_view from,
                              absl::string_view id) {
@@ -618,6 +668,10 @@ void ExchangeHub::Shutdown() {
   // stay alive while registered (their readers deregister under mu_).
   for (auto& [site, link] : outbound_) link->channel->Abort();
   for (auto* channel : inbound_) channel->Abort();
+  {
+    absl::MutexLock drain_lock(&drain_mu_);
+    drain_stop_ = true;
+  }
   mu_.Await(absl::Condition(+[](absl::flat_hash_set<transport::Channel*>* s) { return s->empty(); },
                             &inbound_));
 }
@@ -1088,6 +1142,10 @@ OpResult ExchangeHub::Send(const P2PArgs& args, absl::Span<const uint8_t> data) 
   // should not wait for one to be scheduled. It stops at a segment boundary
   // once the op is cancelled or late.
   absl::Status s = SendMessage(args.peer, header, data, &op->stop, deadline);
+  if (s.ok() && scope) {
+    HoldUntilSent(args.peer, *std::move(scope));
+    scope.reset();
+  }
   absl::MutexLock lock(&mu_);
   EndOp(args.op_id);
   auto it = groups_.find(args.group);

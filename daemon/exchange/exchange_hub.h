@@ -24,6 +24,15 @@
 // hub buffer and copied out by the Recv that takes it. See Landing in the .cc
 // for who may touch an offered buffer when.
 //
+// Priority. While an operation sends to a peer it holds the `exchange` class
+// on that link (PriorityGate), so bulk transfers there pause. A Send's write
+// ends when its last bytes are in the socket buffer, up to a buffer's worth
+// (two BDPs) before they are on the wire; the hub keeps the class held until
+// the transport has sent them, or bulk traffic would share the link with the
+// message's tail. Bytes already sent are ahead of anything sent later in the
+// path's (FIFO) bottleneck queue, so the hold ends there, not a round trip
+// later with the acknowledgements.
+//
 // Groups. Join sends JOIN (members, proposed generation) to every member and
 // waits for every member's JOIN; the group forms at the largest proposal.
 // When a member's link breaks, every group holding it drops it and moves to
@@ -49,10 +58,12 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <new>
 #include <utility>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -191,6 +202,7 @@ class ExchangeHub {
   struct Assembly;
   struct Group;
   struct Op;
+  struct Draining;
 
   absl::StatusOr<std::shared_ptr<Outbound>> LinkTo(const std::string& site);
   // Sends one message (header + payload in segments) on the calling thread.
@@ -209,6 +221,11 @@ class ExchangeHub {
   // Keeps `payload` for reuse (up to kSpareBytes in all), or frees it.
   void Recycle(Payload payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PeerLost(const std::string& site, const std::string& reason);
+  // Keeps `scope` (a Send's hold on its link to `site`) until the link has
+  // no unsent bytes, the link breaks, or kDrainLimit passes.
+  void HoldUntilSent(const std::string& site, peer::PriorityGate::Scope scope);
+  // The thread that releases those holds.
+  void DrainLoop();
   // Ends the offer of a Recv's buffer; afterwards the hub never touches
   // `landing.out`. Returns true if a whole message landed in it first. May
   // wait for the segment being read into it (cutting the link if that
@@ -261,6 +278,12 @@ class ExchangeHub {
   uint64_t spare_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<Op>> ops_ ABSL_GUARDED_BY(mu_);
   absl::Mutex dial_mu_;  // one dial at a time, so a site gets one outbound link
+
+  // Holds of finished Sends whose bytes are not all sent yet.
+  absl::Mutex drain_mu_;
+  std::list<Draining> draining_ ABSL_GUARDED_BY(drain_mu_);
+  bool drain_stop_ ABSL_GUARDED_BY(drain_mu_) = false;
+  std::thread drain_thread_;
 };
 
 }  // namespace longhaul::exchange

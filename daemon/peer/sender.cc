@@ -25,6 +25,9 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
 constexpr size_t kMaxPipelinedChunks = 64;
 // Per stream, the most bytes sent and not yet acknowledged, in chunk sizes (see StreamLoop).
 constexpr uint64_t kMaxUnackedChunkSizes = 2;
+// The share of the configured link a transfer's streams pace at, together
+// (see StreamPacingLimit).
+constexpr double kBulkLinkShare = 0.95;
 
 // Errors after which trying again later can succeed without an operator.
 bool IsRetryable(const absl::Status& s) {
@@ -242,6 +245,8 @@ absl::Status TransferSender::RunAttempt() {
   }
   streams = static_cast<uint32_t>(std::min<size_t>(streams, pending));
   if (streams > 0) {
+    const Bandwidth pacing_limit = StreamPacingLimit(
+        Bandwidth::BitsPerSecond(static_cast<int64_t>(config_.link.bandwidth_bps)), streams);
     PriorityGate::Scope active = gate_.Enter(peer->site, spec.priority());
     std::vector<absl::Status> results(streams);
     std::vector<std::thread> threads;
@@ -255,7 +260,7 @@ absl::Status TransferSender::RunAttempt() {
         if (!channel.ok()) {
           results[i] = channel.status();
         } else {
-          results[i] = StreamLoop(i, session_id, std::move(*channel));
+          results[i] = StreamLoop(i, session_id, pacing_limit, std::move(*channel));
         }
         if (!results[i].ok() && !stopping()) AbortChannels();  // fail the attempt fast
       });
@@ -287,6 +292,10 @@ absl::Status TransferSender::RunAttempt() {
   return absl::OkStatus();
 }
 
+Bandwidth TransferSender::StreamPacingLimit(Bandwidth link, uint32_t streams) {
+  return link * kBulkLinkShare / std::max<uint32_t>(streams, 1);
+}
+
 void TransferSender::AddBytesSent(uint64_t bytes) {
   v1::OutgoingCounters counters;
   std::string id;
@@ -303,6 +312,7 @@ void TransferSender::AddBytesSent(uint64_t bytes) {
 }
 
 absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_id,
+                                        Bandwidth pacing_limit,
                                         std::unique_ptr<transport::Channel> channel) {
   {
     absl::MutexLock lock(&mu_);
@@ -321,6 +331,7 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
   // and a paused stream must not leave a backlog queued ahead of one.
   PriorityGate::LowerThreadPriority(this->record().spec().priority());
   channel->LimitUnsentBytes(PriorityGate::kBulkUnsentBytes);
+  channel->LimitPacingRate(pacing_limit);
   progress_.Update([](TransferProgress::Snapshot& s) { ++s.active_streams; });
 
   const v1::OutgoingTransfer record = this->record();

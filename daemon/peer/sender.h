@@ -91,6 +91,14 @@ class TransferSender {
   // before Run(); `limiter` must outlive the sender.
   void set_rate_limiter(RateLimiter* limiter) { rate_limiter_ = limiter; }
 
+  // The pacing rate each of a transfer's `streams` is capped at on a link
+  // configured at `link`: together they stay just below it. Kernel
+  // congestion control of parallel flows otherwise keeps the path's
+  // bottleneck queue full (their summed estimates overshoot it), and every
+  // exchange on the link waits a full queue behind them and loses packets
+  // to it. Per transfer: concurrent transfers each get this much.
+  static Bandwidth StreamPacingLimit(Bandwidth link, uint32_t streams);
+
  private:
   struct Chunk {
     uint32_t file_index;
@@ -99,7 +107,8 @@ class TransferSender {
   };
 
   absl::Status RunAttempt();
-  absl::Status StreamLoop(uint32_t stream_index, uint64_t session_id,
+  // Sends chunks on one stream, paced at most at `pacing_limit`.
+  absl::Status StreamLoop(uint32_t stream_index, uint64_t session_id, Bandwidth pacing_limit,
                           std::unique_ptr<transport::Channel> channel);
   // Re-reads the source file's identity and bumps its generation.
   absl::Status RefreshChangedFile(uint32_t file_index);

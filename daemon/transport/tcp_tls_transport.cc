@@ -4,11 +4,13 @@
 // the handshake so a silent or plaintext client cannot hold a thread.
 
 #include "absl/strings/string_view.h"
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -199,6 +201,19 @@ class TcpTlsChannel final : public Channel {
     int lowat = static_cast<int>(std::min<uint64_t>(bytes, 1u << 30));
     setsockopt(stream_.lowest_layer().native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat,
                sizeof lowat);
+  }
+
+  void LimitPacingRate(Bandwidth rate) override {
+    uint64_t bytes_per_second = static_cast<uint64_t>(std::max<int64_t>(rate.ToBytesPerSecond(), 1));
+    setsockopt(stream_.lowest_layer().native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE,
+               &bytes_per_second, sizeof bytes_per_second);
+  }
+
+  uint64_t UnsentBytes() const override {
+    int fd = const_cast<ssl::stream<tcp::socket>&>(stream_).lowest_layer().native_handle();
+    int unsent = 0;
+    if (::ioctl(fd, SIOCOUTQNSD, &unsent) != 0 || unsent < 0) return 0;
+    return static_cast<uint64_t>(unsent);
   }
 
   LinkStats Stats() const override {

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/units.h"
 
 namespace longhaul::transport {
 
@@ -55,6 +56,17 @@ class Channel {
   // at once instead of after its queued megabytes drain. Best effort; the
   // default does nothing.
   virtual void LimitUnsentBytes(uint64_t bytes) {}
+
+  // Bytes written to this channel that the transport has not yet put on the
+  // wire (for tcp the unsent part of the socket's send queue, SIOCOUTQNSD).
+  // Unlike the rest of the channel, any thread may call it. 0 when the
+  // transport cannot tell.
+  virtual uint64_t UnsentBytes() const { return 0; }
+
+  // Caps the rate at which the transport puts this channel's bytes on the
+  // wire (SO_MAX_PACING_RATE for tcp), whatever its congestion control
+  // would allow. Best effort; the default does nothing.
+  virtual void LimitPacingRate(Bandwidth rate) {}
 
   // RFC 5705 / RFC 8446 §7.5 exporter over the channel's TLS session, for
   // keys of protocols keyed by this handshake (the udp transport). Channels

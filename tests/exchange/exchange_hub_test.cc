@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <future>
@@ -29,10 +30,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// One end of a socketpair as a peer channel.
+// One end of a socketpair as a peer channel. What it reports as not yet
+// sent is `unsent` (the test's to set), if given.
 class SocketChannel final : public transport::Channel {
  public:
-  SocketChannel(int fd, std::string peer_site) : fd_(fd), peer_site_(std::move(peer_site)) {}
+  SocketChannel(int fd, std::string peer_site, const std::atomic<uint64_t>* unsent = nullptr)
+      : fd_(fd), peer_site_(std::move(peer_site)), unsent_(unsent) {}
   ~SocketChannel() override { close(fd_); }
 
   absl::Status Write(absl::Span<const absl::Span<const uint8_t>> parts) override {
@@ -59,10 +62,12 @@ class SocketChannel final : public transport::Channel {
   const std::string& peer_site() const override { return peer_site_; }
   const std::string& peer_address() const override { return address_; }
   transport::LinkStats Stats() const override { return {}; }
+  uint64_t UnsentBytes() const override { return unsent_ != nullptr ? unsent_->load() : 0; }
 
  private:
   int fd_;
   std::string peer_site_;
+  const std::atomic<uint64_t>* unsent_;
   std::string address_ = "socketpair";
 };
 
@@ -90,6 +95,8 @@ class Net {
 
   ExchangeHub& hub(const std::string& site) { return *hubs_.at(site); }
   peer::PriorityGate& gate() { return gate_; }
+  // What every outbound channel reports as not yet sent.
+  void SetUnsent(uint64_t bytes) { unsent_ = bytes; }
   const std::vector<std::string>& names() const { return names_; }
 
   // Joins every listed site to `group` concurrently.
@@ -123,9 +130,10 @@ class Net {
     threads_.emplace_back([target, server = std::move(server)]() mutable {
       target->ServeInbound(std::move(server));
     });
-    return std::make_unique<SocketChannel>(fds[0], to);
+    return std::make_unique<SocketChannel>(fds[0], to, &unsent_);
   }
 
+  std::atomic<uint64_t> unsent_{0};
   std::vector<std::string> names_;
   peer::PriorityGate gate_;
   std::map<std::string, std::unique_ptr<ExchangeHub>> hubs_;
@@ -446,6 +454,50 @@ bool Eventually(F done) {
   return done();
 }
 
+// A Send returns once its bytes are written, but bulk traffic to that peer
+// stays paused until the link reports them sent: resumed earlier, it would
+// share the link with the message's tail still in the socket buffer.
+TEST(ExchangeHubPriorityTest, SendHoldsTheLinkUntilItsBytesAreSent) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  net.SetUnsent(64 * 1024);
+  std::vector<uint8_t> message(64 * 1024, 7);
+  P2PArgs send{"g", "held", "site-b", "t", absl::Seconds(10), nullptr};
+  OpResult r = net.hub("site-a").Send(send, absl::MakeConstSpan(message));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(net.gate().ActiveCount("site-b", v1::EXCHANGE), 1);
+  EXPECT_TRUE(net.gate().HigherActive("site-b", v1::CHECKPOINT));
+  EXPECT_FALSE(net.gate().HigherActive("site-a", v1::CHECKPOINT)) << "only the link to site-b is held";
+
+  net.SetUnsent(0);
+  EXPECT_TRUE(Eventually([&] { return net.gate().ActiveCount("site-b", v1::EXCHANGE) == 0; }));
+  EXPECT_FALSE(net.gate().HigherActive("site-b", v1::CHECKPOINT));
+
+  std::vector<uint8_t> out(message.size());
+  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(10), nullptr};
+  OpResult got = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+  ASSERT_TRUE(got.status.ok()) << got.status;
+  EXPECT_TRUE(out == message);
+}
+
+// A hold does not outlive its link: a peer lost while bytes are still
+// unsent frees the link for bulk traffic at once.
+TEST(ExchangeHubPriorityTest, ABrokenLinkEndsTheHold) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  net.SetUnsent(4096);
+  std::vector<uint8_t> message(4096, 1);
+  P2PArgs send{"g", "held", "site-b", "t", absl::Seconds(10), nullptr};
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(message)).status.ok());
+  EXPECT_EQ(net.gate().ActiveCount("site-b", v1::EXCHANGE), 1);
+
+  // site-b goes away: site-a reads the end of its link from site-b, loses
+  // the peer and breaks the link it holds.
+  net.hub("site-b").Shutdown();
+  EXPECT_TRUE(Eventually([&] { return net.gate().ActiveCount("site-b", v1::EXCHANGE) == 0; }));
+  EXPECT_FALSE(net.gate().HigherActive("site-b", v1::CHECKPOINT));
+}
+
 // The operators' `exchange` class cap: every payload segment is charged to
 // it before it is written, and a segment waits while the cap is in debt.
 TEST(ExchangeHubRateCapTest, ExchangeClassCapChargesEverySegmentAndHoldsTheRest) {
@@ -481,7 +533,8 @@ TEST(ExchangeHubRateCapTest, ExchangeClassCapChargesEverySegmentAndHoldsTheRest)
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(limiter.ChargedToClass(v1::EXCHANGE), 6 * kMiB);
   EXPECT_NEAR(limiter.TryAcquire("site-b", v1::EXCHANGE, 0).ToSecondsF(), 2.0 * kMiB * 8 / 8e6, 1e-6);
-  EXPECT_EQ(net.gate().ActiveCount("site-b", v1::EXCHANGE), 0);
+  // Nothing is left unsent on the link: the hold ends.
+  EXPECT_TRUE(Eventually([&] { return net.gate().ActiveCount("site-b", v1::EXCHANGE) == 0; }));
 
   std::vector<uint8_t> out(message.size());
   P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(10), nullptr};
