@@ -245,8 +245,6 @@ absl::Status TransferSender::RunAttempt() {
   }
   streams = static_cast<uint32_t>(std::min<size_t>(streams, pending));
   if (streams > 0) {
-    const Bandwidth pacing_limit = StreamPacingLimit(
-        Bandwidth::BitsPerSecond(static_cast<int64_t>(config_.link.bandwidth_bps)), streams);
     PriorityGate::Scope active = gate_.Enter(peer->site, spec.priority());
     std::vector<absl::Status> results(streams);
     std::vector<std::thread> threads;
@@ -260,7 +258,7 @@ absl::Status TransferSender::RunAttempt() {
         if (!channel.ok()) {
           results[i] = channel.status();
         } else {
-          results[i] = StreamLoop(i, session_id, pacing_limit, std::move(*channel));
+          results[i] = StreamLoop(i, session_id, std::move(*channel));
         }
         if (!results[i].ok() && !stopping()) AbortChannels();  // fail the attempt fast
       });
@@ -296,6 +294,14 @@ Bandwidth TransferSender::StreamPacingLimit(Bandwidth link, uint32_t streams) {
   return link * kBulkLinkShare / std::max<uint32_t>(streams, 1);
 }
 
+void TransferSender::ChangeSendingStreams(int delta) {
+  absl::MutexLock lock(&mu_);
+  sending_streams_ += delta;
+  const Bandwidth each = StreamPacingLimit(
+      Bandwidth::BitsPerSecond(static_cast<int64_t>(config_.link.bandwidth_bps)), sending_streams_);
+  for (transport::Channel* channel : channels_) channel->LimitPacingRate(each);
+}
+
 void TransferSender::AddBytesSent(uint64_t bytes) {
   v1::OutgoingCounters counters;
   std::string id;
@@ -312,26 +318,34 @@ void TransferSender::AddBytesSent(uint64_t bytes) {
 }
 
 absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_id,
-                                        Bandwidth pacing_limit,
                                         std::unique_ptr<transport::Channel> channel) {
   {
     absl::MutexLock lock(&mu_);
     channels_.insert(channel.get());
   }
+  // While this stream may still send chunks it counts among the streams that
+  // share the pacing cap; the rest speed up as streams run out of chunks.
   struct Unregister {
     TransferSender* self;
     transport::Channel* channel;
+    bool sending = true;
+    void StopSending() {
+      if (!sending) return;
+      sending = false;
+      self->ChangeSendingStreams(-1);
+    }
     ~Unregister() {
+      StopSending();
       absl::MutexLock lock(&self->mu_);
       self->channels_.erase(channel);
     }
   } unregister{this, channel.get()};
+  ChangeSendingStreams(+1);
   if (stop_.load()) return absl::CancelledError("stopped");
   // Hashing and encrypting chunks must not hold the CPU from an exchange,
   // and a paused stream must not leave a backlog queued ahead of one.
   PriorityGate::LowerThreadPriority(this->record().spec().priority());
   channel->LimitUnsentBytes(PriorityGate::kBulkUnsentBytes);
-  channel->LimitPacingRate(pacing_limit);
   progress_.Update([](TransferProgress::Snapshot& s) { ++s.active_streams; });
 
   const v1::OutgoingTransfer record = this->record();
@@ -436,6 +450,7 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
       queue_empty = queue_.empty();
     }
     if (queue_empty) {
+      unregister.StopSending();
       // Done once everything sent here is acknowledged; an ack may requeue
       // a chunk (hash mismatch), which is then sent again.
       if (unacked.empty()) break;

@@ -96,7 +96,9 @@ class TransferSender {
   // congestion control of parallel flows otherwise keeps the path's
   // bottleneck queue full (their summed estimates overshoot it), and every
   // exchange on the link waits a full queue behind them and loses packets
-  // to it. Per transfer: concurrent transfers each get this much.
+  // to it. `streams` are those still sending chunks, so the last streams of
+  // a transfer get the whole budget. Per transfer: concurrent transfers each
+  // get this much.
   static Bandwidth StreamPacingLimit(Bandwidth link, uint32_t streams);
 
  private:
@@ -107,9 +109,12 @@ class TransferSender {
   };
 
   absl::Status RunAttempt();
-  // Sends chunks on one stream, paced at most at `pacing_limit`.
-  absl::Status StreamLoop(uint32_t stream_index, uint64_t session_id, Bandwidth pacing_limit,
+  // Sends chunks on one stream.
+  absl::Status StreamLoop(uint32_t stream_index, uint64_t session_id,
                           std::unique_ptr<transport::Channel> channel);
+  // A stream starts (+1) or stops (-1) sending chunks: every stream's pacing
+  // cap becomes StreamPacingLimit(link, streams still sending).
+  void ChangeSendingStreams(int delta);
   // Re-reads the source file's identity and bumps its generation.
   absl::Status RefreshChangedFile(uint32_t file_index);
   // Any source file whose identity differs from the manifest, or nullopt.
@@ -133,6 +138,7 @@ class TransferSender {
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<uint32_t> changed_file_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<transport::Channel*> channels_ ABSL_GUARDED_BY(mu_);
+  uint32_t sending_streams_ ABSL_GUARDED_BY(mu_) = 0;
 
   RateLimiter* rate_limiter_ = nullptr;
 

@@ -65,7 +65,8 @@ class Channel {
 
   // Caps the rate at which the transport puts this channel's bytes on the
   // wire (SO_MAX_PACING_RATE for tcp), whatever its congestion control
-  // would allow. Best effort; the default does nothing.
+  // would allow. Best effort; the default does nothing. Unlike the other
+  // calls it may come from any thread (a sibling stream's sender).
   virtual void LimitPacingRate(Bandwidth rate) {}
 
   // RFC 5705 / RFC 8446 §7.5 exporter over the channel's TLS session, for
