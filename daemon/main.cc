@@ -145,7 +145,16 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
         if (peer == nullptr) return absl::NotFoundError(absl::StrCat(site, " is not a configured peer"));
         v1::Hello hello;
         hello.set_role(v1::Hello::EXCHANGE);
-        return peer::DialSession(**transport, site, peer->address, hello);
+        auto channel = peer::DialSession(**transport, site, peer->address, hello);
+        // Paced at most at the link's rate, the kernel's congestion control
+        // cannot overshoot into the bottleneck queue while it probes (BBR's
+        // startup paces at 2.89x its estimate) and lose the message's packets
+        // to it.
+        if (channel.ok()) {
+          (*channel)->LimitPacingRate(
+              Bandwidth::BitsPerSecond(static_cast<int64_t>(config->link.bandwidth_bps)));
+        }
+        return channel;
       },
       &gate, exchange::HubOptions{}, &limiter);
   router.Register(v1::Hello::EXCHANGE, [&exchange_hub](std::unique_ptr<transport::Channel> channel,

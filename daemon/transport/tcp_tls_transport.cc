@@ -229,6 +229,12 @@ class TcpTlsChannel final : public Channel {
     int sndbuf = 0;
     socklen_t len = sizeof sndbuf;
     if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &len) == 0) stats.socket_buffer_bytes = sndbuf;
+    uint64_t max_pacing = 0;
+    len = sizeof max_pacing;
+    if (getsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &max_pacing, &len) == 0 &&
+        len == sizeof max_pacing && max_pacing != ~uint64_t{0}) {
+      stats.max_pacing_rate_bytes_per_second = max_pacing;
+    }
     return stats;
   }
 

@@ -27,6 +27,7 @@ struct LinkStats {
   double delivery_rate_mbit = 0;
   uint64_t retransmits = 0;         // segments/packets retransmitted so far
   uint64_t socket_buffer_bytes = 0;  // send buffer granted by the kernel
+  uint64_t max_pacing_rate_bytes_per_second = 0;  // LimitPacingRate's cap; 0: none
 };
 
 // A reliable, ordered, encrypted byte stream to one authenticated peer site.

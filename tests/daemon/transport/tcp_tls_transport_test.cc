@@ -73,5 +73,30 @@ TEST(TcpTlsChannelTest, UnsentBytesFollowWhatThePeerHasNotTakenYet) {
   b->Shutdown();
 }
 
+// LimitPacingRate caps the socket's pacing (the exchange link at the link's
+// rate, bulk streams at their share), also when another thread sets it.
+TEST(TcpTlsChannelTest, LimitPacingRateCapsTheSocket) {
+  auto a = MakeSite("site-a", "site-b");
+  auto b = MakeSite("site-b", "site-a");
+  std::promise<std::unique_ptr<Channel>> accepted;
+  ASSERT_TRUE(b->Listen("127.0.0.1:0", [&](auto c) { accepted.set_value(std::move(c)); }).ok());
+  auto dialed = a->Dial("site-b", "127.0.0.1:" + std::to_string(b->listen_port()));
+  ASSERT_TRUE(dialed.ok()) << dialed.status();
+  auto future = accepted.get_future();
+  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  std::unique_ptr<Channel> server = future.get();
+  EXPECT_EQ((*dialed)->Stats().max_pacing_rate_bytes_per_second, 0u);
+
+  (*dialed)->LimitPacingRate(Bandwidth::MbitsPerSecond(800));
+  EXPECT_EQ((*dialed)->Stats().max_pacing_rate_bytes_per_second, 100'000'000u);
+  std::thread other([&] { (*dialed)->LimitPacingRate(Bandwidth::MbitsPerSecond(400)); });
+  other.join();
+  EXPECT_EQ((*dialed)->Stats().max_pacing_rate_bytes_per_second, 50'000'000u);
+  dialed->reset();
+  server.reset();
+  a->Shutdown();
+  b->Shutdown();
+}
+
 }  // namespace
 }  // namespace longhaul::transport
