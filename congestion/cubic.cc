@@ -84,11 +84,13 @@ void Cubic::OnCongestionEvent(Timestamp now, ByteCount prior_in_flight,
   ByteCount acked_bytes = 0;
   ByteCount lost_bytes = 0;
   uint64_t largest_acked = 0;
+  TimeDelta latest_rtt = TimeDelta::Infinite();
   for (const AckedPacket& a : acked) {
     acked_bytes += a.bytes;
     if (a.packet_number >= largest_acked) {
       largest_acked = a.packet_number;
       const TimeDelta rtt = now - a.sent_time;
+      latest_rtt = rtt;
       min_rtt_ = std::min(min_rtt_, rtt);
       srtt_ = srtt_.IsInfinite() ? rtt : srtt_ * 0.875 + rtt * 0.125;
     }
@@ -108,9 +110,31 @@ void Cubic::OnCongestionEvent(Timestamp now, ByteCount prior_in_flight,
   if (in_recovery_ || acked_bytes == 0) return;
   if (cwnd_ < ssthresh_) {
     cwnd_ += acked_bytes;  // Slow start.
+    if (params_.hystart && !latest_rtt.IsInfinite()) HyStartOnAck(latest_rtt, largest_acked);
     return;
   }
   GrowInAvoidance(now, acked_bytes);
+}
+
+// RFC 9406 §4.2 (HyStart++ delay increase), as Linux CUBIC's HyStart uses it: leave slow start
+// when this round's minimum RTT rose by an eighth of the last round's (clamped to 4-16 ms).
+void Cubic::HyStartOnAck(TimeDelta rtt, uint64_t largest_acked) {
+  if (largest_acked >= hystart_round_end_) {
+    hystart_round_end_ = largest_sent_ + 1;
+    hystart_last_round_min_rtt_ = hystart_round_min_rtt_;
+    hystart_round_min_rtt_ = TimeDelta::Infinite();
+    hystart_samples_ = 0;
+  }
+  if (hystart_samples_ < params_.hystart_rtt_samples) {
+    hystart_round_min_rtt_ = std::min(hystart_round_min_rtt_, rtt);
+    ++hystart_samples_;
+  }
+  if (hystart_samples_ < params_.hystart_rtt_samples || hystart_last_round_min_rtt_.IsInfinite()) {
+    return;
+  }
+  const TimeDelta thresh = std::clamp(hystart_last_round_min_rtt_ * 0.125,
+                                      TimeDelta::Milliseconds(4), TimeDelta::Milliseconds(16));
+  if (hystart_round_min_rtt_ >= hystart_last_round_min_rtt_ + thresh) ssthresh_ = cwnd_;
 }
 
 ControllerState Cubic::DebugState() const {

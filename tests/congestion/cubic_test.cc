@@ -19,6 +19,25 @@ TEST(CubicTest, SlowStartGrowsByAckedBytes) {
   EXPECT_EQ(cubic.DebugState().state, "SlowStart");
 }
 
+// HyStart (CubicParams::hystart): the queue that slow start builds ends it before any loss. On
+// MiniPath (no drops, unlimited buffer) plain slow start never ends.
+TEST(CubicTest, HyStartLeavesSlowStartWhenTheRttRises) {
+  const Bandwidth rate = Bandwidth::MbitsPerSecond(100);
+  const TimeDelta rtt = TimeDelta::Milliseconds(20);
+  CubicParams params;
+  params.hystart = true;
+  Cubic hystart(params);
+  testing::MiniPath a(hystart, rate, rtt, kT0);
+  a.RunUntil(kT0 + TimeDelta::Seconds(1));
+  EXPECT_EQ(hystart.DebugState().state, "CongestionAvoidance");
+  EXPECT_LT(hystart.DebugState().ssthresh, 4 * (rate * rtt));
+
+  Cubic plain{CubicParams()};
+  testing::MiniPath b(plain, rate, rtt, kT0);
+  b.RunUntil(kT0 + TimeDelta::Seconds(1));
+  EXPECT_EQ(plain.DebugState().state, "SlowStart");
+}
+
 TEST(CubicTest, LossCutsByBetaOncePerWindow) {
   Cubic cubic{CubicParams()};
   for (uint64_t pn = 1; pn <= 10; ++pn) cubic.OnPacketSent(kT0, pn, kDefaultMss, 0, true);

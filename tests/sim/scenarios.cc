@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "congestion/aggregate_controller.h"
+#include "congestion/bbr1.h"
 #include "congestion/bbr3.h"
 #include "congestion/cubic.h"
 #include "tests/sim/simulator.h"
@@ -16,6 +17,7 @@ namespace longhaul::sim {
 namespace {
 
 using congestion::AggregateController;
+using congestion::Bbr1Params;
 using congestion::Bbr3Params;
 using congestion::Controller;
 using congestion::ControllerState;
@@ -51,7 +53,7 @@ class JsonObject {
 // ---------------------------------------------------------------------------------------------
 // Running a set of flows and summarising them.
 
-enum class Cc { kBbr3, kCubic, kAggregate };
+enum class Cc { kBbr3, kCubic, kAggregate, kBbr1, kLinuxCubic };
 
 struct FlowSpec {
   Cc cc = Cc::kBbr3;
@@ -115,10 +117,20 @@ class Run {
           fc.controller =
               congestion::CreateBbr3(params, *randoms_.back(), Simulator::Epoch() + fs.start);
           break;
-        case Cc::kCubic: {
+        case Cc::kCubic:
+        case Cc::kLinuxCubic: {
           CubicParams cp;
           cp.mss = spec.mss;
+          cp.hystart = fs.cc == Cc::kLinuxCubic;
           fc.controller = congestion::CreateCubic(cp);
+          break;
+        }
+        case Cc::kBbr1: {
+          Bbr1Params bp;
+          bp.mss = spec.mss;
+          randoms_.push_back(std::make_unique<SplitMix64Random>(seed * 1000003 + i));
+          fc.controller =
+              congestion::CreateBbr1(bp, *randoms_.back(), Simulator::Epoch() + fs.start);
           break;
         }
         case Cc::kAggregate:
@@ -654,6 +666,59 @@ void VsCubic(uint64_t seed, ScenarioResult* r) {
   r->json = j.Build();
 }
 
+// The `fairness` pair of BENCHMARKS.md: the udp transport's 8 coupled flows (one
+// AggregateController) against one TCP flow, both started at once, 1 Gbit/s, 40 ms, a drop-tail
+// queue of 1 x BDP, 30 s measured from the start, with packets of an MTU-9000 path (9000 bytes
+// less the IPv4 and UDP headers, what the udp transport uses as its mss).
+constexpr ByteCount kJumboMss = 8972;
+
+Summary FairnessPairRun(uint64_t seed, Cc eight, Cc single) {
+  RunSpec spec;
+  spec.link = Link(Bandwidth::GbitsPerSecond(1), TimeDelta::Milliseconds(40), 1.0);
+  spec.mss = kJumboMss;
+  for (int i = 0; i < 8; ++i) {
+    FlowSpec f;
+    f.cc = eight;
+    f.group = 0;
+    spec.flows.push_back(f);
+  }
+  FlowSpec tcp;
+  tcp.cc = single;
+  tcp.group = 1;
+  spec.flows.push_back(tcp);
+  spec.duration = TimeDelta::Seconds(30);
+  Run run(spec, seed);
+  run.RunAll();
+  return run.Summarize();
+}
+
+// Against BBRv1, the kernel default on the bench machine (its iperf3 flow).
+void VsBbr1(uint64_t seed, ScenarioResult* r) {
+  const Summary s = FairnessPairRun(seed, Cc::kAggregate, Cc::kBbr1);
+  JsonObject j = Head("vs-bbr1", seed, s, r);
+  Set(r, j, "aggregate_share", s.group_share[0]);
+  Set(r, j, "bbr1_share", s.group_share[1]);
+  Set(r, j, "bbr1_retransmit_rate", s.flows[8].retransmit_rate);
+  const Summary ind = FairnessPairRun(seed, Cc::kBbr3, Cc::kBbr1);
+  Set(r, j, "independent8_share", ind.group_share[0]);
+  j.Raw("independent8", VariantJson(ind));
+  r->json = j.Build();
+}
+
+// The same pair against CUBIC (the bench's FAIR_CC=cubic) with HyStart, as Linux runs it; beside
+// it the same pair against CUBIC without HyStart (slow start until the first loss).
+void CoupledVsCubic(uint64_t seed, ScenarioResult* r) {
+  const Summary s = FairnessPairRun(seed, Cc::kAggregate, Cc::kLinuxCubic);
+  JsonObject j = Head("coupled-vs-cubic", seed, s, r);
+  Set(r, j, "aggregate_share", s.group_share[0]);
+  Set(r, j, "cubic_share", s.group_share[1]);
+  Set(r, j, "cubic_retransmit_rate", s.flows[8].retransmit_rate);
+  const Summary plain = FairnessPairRun(seed, Cc::kAggregate, Cc::kCubic);
+  Set(r, j, "aggregate_share_no_hystart", plain.group_share[0]);
+  j.Raw("no_hystart", VariantJson(plain));
+  r->json = j.Build();
+}
+
 void AppLimited(uint64_t seed, ScenarioResult* r) {
   const Bandwidth rate = Bandwidth::GbitsPerSecond(1);
   const TimeDelta rtt = TimeDelta::Milliseconds(40);
@@ -699,6 +764,8 @@ const std::vector<Entry>& Entries() {
       {"rtt-mix", RttMix},
       {"vs-cubic", VsCubic},
       {"app-limited", AppLimited},
+      {"vs-bbr1", VsBbr1},
+      {"coupled-vs-cubic", CoupledVsCubic},
   };
   return *entries;
 }
