@@ -42,60 +42,61 @@ bool Eventually(F done) {
   return done();
 }
 
+// Two sites on loopback and one channel between them: `dialed` (site-a's end)
+// and `server` (site-b's).
+class TcpTlsChannelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a = MakeSite("site-a", "site-b");
+    b = MakeSite("site-b", "site-a");
+    std::promise<std::unique_ptr<Channel>> accepted;
+    ASSERT_TRUE(b->Listen("127.0.0.1:0", [&](auto c) { accepted.set_value(std::move(c)); }).ok());
+    auto channel = a->Dial("site-b", "127.0.0.1:" + std::to_string(b->listen_port()));
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    dialed = std::move(*channel);
+    auto future = accepted.get_future();
+    ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    server = future.get();
+  }
+  void TearDown() override {
+    dialed.reset();
+    server.reset();
+    if (a) a->Shutdown();
+    if (b) b->Shutdown();
+  }
+
+  std::unique_ptr<Transport> a, b;
+  std::unique_ptr<Channel> dialed, server;
+};
+
 // UnsentBytes counts what the peer's window has not let out yet, and drops
 // to zero once the peer reads: the exchange hub holds bulk traffic back on
 // this figure.
-TEST(TcpTlsChannelTest, UnsentBytesFollowWhatThePeerHasNotTakenYet) {
-  auto a = MakeSite("site-a", "site-b");
-  auto b = MakeSite("site-b", "site-a");
-  std::promise<std::unique_ptr<Channel>> accepted;
-  ASSERT_TRUE(b->Listen("127.0.0.1:0", [&](auto c) { accepted.set_value(std::move(c)); }).ok());
-  auto dialed = a->Dial("site-b", "127.0.0.1:" + std::to_string(b->listen_port()));
-  ASSERT_TRUE(dialed.ok()) << dialed.status();
-  auto future = accepted.get_future();
-  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  std::unique_ptr<Channel> server = future.get();
-  EXPECT_EQ((*dialed)->UnsentBytes(), 0u);
+TEST_F(TcpTlsChannelTest, UnsentBytesFollowWhatThePeerHasNotTakenYet) {
+  EXPECT_EQ(dialed->UnsentBytes(), 0u);
 
   // More than the peer's receive buffer can take while nobody reads it.
   const std::vector<uint8_t> data(8 << 20, 0x5a);
-  std::thread writer([&] { EXPECT_TRUE((*dialed)->Write({absl::MakeConstSpan(data)}).ok()); });
-  EXPECT_TRUE(Eventually([&] { return (*dialed)->UnsentBytes() > 0; }));
+  std::thread writer([&] { EXPECT_TRUE(dialed->Write({absl::MakeConstSpan(data)}).ok()); });
+  EXPECT_TRUE(Eventually([&] { return dialed->UnsentBytes() > 0; }));
 
   std::vector<uint8_t> got(data.size());
   ASSERT_TRUE(server->ReadExactly(absl::MakeSpan(got)).ok());
   writer.join();
   EXPECT_TRUE(got == data);
-  EXPECT_TRUE(Eventually([&] { return (*dialed)->UnsentBytes() == 0; }));
-  dialed->reset();
-  server.reset();
-  a->Shutdown();
-  b->Shutdown();
+  EXPECT_TRUE(Eventually([&] { return dialed->UnsentBytes() == 0; }));
 }
 
 // LimitPacingRate caps the socket's pacing (the exchange link at the link's
 // rate, bulk streams at their share), also when another thread sets it.
-TEST(TcpTlsChannelTest, LimitPacingRateCapsTheSocket) {
-  auto a = MakeSite("site-a", "site-b");
-  auto b = MakeSite("site-b", "site-a");
-  std::promise<std::unique_ptr<Channel>> accepted;
-  ASSERT_TRUE(b->Listen("127.0.0.1:0", [&](auto c) { accepted.set_value(std::move(c)); }).ok());
-  auto dialed = a->Dial("site-b", "127.0.0.1:" + std::to_string(b->listen_port()));
-  ASSERT_TRUE(dialed.ok()) << dialed.status();
-  auto future = accepted.get_future();
-  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  std::unique_ptr<Channel> server = future.get();
-  EXPECT_EQ((*dialed)->Stats().max_pacing_rate_bytes_per_second, 0u);
+TEST_F(TcpTlsChannelTest, LimitPacingRateCapsTheSocket) {
+  EXPECT_EQ(dialed->Stats().max_pacing_rate_bytes_per_second, 0u);
 
-  (*dialed)->LimitPacingRate(Bandwidth::MbitsPerSecond(800));
-  EXPECT_EQ((*dialed)->Stats().max_pacing_rate_bytes_per_second, 100'000'000u);
-  std::thread other([&] { (*dialed)->LimitPacingRate(Bandwidth::MbitsPerSecond(400)); });
+  dialed->LimitPacingRate(Bandwidth::MbitsPerSecond(800));
+  EXPECT_EQ(dialed->Stats().max_pacing_rate_bytes_per_second, 100'000'000u);
+  std::thread other([&] { dialed->LimitPacingRate(Bandwidth::MbitsPerSecond(400)); });
   other.join();
-  EXPECT_EQ((*dialed)->Stats().max_pacing_rate_bytes_per_second, 50'000'000u);
-  dialed->reset();
-  server.reset();
-  a->Shutdown();
-  b->Shutdown();
+  EXPECT_EQ(dialed->Stats().max_pacing_rate_bytes_per_second, 50'000'000u);
 }
 
 }  // namespace
