@@ -72,6 +72,19 @@ struct RunSpec {
   ByteCount mss = kMss;  // Packet size of every flow (and of the controllers' SMSS).
 };
 
+// Packets of an MTU-9000 path: 9000 bytes less the IPv4 and UDP headers, the udp transport's mss.
+constexpr ByteCount kJumboMss = 8972;
+
+// Appends `n` flows of controller `cc` that count as one group (e.g. one transfer's streams).
+void AddGroup(RunSpec* spec, Cc cc, int n, int group) {
+  for (int i = 0; i < n; ++i) {
+    FlowSpec f;
+    f.cc = cc;
+    f.group = group;
+    spec->flows.push_back(f);
+  }
+}
+
 struct FlowSummary {
   double goodput_mbit = 0;
   double share = 0;
@@ -382,13 +395,8 @@ void LossyJumbo(uint64_t seed, ScenarioResult* r) {
   const double p = 0.01;
   RunSpec spec;
   spec.link = Link(rate, rtt, 1.0, p);
-  spec.mss = 8972;
-  for (int i = 0; i < 8; ++i) {
-    FlowSpec f;
-    f.cc = Cc::kAggregate;
-    f.group = 0;
-    spec.flows.push_back(f);
-  }
+  spec.mss = kJumboMss;
+  AddGroup(&spec, Cc::kAggregate, 8, 0);
   spec.duration = TimeDelta::Seconds(60);
   Run run(spec, seed);
   run.RunAll();
@@ -590,12 +598,7 @@ Summary CoupledRun(uint64_t seed, Cc eight) {
   const TimeDelta rtt = TimeDelta::Milliseconds(40);
   RunSpec spec;
   spec.link = Link(rate, rtt, 1.0);
-  for (int i = 0; i < 8; ++i) {
-    FlowSpec f;
-    f.cc = eight;
-    f.group = 0;
-    spec.flows.push_back(f);
-  }
+  AddGroup(&spec, eight, 8, 0);
   FlowSpec single;
   single.group = 1;
   spec.flows.push_back(single);
@@ -668,20 +671,13 @@ void VsCubic(uint64_t seed, ScenarioResult* r) {
 
 // The `fairness` pair of BENCHMARKS.md: the udp transport's 8 coupled flows (one
 // AggregateController) against one TCP flow, both started at once, 1 Gbit/s, 40 ms, a drop-tail
-// queue of 1 x BDP, 30 s measured from the start, with packets of an MTU-9000 path (9000 bytes
-// less the IPv4 and UDP headers, what the udp transport uses as its mss).
-constexpr ByteCount kJumboMss = 8972;
+// queue of 1 x BDP, 30 s measured from the start, with packets of an MTU-9000 path (kJumboMss).
 
 Summary FairnessPairRun(uint64_t seed, Cc eight, Cc single) {
   RunSpec spec;
   spec.link = Link(Bandwidth::GbitsPerSecond(1), TimeDelta::Milliseconds(40), 1.0);
   spec.mss = kJumboMss;
-  for (int i = 0; i < 8; ++i) {
-    FlowSpec f;
-    f.cc = eight;
-    f.group = 0;
-    spec.flows.push_back(f);
-  }
+  AddGroup(&spec, eight, 8, 0);
   FlowSpec tcp;
   tcp.cc = single;
   tcp.group = 1;
