@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "longhaul/shm_progress.h"
 #include "longhaul/v1/exchange.grpc.pb.h"
 
 namespace longhaul {
@@ -27,6 +28,13 @@ constexpr absl::string_view kPeerLostPayload = "type.longhaul.dev/exchange.peer-
 // Headroom for the daemon to answer after its own deadline passed.
 constexpr absl::Duration kRpcSlack = absl::Seconds(30);
 constexpr size_t kMaxFreeSegments = 4;
+// A streamed Send writes its buffer into the segment in pieces of this size,
+// publishing each: the daemon's first 4 MiB wire segment is ready after a
+// millisecond instead of after the whole copy.
+constexpr size_t kFillPieceBytes = 1 << 20;
+// How often a streamed Recv copies out what has landed while the rest
+// arrives (the link brings ~125 KB per millisecond at 1 Gbit/s).
+constexpr absl::Duration kDrainPoll = absl::Milliseconds(1);
 
 v1::ExchangeDType ToProto(DType d) {
   switch (d) {
@@ -70,10 +78,16 @@ std::string RandomHex() {
 }
 
 // A POSIX shared-memory segment the daemon maps by name. Owned by one group.
+// Laid out as longhaul/shm_progress.h says: the progress word, then the
+// buffer (`base`, `capacity` bytes) at shm::kDataOffset.
 struct Segment {
   std::string name;
+  uint8_t* mapping = nullptr;
   uint8_t* base = nullptr;
   size_t capacity = 0;
+
+  shm::ProgressWord progress() { return shm::ProgressWord(reinterpret_cast<uint64_t*>(mapping)); }
+  size_t mapped() const { return shm::kDataOffset + capacity; }
 
   static absl::StatusOr<std::unique_ptr<Segment>> Create(size_t bytes) {
     auto seg = std::make_unique<Segment>();
@@ -86,26 +100,34 @@ struct Segment {
     }
     // The daemon may run as another user of the control socket's group.
     fchmod(fd, 0660);
-    if (ftruncate(fd, seg->capacity) != 0) {
+    if (ftruncate(fd, seg->mapped()) != 0) {
       int e = errno;
       close(fd);
       shm_unlink(seg->name.c_str());
-      return absl::ResourceExhaustedError(absl::StrCat("cannot size shared memory to ", seg->capacity,
+      return absl::ResourceExhaustedError(absl::StrCat("cannot size shared memory to ", seg->mapped(),
                                                        " bytes: ", std::strerror(e)));
     }
-    void* base = mmap(nullptr, seg->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* base = mmap(nullptr, seg->mapped(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int e = errno;
     close(fd);
     if (base == MAP_FAILED) {
       shm_unlink(seg->name.c_str());
       return absl::ResourceExhaustedError(absl::StrCat("cannot map shared memory: ", std::strerror(e)));
     }
-    seg->base = static_cast<uint8_t*>(base);
+    seg->mapping = static_cast<uint8_t*>(base);
+    seg->base = seg->mapping + shm::kDataOffset;
     return seg;
   }
 
+  // Names `bytes` of the buffer in a request.
+  void Describe(size_t bytes, v1::ShmRegion* region) const {
+    region->set_name(name);
+    region->set_offset(shm::kDataOffset);
+    region->set_length(bytes);
+  }
+
   ~Segment() {
-    if (base != nullptr) munmap(base, capacity);
+    if (mapping != nullptr) munmap(mapping, mapped());
     if (!name.empty()) shm_unlink(name.c_str());
   }
 };
@@ -129,6 +151,8 @@ struct ExchangeGroup::Impl {
   std::string local_site;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Exchange::Stub> stub;
+  // The daemon said at Join that it takes streamed Send and Recv buffers.
+  bool streamed = false;
 
   absl::Mutex mu;
   uint64_t generation ABSL_GUARDED_BY(mu) = 0;
@@ -179,10 +203,10 @@ namespace {
 // One operation: the RPC runs on its own thread; the handle waits for it.
 class Work final : public ExchangeWork {
  public:
-  // `rpc` makes the call (blocking) and returns the daemon's answer; `finish`
-  // runs after a successful answer, before the work counts as done (the
-  // copy back into the caller's buffer).
-  using Rpc = std::function<absl::StatusOr<v1::OpResponse>(grpc::ClientContext*)>;
+  // `rpc` makes the call (blocking; it may use the segment meanwhile) and
+  // returns the daemon's answer; `finish` runs after a successful answer,
+  // before the work counts as done (the copy back into the caller's buffer).
+  using Rpc = std::function<absl::StatusOr<v1::OpResponse>(grpc::ClientContext*, Segment*)>;
   // With `on_caller`, the call runs to its end in the constructor, on the
   // caller's thread (the blocking helpers: no thread to start and schedule).
   Work(std::shared_ptr<ExchangeGroup::Impl> group, std::string op_id, std::unique_ptr<Segment> seg,
@@ -191,7 +215,7 @@ class Work final : public ExchangeWork {
     auto body = [this, seg = std::move(seg), rpc = std::move(rpc),
                  finish = std::move(finish)]() mutable {
       grpc::ClientContext context;
-      auto response = rpc(&context);
+      auto response = rpc(&context, seg.get());
       absl::Status status = response.ok() ? FromExchangeError(response->error()) : response.status();
       if (response.ok()) group_->Observe(response->view());
       if (status.ok() && finish) finish(*response, *seg);
@@ -285,6 +309,59 @@ absl::StatusOr<v1::OpResponse> CallOp(ExchangeGroup::Impl& g, Method method, con
   return response;
 }
 
+// As CallOp, but the calling thread works while the call runs: `meanwhile`
+// once after the call has started, then `step` every `period` until the
+// answer is in (neither is called after that). `prepare` is the stub's
+// PrepareAsync method.
+template <typename Request, typename Prepare>
+absl::StatusOr<v1::OpResponse> CallOpWorking(ExchangeGroup::Impl& g, Prepare prepare,
+                                             const Request& request, absl::Duration timeout,
+                                             grpc::ClientContext* context,
+                                             const std::function<void()>& meanwhile,
+                                             const std::function<void()>& step,
+                                             absl::Duration period) {
+  if (timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout + kRpcSlack));
+  }
+  grpc::CompletionQueue cq;
+  auto call = (g.stub.get()->*prepare)(context, request, &cq);
+  call->StartCall();
+  v1::OpResponse response;
+  grpc::Status s;
+  call->Finish(&response, &s, nullptr);
+  if (meanwhile) meanwhile();
+  void* tag;
+  bool ok;
+  while (true) {
+    const auto next = step ? absl::ToChronoTime(absl::Now() + period)
+                           : std::chrono::system_clock::time_point::max();
+    if (cq.AsyncNext(&tag, &ok, next) != grpc::CompletionQueue::TIMEOUT) break;
+    step();
+  }
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (!s.ok()) return FromGrpc(s, g.address);
+  return response;
+}
+
+// Where a streamed Recv's copy out of the segment stands.
+struct Drained {
+  uint32_t epoch = 0;  // of the bytes copied; 0: none yet
+  uint64_t bytes = 0;
+};
+
+// Copies out of `seg` what has landed beyond `drained` (up to `capacity`).
+void CopyLanded(Segment& seg, uint8_t* out, size_t capacity, Drained& drained) {
+  const shm::Landed landed = seg.progress().LoadLanded();
+  if (landed.epoch != drained.epoch) drained = {landed.epoch, 0};  // a new message: start over
+  const uint64_t upto = std::min<uint64_t>(landed.bytes, capacity);
+  if (upto > drained.bytes) {
+    std::memcpy(out + drained.bytes, seg.base + drained.bytes, upto - drained.bytes);
+    drained.bytes = upto;
+  }
+}
+
 }  // namespace
 
 ExchangeGroup::ExchangeGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -326,6 +403,7 @@ absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(const std::st
   }
   if (absl::Status s = FromExchangeError(response.error()); !s.ok()) return s;
   impl->local_site = response.view().local_site();
+  impl->streamed = response.streamed_buffers();
   impl->Observe(response.view());
   return std::unique_ptr<ExchangeGroup>(new ExchangeGroup(std::move(impl)));
 }
@@ -343,8 +421,7 @@ std::unique_ptr<ExchangeWork> ExchangeGroup::AllReduce(void* data, size_t count,
     absl::MutexLock lock(&impl_->mu);
     request.set_seq(impl_->next_seq++);
   }
-  request.mutable_buffer()->set_name((*seg)->name);
-  request.mutable_buffer()->set_length(bytes);
+  (*seg)->Describe(bytes, request.mutable_buffer());
   request.set_dtype(ToProto(dtype));
   request.set_op(options.op == ReduceOp::kAvg ? v1::AVG : v1::SUM);
   request.set_quantize_int8(options.quantize_int8);
@@ -354,7 +431,7 @@ std::unique_ptr<ExchangeWork> ExchangeGroup::AllReduce(void* data, size_t count,
   absl::Duration timeout = options.timeout;
   return std::make_unique<Work>(
       impl_, request.op_id(), std::move(*seg),
-      [impl, request, timeout](grpc::ClientContext* context) {
+      [impl, request, timeout](grpc::ClientContext* context, Segment*) {
         return CallOp(*impl, &v1::Exchange::Stub::AllReduce, request, timeout, context);
       },
       [data, bytes](const v1::OpResponse&, Segment& seg) { std::memcpy(data, seg.base, bytes); });
@@ -367,50 +444,86 @@ absl::Status ExchangeGroup::AllReduceSync(void* data, size_t count, DType dtype,
 
 namespace {
 
+// A streamed Send (the daemon supports it) starts the call first and fills
+// the segment while the daemon sends what is filled; otherwise the buffer is
+// copied whole before the call.
 std::unique_ptr<Work> StartSend(const std::shared_ptr<ExchangeGroup::Impl>& group,
                                 const std::string& site, const std::string& tag, const void* data,
                                 size_t bytes, absl::Duration timeout, bool on_caller) {
   auto seg = group->Acquire(bytes);
   if (!seg.ok()) return std::make_unique<Work>(seg.status());
-  std::memcpy((*seg)->base, data, bytes);
+  const bool streamed = group->streamed && bytes > 0;
+  if (streamed) {
+    (*seg)->progress().PublishReady(0);
+  } else {
+    std::memcpy((*seg)->base, data, bytes);
+  }
   v1::SendRequest request;
   request.set_group(group->name);
   request.set_op_id(RandomHex());
   request.set_peer(site);
   request.set_tag(tag);
-  request.mutable_buffer()->set_name((*seg)->name);
-  request.mutable_buffer()->set_length(bytes);
+  (*seg)->Describe(bytes, request.mutable_buffer());
   request.set_timeout_ms(Millis(timeout));
+  request.set_streamed(streamed);
   auto impl = group;
+  auto src = static_cast<const uint8_t*>(data);
   return std::make_unique<Work>(
       group, request.op_id(), std::move(*seg),
-      [impl, request, timeout](grpc::ClientContext* context) {
-        return CallOp(*impl, &v1::Exchange::Stub::Send, request, timeout, context);
+      [impl, request, timeout, streamed, src, bytes](grpc::ClientContext* context, Segment* seg) {
+        if (!streamed) return CallOp(*impl, &v1::Exchange::Stub::Send, request, timeout, context);
+        auto fill = [seg, src, bytes] {
+          for (size_t done = 0; done < bytes;) {
+            const size_t n = std::min(kFillPieceBytes, bytes - done);
+            std::memcpy(seg->base + done, src + done, n);
+            done += n;
+            seg->progress().PublishReady(done);
+          }
+        };
+        return CallOpWorking(*impl, &v1::Exchange::Stub::PrepareAsyncSend, request, timeout,
+                             context, fill, nullptr, absl::ZeroDuration());
       },
       nullptr, on_caller);
 }
 
+// A streamed Recv copies the message out of the segment while it arrives;
+// once the call succeeds it copies the rest, or all of it if what it copied
+// belongs to a message that did not complete (shm_progress.h).
 std::unique_ptr<Work> StartRecv(const std::shared_ptr<ExchangeGroup::Impl>& group,
                                 const std::string& site, const std::string& tag, void* data,
                                 size_t bytes, absl::Duration timeout, bool on_caller) {
   auto seg = group->Acquire(bytes);
   if (!seg.ok()) return std::make_unique<Work>(seg.status());
+  const bool streamed = group->streamed && bytes > 0;
+  if (streamed) (*seg)->progress().Reset();
   v1::RecvRequest request;
   request.set_group(group->name);
   request.set_op_id(RandomHex());
   request.set_peer(site);
   request.set_tag(tag);
-  request.mutable_buffer()->set_name((*seg)->name);
-  request.mutable_buffer()->set_length(bytes);
+  (*seg)->Describe(bytes, request.mutable_buffer());
   request.set_timeout_ms(Millis(timeout));
+  request.set_streamed(streamed);
   auto impl = group;
+  auto out = static_cast<uint8_t*>(data);
+  // Shared by the call (which copies out early) and `finish` (the rest).
+  auto drained = std::make_shared<Drained>();
   return std::make_unique<Work>(
       group, request.op_id(), std::move(*seg),
-      [impl, request, timeout](grpc::ClientContext* context) {
-        return CallOp(*impl, &v1::Exchange::Stub::Recv, request, timeout, context);
+      [impl, request, timeout, streamed, out, bytes, drained](grpc::ClientContext* context,
+                                                               Segment* seg) {
+        if (!streamed) return CallOp(*impl, &v1::Exchange::Stub::Recv, request, timeout, context);
+        return CallOpWorking(
+            *impl, &v1::Exchange::Stub::PrepareAsyncRecv, request, timeout, context, nullptr,
+            [seg, out, bytes, drained] { CopyLanded(*seg, out, bytes, *drained); }, kDrainPoll);
       },
-      [data, bytes](const v1::OpResponse& r, Segment& seg) {
-        std::memcpy(data, seg.base, std::min<size_t>(r.bytes(), bytes));
+      [out, bytes, streamed, drained](const v1::OpResponse& r, Segment& seg) {
+        const size_t n = std::min<size_t>(r.bytes(), bytes);
+        size_t from = 0;
+        if (streamed && drained->epoch != 0 && seg.progress().LoadLanded().epoch == drained->epoch) {
+          from = std::min<size_t>(drained->bytes, n);
+        }
+        std::memcpy(out + from, seg.base + from, n - from);
       },
       on_caller);
 }

@@ -49,6 +49,38 @@ std::string Members(const std::vector<std::string>& members) {
 
 std::string DurationText(absl::Duration d) { return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(1))); }
 
+// Waits until the client of a streamed Send has written the first `end` of
+// its `total` buffer bytes (longhaul/shm_progress.h). The client writes at
+// memory speed, far ahead of the link, so this waits only for the first
+// segment unless the client stalls: it naps from 20 us up to 1 ms. Cancelled
+// once `stop` is set; DeadlineExceeded at `deadline`; Aborted once
+// `client_gone` (asked every kPoll) says the client has gone away.
+absl::Status WaitFilled(const shm::ProgressWord& word, uint64_t end, uint64_t total,
+                        absl::Time deadline, const std::atomic<bool>& stop,
+                        const std::function<bool()>& client_gone) {
+  absl::Duration nap = absl::Microseconds(20);
+  absl::Time next_look = absl::Now() + kPoll;
+  while (true) {
+    const uint64_t ready = word.Ready();
+    if (ready >= end) return absl::OkStatus();
+    if (stop.load()) return absl::CancelledError("stopped");
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "its client had written only ", ready, " of the ", total, " bytes of the buffer"));
+    }
+    if (client_gone && now >= next_look) {
+      if (client_gone()) {
+        return absl::AbortedError(absl::StrCat("its client went away after writing ", ready,
+                                               " of the ", total, " bytes of the buffer"));
+      }
+      next_look = now + kPoll;
+    }
+    absl::SleepFor(std::min(nap, deadline - now));
+    nap = std::min(nap * 2, absl::Milliseconds(1));
+  }
+}
+
 }  // namespace
 
 struct ExchangeHub::Outbound {
@@ -110,11 +142,23 @@ struct ExchangeHub::Landing {
   State state = State::kWaiting;
   Msg header;                             // of the bound message
   uint64_t filled = 0;                    // bytes of the bound message in `out`
+  // Where the Recv's client learns what has landed (same lifetime as
+  // `out`), and the epoch of the bound message there: a new one for every
+  // message bound, since a message that replaces an unbound one rewrites
+  // `out` from its start.
+  std::optional<shm::ProgressWord> progress;
+  uint32_t epoch = 0;
   bool writing = false;                   // the reader is reading a segment into `out`
   transport::Channel* channel = nullptr;  // that reader's link; valid while `writing`
   // kWithdrawn: the bytes that arrived and room for the rest (counted in
   // buffered_bytes_); empty when the memory limit dropped the message.
   std::optional<Payload> spill;
+
+  // Publishes `filled` to the client. Only while the Recv has not left
+  // (state before kWithdrawn), under the hub's mu_.
+  void Publish() {
+    if (progress) progress->PublishLanded({epoch, filled});
+  }
 };
 
 // The senders of one operation: one thread per destination, each sending
@@ -262,7 +306,8 @@ absl::StatusOr<std::shared_ptr<ExchangeHub::Outbound>> ExchangeHub::LinkTo(const
 
 absl::Status ExchangeHub::SendMessage(const std::string& site, Msg header,
                                       absl::Span<const uint8_t> payload,
-                                      const std::atomic<bool>* stop, absl::Time deadline) {
+                                      const std::atomic<bool>* stop, absl::Time deadline,
+                                      const ReadyFn& ready) {
   auto link = LinkTo(site);
   if (!link.ok()) return link.status();
   header.set_msg_id(next_msg_id_.fetch_add(1));
@@ -274,12 +319,15 @@ absl::Status ExchangeHub::SendMessage(const std::string& site, Msg header,
   uint64_t offset = 0;
   do {
     const uint64_t n = std::min<uint64_t>(kSegmentBytes, payload.size() - offset);
+    absl::Status stop_status;
+    if (ready && n > 0) stop_status = ready(offset + n);
     // The operators' caps, charged per segment like a transfer's chunk.
     bool capped_out = false;
-    if (limiter_ != nullptr && n > 0 && !stopped()) {
+    if (stop_status.ok() && limiter_ != nullptr && n > 0 && !stopped()) {
       capped_out = !limiter_->Acquire(site, v1::EXCHANGE, n, stopped);
     }
-    if (capped_out || stopped()) {
+    if (stop_status.ok() && (capped_out || stopped())) stop_status = absl::CancelledError("stopped");
+    if (!stop_status.ok()) {
       if (offset > 0) {
         // Tell the peer to drop the segments it holds.
         Msg discard;
@@ -288,7 +336,7 @@ absl::Status ExchangeHub::SendMessage(const std::string& site, Msg header,
         absl::MutexLock lock(&(*link)->write_mu);
         peer::SendProto(*(*link)->channel, peer::FrameType::kControl, 0, discard).IgnoreError();
       }
-      return absl::CancelledError("stopped");
+      return stop_status;
     }
     header.set_offset(offset);
     header.set_payload_bytes(n);
@@ -364,6 +412,8 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
     Landing& l = *p.landing;
     l.state = State::kWaiting;
     l.filled = 0;
+    ++l.epoch;  // what the client copied of the unbound message is stale
+    l.Publish();
     waiting_[l.key].push_front(std::move(p.landing));
   };
   absl::flat_hash_map<uint64_t, Partial> partial;
@@ -427,6 +477,8 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
             p.landing->state = State::kFilling;
             p.landing->header = h;
             p.landing->filled = 0;
+            ++p.landing->epoch;
+            p.landing->Publish();
           }
         }
         if (!p.landing) {
@@ -480,6 +532,8 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
         l.channel = nullptr;
         if (read.ok()) {
           l.filled += into.size();
+          // The Recv is still there: it waits for `writing` to clear.
+          l.Publish();
           bytes_in_place_ += into.size();
           // A Recv handing it over sees `filled` reach the total itself.
           if (l.filled == l.header.total_bytes() && l.state == State::kFilling) {
@@ -1138,10 +1192,16 @@ OpResult ExchangeHub::Send(const P2PArgs& args, absl::Span<const uint8_t> data) 
   header.set_generation(generation);
   header.set_tag(args.tag);
   const absl::Time deadline = start + args.timeout;
+  ReadyFn filled;
+  if (args.progress) {
+    filled = [&](uint64_t end) {
+      return WaitFilled(*args.progress, end, data.size(), deadline, op->stop, args.client_gone);
+    };
+  }
   // On this thread: one peer needs no sender thread, and a small message
   // should not wait for one to be scheduled. It stops at a segment boundary
   // once the op is cancelled or late.
-  absl::Status s = SendMessage(args.peer, header, data, &op->stop, deadline);
+  absl::Status s = SendMessage(args.peer, header, data, &op->stop, deadline, filled);
   if (s.ok() && scope) {
     HoldUntilSent(args.peer, *std::move(scope));
     scope.reset();
@@ -1151,7 +1211,12 @@ OpResult ExchangeHub::Send(const P2PArgs& args, absl::Span<const uint8_t> data) 
   auto it = groups_.find(args.group);
   if (it != groups_.end()) result.view = ViewOf(*it->second);
   if (!s.ok()) {
-    if (s.code() == absl::StatusCode::kCancelled && !op->cancelled && !shutdown_) {
+    if (s.code() == absl::StatusCode::kDeadlineExceeded) {  // its client stalled
+      result.status = absl::DeadlineExceededError(
+          absl::StrCat(what, " timed out after ", DurationText(args.timeout), ": ", s.message()));
+    } else if (s.code() == absl::StatusCode::kAborted) {
+      result.status = absl::CancelledError(absl::StrCat(what, ": ", s.message()));
+    } else if (s.code() == absl::StatusCode::kCancelled && !op->cancelled && !shutdown_) {
       result.status = absl::DeadlineExceededError(
           absl::StrCat(what, " timed out after ", DurationText(args.timeout)));
     } else if (s.code() == absl::StatusCode::kCancelled) {
@@ -1290,6 +1355,7 @@ OpResult ExchangeHub::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
     landing = std::make_shared<Landing>();
     landing->key = key;
     landing->out = out;
+    landing->progress = args.progress;
     waiting_[key].push_back(landing);
   }
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -1331,10 +1397,14 @@ OpResult ExchangeHub::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
                        out.size(), " (the message is dropped)"));
       return result;
     }
+    // A new epoch: whatever the client copied of a message that was bound
+    // to `out` earlier is stale.
+    const uint32_t epoch = landing ? landing->epoch + 1 : 1;
     // Unlocked: the message is this call's alone now, and the inbound
     // readers should not wait for a large copy.
     mu_.Unlock();
     std::memcpy(out.data(), msg.payload.data(), msg.payload.size());
+    if (args.progress) args.progress->PublishLanded({epoch, msg.payload.size()});
     mu_.Lock();
     succeed(msg.payload.size());
     Recycle(std::move(msg.payload));

@@ -61,6 +61,7 @@
 #include <list>
 #include <memory>
 #include <new>
+#include <optional>
 #include <utility>
 #include <string>
 #include <thread>
@@ -77,6 +78,7 @@
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
 #include "daemon/transport/transport.h"
+#include "longhaul/shm_progress.h"
 #include "longhaul/v1/exchange.pb.h"
 
 namespace longhaul::exchange {
@@ -138,6 +140,12 @@ struct P2PArgs {
   std::string tag;
   absl::Duration timeout = absl::Seconds(60);
   std::function<bool()> client_gone;
+  // A streamed buffer's progress word (longhaul/shm_progress.h); it lives as
+  // long as the buffer. Send: the client is still writing the buffer, and
+  // each segment goes out once the word says it is written; a client that
+  // has not written it all by the timeout fails the call. Recv: the hub
+  // publishes in it what has landed in the buffer.
+  std::optional<shm::ProgressWord> progress = std::nullopt;
 };
 
 class ExchangeHub {
@@ -169,6 +177,9 @@ class ExchangeHub {
   // Reduces `buffer` (count elements of args.dtype) in place with the group.
   OpResult AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer);
   // Sends `data` to args.peer under args.tag; done once it is on the link.
+  // With args.progress, reads each segment of `data` only once the client
+  // has written it (a Send whose client stalls ends at its timeout, and the
+  // peer drops what it got).
   OpResult Send(const P2PArgs& args, absl::Span<const uint8_t> data);
   // Waits for a message from args.peer under args.tag and puts it into `out`
   // (in place as it arrives when this call is already waiting). `out` stays
@@ -178,6 +189,9 @@ class ExchangeHub {
   // (256 KiB; if the peer stalls inside it for 2 s, the link is cut and the
   // peer lost); the part that arrived is then moved to a hub buffer and the
   // message kept for the next Recv, as if it had arrived before this one.
+  // With args.progress, publishes there how much of the message has landed
+  // in `out`, after each piece, so the client can copy it out early; the
+  // last value before a successful return is {epoch, the message's length}.
   OpResult Recv(const P2PArgs& args, absl::Span<uint8_t> out);
 
   // Ends the operation `op_id` with Cancelled; false if it is not running.
@@ -205,13 +219,17 @@ class ExchangeHub {
   struct Draining;
 
   absl::StatusOr<std::shared_ptr<Outbound>> LinkTo(const std::string& site);
+  // Waits until payload[0, end) may be read; an error stops the message.
+  using ReadyFn = std::function<absl::Status(uint64_t end)>;
   // Sends one message (header + payload in segments) on the calling thread.
   // Stops between segments (and while waiting for a rate cap) once `stop` is
-  // set or `deadline` has passed. A failed write breaks the link and loses
-  // the peer.
+  // set or `deadline` has passed, or when `ready` (if set) fails, which it is
+  // asked before each segment. A failed write breaks the link and loses the
+  // peer.
   absl::Status SendMessage(const std::string& site, v1::ExchangePeerMessage header,
                            absl::Span<const uint8_t> payload, const std::atomic<bool>* stop,
-                           absl::Time deadline = absl::InfiniteFuture());
+                           absl::Time deadline = absl::InfiniteFuture(),
+                           const ReadyFn& ready = nullptr);
   absl::Status ReadLoop(transport::Channel& channel);
   void Deliver(const std::string& from, v1::ExchangePeerMessage header,
                Payload payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

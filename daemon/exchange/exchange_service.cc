@@ -35,6 +35,20 @@ void Answer(OpResult result, v1::OpResponse* response) {
   *response->mutable_view() = std::move(result.view);
 }
 
+// A streamed call's progress word goes to the hub. An empty buffer has
+// nothing to stream.
+absl::Status ShareProgress(bool streamed, const ShmMapping& shm, P2PArgs& args) {
+  if (!streamed || shm.bytes().empty()) return absl::OkStatus();
+  uint64_t* word = shm.progress_word();
+  if (word == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a streamed buffer must start at least ", shm::kDataOffset,
+        " bytes into its segment (the progress word comes first)"));
+  }
+  args.progress.emplace(word);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ShmMapping> ShmMapping::Open(const v1::ShmRegion& region, bool writable) {
@@ -99,6 +113,7 @@ grpc::Status ExchangeService::Join(grpc::ServerContext*, const v1::JoinRequest* 
     SetError(view.status(), "", response->mutable_error());
   } else {
     *response->mutable_view() = *view;
+    response->set_streamed_buffers(true);
   }
   return grpc::Status::OK;
 }
@@ -151,6 +166,10 @@ grpc::Status ExchangeService::Send(grpc::ServerContext* context, const v1::SendR
   }
   P2PArgs args{request->group(), request->op_id(), request->peer(), request->tag(),
                Timeout(request->timeout_ms()), [context] { return context->IsCancelled(); }};
+  if (absl::Status s = ShareProgress(request->streamed(), *shm, args); !s.ok()) {
+    SetError(s, "", response->mutable_error());
+    return grpc::Status::OK;
+  }
   Answer(hub_.Send(args, shm->bytes()), response);
   return grpc::Status::OK;
 }
@@ -164,6 +183,10 @@ grpc::Status ExchangeService::Recv(grpc::ServerContext* context, const v1::RecvR
   }
   P2PArgs args{request->group(), request->op_id(), request->peer(), request->tag(),
                Timeout(request->timeout_ms()), [context] { return context->IsCancelled(); }};
+  if (absl::Status s = ShareProgress(request->streamed(), *shm, args); !s.ok()) {
+    SetError(s, "", response->mutable_error());
+    return grpc::Status::OK;
+  }
   Answer(hub_.Recv(args, shm->bytes()), response);
   return grpc::Status::OK;
 }

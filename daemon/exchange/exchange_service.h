@@ -5,7 +5,8 @@
 // control socket: an adapter from client requests to the ExchangeHub. It maps
 // the client's shared-memory segment for the length of one call; the bytes
 // never pass through gRPC. Errors, including a lost peer, are answered in the
-// response's ExchangeError, with the hub's words.
+// response's ExchangeError, with the hub's words. A streamed Send or Recv
+// shares the segment's progress word with the hub for the call.
 //
 // Thread-safe (gRPC calls it from its own threads).
 
@@ -17,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "daemon/exchange/exchange_hub.h"
+#include "longhaul/shm_progress.h"
 #include "longhaul/v1/exchange.grpc.pb.h"
 
 namespace longhaul::exchange {
@@ -33,6 +35,14 @@ class ShmMapping {
   ~ShmMapping();
 
   absl::Span<uint8_t> bytes() const { return bytes_; }
+  // The progress word of a streamed segment (longhaul/shm_progress.h), at
+  // the segment's start; null if the mapping does not hold it apart from the
+  // region (an empty region, or one that starts before shm::kDataOffset).
+  uint64_t* progress_word() const {
+    return base_ != nullptr && bytes_.data() >= static_cast<uint8_t*>(base_) + shm::kDataOffset
+               ? static_cast<uint64_t*>(base_)
+               : nullptr;
+  }
 
  private:
   ShmMapping(void* base, size_t mapped, absl::Span<uint8_t> bytes)

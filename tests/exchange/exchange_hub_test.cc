@@ -851,5 +851,188 @@ TEST(ExchangeHubInPlaceTest, DiscardMidMessageLeavesTheRecvWaitingAndALostLinkFa
   EXPECT_EQ(net.hub("site-b").receives_waiting(), 0u);
 }
 
+// ---------------------------------------------------------------- streamed buffers
+
+// A progress word as a client's segment holds it (longhaul/shm_progress.h).
+struct Word {
+  alignas(8) uint64_t value = 0;
+  shm::ProgressWord view() { return shm::ProgressWord(&value); }
+};
+
+// A streamed Send reads only what its client has published as written: the
+// peer gets nothing until the first segment is ready, and exactly the
+// client's bytes in the end.
+TEST(ExchangeHubStreamedTest, SendGoesOutAsItsClientFillsTheBuffer) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  const std::vector<uint8_t> message = Pattern(10 * kMiB + 5, 21);  // three segments
+  std::vector<uint8_t> buffer(message.size(), 0);
+  Word word;
+  std::vector<uint8_t> out(message.size());
+  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(30), nullptr};
+  auto got = std::async(std::launch::async,
+                        [&] { return net.hub("site-b").Recv(recv, absl::MakeSpan(out)); });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
+  P2PArgs send{"g", "s", "site-b", "t", absl::Seconds(30), nullptr, word.view()};
+  auto sent = std::async(std::launch::async, [&] {
+    return net.hub("site-a").Send(send, absl::MakeConstSpan(buffer));
+  });
+  // The client writes the first segment but one byte: nothing may go out.
+  std::memcpy(buffer.data(), message.data(), 4 * kMiB - 1);
+  word.view().PublishReady(4 * kMiB - 1);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(net.hub("site-b").bytes_received_in_place(), 0u);
+  // Then the rest, a MiB at a time.
+  for (uint64_t at = 4 * kMiB - 1; at < message.size(); at += kMiB) {
+    const uint64_t n = std::min<uint64_t>(kMiB, message.size() - at);
+    std::memcpy(buffer.data() + at, message.data() + at, n);
+    word.view().PublishReady(at + n);
+  }
+  OpResult s = sent.get();
+  ASSERT_TRUE(s.status.ok()) << s.status;
+  OpResult r = got.get();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.bytes, message.size());
+  EXPECT_TRUE(out == message);
+}
+
+// A client that stops writing its buffer: the Send fails at its timeout with
+// an error that says so, and the peer drops the part it got, so the next
+// message under the tag arrives whole and alone.
+TEST(ExchangeHubStreamedTest, SendWhoseClientStallsTimesOutAndThePeerDropsThePart) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  const std::vector<uint8_t> message = Pattern(6 * kMiB, 23);
+  Word word;
+  word.view().PublishReady(5 * kMiB);  // one segment can go, the second never
+  P2PArgs send{"g", "s", "site-b", "t", absl::Milliseconds(300), nullptr, word.view()};
+  OpResult s = net.hub("site-a").Send(send, absl::MakeConstSpan(message));
+  EXPECT_EQ(s.status.code(), absl::StatusCode::kDeadlineExceeded) << s.status;
+  EXPECT_THAT(std::string(s.status.message()),
+              HasSubstr("its client had written only 5242880 of the 6291456 bytes"));
+
+  const std::vector<uint8_t> next = Pattern(kMiB, 25);
+  send.op_id = "s2";
+  send.progress.reset();
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(next)).status.ok());
+  std::vector<uint8_t> out(message.size());
+  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(10), nullptr};
+  OpResult r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.bytes, next.size());
+  EXPECT_TRUE(std::equal(next.begin(), next.end(), out.begin()));
+}
+
+// A client that goes away while writing: the Send ends without waiting for
+// its timeout.
+TEST(ExchangeHubStreamedTest, SendWhoseClientGoesAwayEndsEarly) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  const std::vector<uint8_t> message = Pattern(2 * kMiB, 27);
+  Word word;
+  std::atomic<bool> gone{false};
+  P2PArgs send{"g", "s", "site-b", "t", absl::Seconds(60), [&] { return gone.load(); },
+               word.view()};
+  auto sent = std::async(std::launch::async, [&] {
+    return net.hub("site-a").Send(send, absl::MakeConstSpan(message));
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  gone = true;
+  ASSERT_EQ(sent.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  OpResult s = sent.get();
+  EXPECT_EQ(s.status.code(), absl::StatusCode::kCancelled) << s.status;
+  EXPECT_THAT(std::string(s.status.message()), HasSubstr("client went away"));
+}
+
+// A streamed Recv publishes each piece as it lands, under one epoch, and
+// the bytes below the published count are final; the count reaches the
+// message's length before the Recv returns.
+TEST(ExchangeHubStreamedTest, RecvPublishesWhatHasLandedAsItArrives) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  auto raw = net.RawDial("site-a", "site-b");
+  const std::vector<uint8_t> message = Pattern(6 * kMiB, 29);
+  MappedBuffer buffer(8 * kMiB);
+  Word word;
+  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(30), nullptr, word.view()};
+  auto got =
+      std::async(std::launch::async, [&] { return net.hub("site-b").Recv(recv, buffer.span()); });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
+  ASSERT_TRUE(SendSegment(*raw, 1, "t", message, 0, 4 * kMiB).ok());
+  ASSERT_TRUE(Eventually([&] { return word.view().LoadLanded().bytes == 4 * kMiB; }));
+  const shm::Landed first = word.view().LoadLanded();
+  EXPECT_EQ(first.epoch, 1u);
+  EXPECT_TRUE(std::equal(message.begin(), message.begin() + first.bytes, buffer.span().begin()));
+  EXPECT_EQ(got.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+
+  ASSERT_TRUE(SendSegment(*raw, 1, "t", message, 4 * kMiB, 2 * kMiB).ok());
+  OpResult r = got.get();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  const shm::Landed last = word.view().LoadLanded();
+  EXPECT_EQ(last.epoch, first.epoch);
+  EXPECT_EQ(last.bytes, message.size());
+  EXPECT_TRUE(std::equal(message.begin(), message.end(), buffer.span().begin()));
+}
+
+// A message that stops arriving (DISCARD) and another that takes the buffer:
+// the epoch moves on, so a client knows what it copied is stale.
+TEST(ExchangeHubStreamedTest, RecvStartsANewEpochWhenAnotherMessageRewritesTheBuffer) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  auto raw = net.RawDial("site-a", "site-b");
+  const std::vector<uint8_t> first = Pattern(6 * kMiB, 31), second = Pattern(5 * kMiB, 33);
+  MappedBuffer buffer(8 * kMiB);
+  Word word;
+  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(30), nullptr, word.view()};
+  auto got =
+      std::async(std::launch::async, [&] { return net.hub("site-b").Recv(recv, buffer.span()); });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").receives_waiting() == 1; }));
+  ASSERT_TRUE(SendSegment(*raw, 1, "t", first, 0, 4 * kMiB).ok());
+  ASSERT_TRUE(Eventually([&] { return word.view().LoadLanded().bytes == 4 * kMiB; }));
+  const uint32_t stale = word.view().LoadLanded().epoch;
+  v1::ExchangePeerMessage discard;
+  discard.set_kind(v1::ExchangePeerMessage::DISCARD);
+  discard.set_msg_id(1);
+  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, discard).ok());
+  ASSERT_TRUE(Eventually([&] { return word.view().LoadLanded().epoch != stale; }));
+  EXPECT_EQ(word.view().LoadLanded().bytes, 0u);
+  ASSERT_TRUE(SendSegment(*raw, 2, "t", second, 0, 4 * kMiB).ok());
+  ASSERT_TRUE(SendSegment(*raw, 2, "t", second, 4 * kMiB, kMiB).ok());
+  OpResult r = got.get();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.bytes, second.size());
+  const shm::Landed last = word.view().LoadLanded();
+  EXPECT_GT(last.epoch, stale);
+  EXPECT_EQ(last.bytes, second.size());
+  EXPECT_TRUE(std::equal(second.begin(), second.end(), buffer.span().begin()));
+}
+
+// A message that was here before the Recv is copied into the buffer whole;
+// the word then names a fresh epoch and the whole length.
+TEST(ExchangeHubStreamedTest, RecvOfABufferedMessagePublishesItWhole) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  const std::vector<uint8_t> message = Pattern(2 * kMiB, 35);
+  P2PArgs send{"g", "s", "site-b", "t", absl::Seconds(30), nullptr};
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(message)).status.ok());
+  const std::vector<uint8_t> marker = {42};
+  send.op_id = "s2";
+  send.tag = "later";
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(marker)).status.ok());
+  std::vector<uint8_t> one(1);
+  P2PArgs recv{"g", "r1", "site-a", "later", absl::Seconds(30), nullptr};
+  ASSERT_TRUE(net.hub("site-b").Recv(recv, absl::MakeSpan(one)).status.ok());
+
+  std::vector<uint8_t> out(message.size());
+  Word word;
+  recv = {"g", "r2", "site-a", "t", absl::Seconds(30), nullptr, word.view()};
+  OpResult r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_TRUE(out == message);
+  const shm::Landed landed = word.view().LoadLanded();
+  EXPECT_GE(landed.epoch, 1u);
+  EXPECT_EQ(landed.bytes, message.size());
+}
+
 }  // namespace
 }  // namespace longhaul::exchange

@@ -6,7 +6,10 @@
 //
 // Buffers reach the daemon through POSIX shared memory (a /dev/shm segment
 // the group owns and reuses), never through gRPC; the daemons move them
-// between sites on their encrypted peer links.
+// between sites on their encrypted peer links. Send and Recv stream through
+// the segment: the daemon sends what the client has copied in so far, and
+// the client copies out what has landed while the rest arrives, so the
+// copies overlap the transfer (longhaul/shm_progress.h).
 //
 //   auto group = longhaul::ExchangeGroup::Join("unix:/run/longhaul/control.sock",
 //                                              "run42", {"site-a", "site-b"}, absl::Seconds(30));
