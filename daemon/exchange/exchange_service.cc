@@ -51,7 +51,8 @@ absl::Status ShareProgress(bool streamed, const ShmMapping& shm, P2PArgs& args) 
 
 }  // namespace
 
-absl::StatusOr<ShmMapping> ShmMapping::Open(const v1::ShmRegion& region, bool writable) {
+absl::StatusOr<ShmMapping> ShmMapping::Open(const v1::ShmRegion& region, bool writable,
+                                            bool populate) {
   const std::string& name = region.name();
   bool name_ok = absl::StartsWith(name, kShmPrefix) && name.size() > kShmPrefix.size() &&
                  name.size() <= 255;
@@ -83,10 +84,8 @@ absl::StatusOr<ShmMapping> ShmMapping::Open(const v1::ShmRegion& region, bool wr
                                                    " bytes, the request names ", region.offset(),
                                                    "+", region.length()));
   }
-  // MAP_POPULATE: one call maps every page, instead of a fault per 4 KiB
-  // page while the call copies a large buffer.
   void* base = mmap(nullptr, end, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                    MAP_SHARED | MAP_POPULATE, fd, 0);
+                    MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
   int e = errno;
   close(fd);
   if (base == MAP_FAILED) {
@@ -103,6 +102,34 @@ ShmMapping::ShmMapping(ShmMapping&& other) noexcept
 
 ShmMapping::~ShmMapping() {
   if (base_ != nullptr) munmap(base_, mapped_);
+}
+
+MappingReaper::MappingReaper()
+    : thread_([this] {
+        absl::MutexLock lock(&mu_);
+        auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !retired_.empty(); };
+        while (true) {
+          mu_.Await(absl::Condition(&work));
+          if (retired_.empty()) return;  // stopping, and nothing left
+          std::vector<ShmMapping> batch;
+          batch.swap(retired_);
+          mu_.Unlock();
+          batch.clear();  // unmaps
+          mu_.Lock();
+        }
+      }) {}
+
+MappingReaper::~MappingReaper() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void MappingReaper::Retire(ShmMapping mapping) {
+  absl::MutexLock lock(&mu_);
+  retired_.push_back(std::move(mapping));
 }
 
 grpc::Status ExchangeService::Join(grpc::ServerContext*, const v1::JoinRequest* request,
@@ -154,12 +181,17 @@ grpc::Status ExchangeService::AllReduce(grpc::ServerContext* context,
   args.timeout = Timeout(request->timeout_ms());
   args.client_gone = [context] { return context->IsCancelled(); };
   Answer(hub_.AllReduce(args, shm->bytes()), response);
+  reaper_.Retire(*std::move(shm));
   return grpc::Status::OK;
 }
 
 grpc::Status ExchangeService::Send(grpc::ServerContext* context, const v1::SendRequest* request,
                                    v1::OpResponse* response) {
-  auto shm = ShmMapping::Open(request->buffer(), /*writable=*/false);
+  // A streamed buffer is still being written: its pages fault in as the
+  // hub reads each segment, overlapping the transfer, instead of delaying
+  // the first segment by populating them all (~5 ms for 64 MiB here).
+  auto shm = ShmMapping::Open(request->buffer(), /*writable=*/false,
+                              /*populate=*/!request->streamed());
   if (!shm.ok()) {
     SetError(shm.status(), "", response->mutable_error());
     return grpc::Status::OK;
@@ -171,6 +203,7 @@ grpc::Status ExchangeService::Send(grpc::ServerContext* context, const v1::SendR
     return grpc::Status::OK;
   }
   Answer(hub_.Send(args, shm->bytes()), response);
+  reaper_.Retire(*std::move(shm));
   return grpc::Status::OK;
 }
 
@@ -188,6 +221,7 @@ grpc::Status ExchangeService::Recv(grpc::ServerContext* context, const v1::RecvR
     return grpc::Status::OK;
   }
   Answer(hub_.Recv(args, shm->bytes()), response);
+  reaper_.Retire(*std::move(shm));
   return grpc::Status::OK;
 }
 

@@ -14,8 +14,12 @@
 
 #include <cstdint>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "daemon/exchange/exchange_hub.h"
 #include "longhaul/shm_progress.h"
@@ -28,8 +32,10 @@ namespace longhaul::exchange {
 class ShmMapping {
  public:
   // Checks the name ("/longhaul-" + [A-Za-z0-9._-]) and that the segment
-  // holds offset + length bytes.
-  static absl::StatusOr<ShmMapping> Open(const v1::ShmRegion& region, bool writable);
+  // holds offset + length bytes. With `populate`, maps every page up front
+  // (one call instead of a fault per page while the call copies).
+  static absl::StatusOr<ShmMapping> Open(const v1::ShmRegion& region, bool writable,
+                                         bool populate = true);
   ShmMapping(ShmMapping&& other) noexcept;
   ShmMapping& operator=(ShmMapping&&) = delete;
   ~ShmMapping();
@@ -50,6 +56,26 @@ class ShmMapping {
   void* base_;
   size_t mapped_;
   absl::Span<uint8_t> bytes_;
+};
+
+// Unmaps the mappings of finished calls on its own thread: tearing down the
+// page tables of a 64 MiB buffer takes milliseconds, which the call's answer
+// need not wait for. Thread-safe.
+class MappingReaper {
+ public:
+  MappingReaper();
+  ~MappingReaper();  // unmaps what is left
+  MappingReaper(const MappingReaper&) = delete;
+  MappingReaper& operator=(const MappingReaper&) = delete;
+
+  // Takes a mapping no one uses any more.
+  void Retire(ShmMapping mapping);
+
+ private:
+  absl::Mutex mu_;
+  std::vector<ShmMapping> retired_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
 };
 
 class ExchangeService final : public v1::Exchange::Service {
@@ -73,6 +99,7 @@ class ExchangeService final : public v1::Exchange::Service {
 
  private:
   ExchangeHub& hub_;
+  MappingReaper reaper_;
 };
 
 }  // namespace longhaul::exchange
