@@ -110,7 +110,8 @@ class ExchangeGroup {
   absl::Status Send(const std::string& site, const std::string& tag, const void* data,
                     size_t bytes, absl::Duration timeout = absl::Seconds(60));
   // Receives the next message from `site` under `tag` into `data` (capacity
-  // `bytes`); returns its length.
+  // `bytes`); returns its length. The message is copied into `data` while it
+  // arrives, so after a failed Recv `data` may hold part of a message.
   absl::StatusOr<size_t> Recv(const std::string& site, const std::string& tag, void* data,
                               size_t bytes, absl::Duration timeout = absl::Seconds(60));
   std::unique_ptr<ExchangeWork> SendAsync(const std::string& site, const std::string& tag,
