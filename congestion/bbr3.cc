@@ -1,6 +1,7 @@
 #include "congestion/bbr3.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 namespace longhaul::congestion {
@@ -239,7 +240,22 @@ void Bbr3::UpdateCongestionSignals() {
   // Only in CRUISE: in DOWN the queue is usually the one our own ProbeBW_UP just built.
   const bool standing_queue = mode_ == Mode::kProbeBwCruise && queue_in_round;
   const bool congestive_rate = IsCongestiveRound(round_lost_, round_total);
-  loss_in_round_ = round_lost_ > 0 && (standing_queue || congestive_rate);
+  // Bbr3Params::standing_queue_loss_tolerance: is the flow in someone else's standing queue?
+  if (params_.standing_queue_loss_tolerance > 0) {
+    lossy_queued_rounds_ = (lossy_queued_rounds_ << 1) | (queue_in_round && round_lost_ > 0);
+    const int lossy = std::popcount(lossy_queued_rounds_ & kLossyQueuedRoundsMask);
+    if (IsInProbeBwState() && !IsProbingBw() && queue_in_round &&
+        lossy >= params_.standing_queue_lossy_rounds) {
+      competing_standing_queue_ = true;
+    } else if ((!queue_in_round && !IsProbingBw()) || lossy == 0) {
+      competing_standing_queue_ = false;
+    }
+  }
+  if (competing_standing_queue_) {
+    loss_in_round_ = loss_rate > params_.standing_queue_loss_tolerance;
+  } else {
+    loss_in_round_ = round_lost_ > 0 && (standing_queue || congestive_rate);
+  }
   // What the path delivered over the whole round: unlike bw_latest (a max over per-packet
   // samples), it has no samples whose interval straddles a drop in the path's rate.
   const TimeDelta round_time = now_ - loss_round_start_time_;
@@ -493,7 +509,13 @@ bool Bbr3::CheckInflightTooHigh() {
 // draft-ietf-ccwg-bbr-06, IsInflightTooHigh: the loss rate over the sampled flight exceeds
 // LossThresh (2 %).
 bool Bbr3::IsInflightTooHigh(ByteCount lost, ByteCount tx_in_flight) const {
-  return static_cast<double>(lost) > static_cast<double>(tx_in_flight) * params_.loss_threshold;
+  return static_cast<double>(lost) > static_cast<double>(tx_in_flight) * LossThreshold();
+}
+
+// LossThresh, or Bbr3Params::standing_queue_loss_tolerance in someone else's standing queue.
+double Bbr3::LossThreshold() const {
+  return competing_standing_queue_ ? params_.standing_queue_loss_tolerance
+                                   : params_.loss_threshold;
 }
 
 void Bbr3::HandleInflightTooHigh(bool is_app_limited, ByteCount tx_in_flight) {
@@ -527,7 +549,7 @@ void Bbr3::HandleLostPacket(const LostPacketSnapshot& p) {
   const double inflight_prev = static_cast<double>(p.tx_in_flight) - static_cast<double>(p.size);
   const double lost_prev = static_cast<double>(p.lost) - static_cast<double>(p.size);
   const double lost_prefix =
-      (params_.loss_threshold * inflight_prev - lost_prev) / (1.0 - params_.loss_threshold);
+      (LossThreshold() * inflight_prev - lost_prev) / (1.0 - LossThreshold());
   const double at_loss = std::max(0.0, inflight_prev + lost_prefix);
   HandleInflightTooHigh(p.is_app_limited, static_cast<ByteCount>(at_loss));
 }

@@ -115,6 +115,32 @@ TEST(Bbr3Test, HeavyLossRestartsMaxBwFromTheDeliveredRate) {
   EXPECT_GT(MaxBwAfterHeavyLoss(0.0), kRate * 0.9);
 }
 
+// Bbr3Params::standing_queue_loss_tolerance (a longhaul deviation): a queue someone else keeps
+// standing (the RTT doubled) with 5 % loss that goes on whatever the flow does, as a loss-blind
+// competitor causes. With the option the flow keeps its rate; without it (0) every lossy round
+// cuts bw_shortterm and the pacing rate falls round after round.
+Bandwidth PacingRateInSomeoneElsesLossyQueue(double tolerance) {
+  SplitMix64Random rng(1);
+  Bbr3Params params;
+  params.standing_queue_loss_tolerance = tolerance;
+  Bbr3 bbr(params, rng, kT0);
+  testing::MiniPath path(bbr, kRate, kRtt, kT0);
+  path.RunUntil(kT0 + TimeDelta::Seconds(1));
+  EXPECT_TRUE(bbr.DebugState().full_bw_reached);
+  path.set_extra_delay(kRtt);
+  path.set_drop([](uint64_t pn) { return pn % 20 == 0; });
+  Bandwidth lowest = Bandwidth::Infinite();
+  path.RunUntil(kT0 + TimeDelta::Seconds(4), [&] {
+    if (bbr.mode() != Bbr3::Mode::kProbeRtt) lowest = std::min(lowest, bbr.pacing_rate());
+  });
+  return lowest;
+}
+
+TEST(Bbr3Test, LossInSomeoneElsesStandingQueueIsToleratedUpToTheLimit) {
+  EXPECT_GT(PacingRateInSomeoneElsesLossyQueue(0.25), kRate * 0.8);
+  EXPECT_LT(PacingRateInSomeoneElsesLossyQueue(0.0), kRate * 0.5);
+}
+
 TEST(Bbr3Test, SameSeedSameTrajectory) {
   SplitMix64Random rng_a(42);
   SplitMix64Random rng_b(42);

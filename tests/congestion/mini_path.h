@@ -19,6 +19,8 @@ class MiniPath {
 
   // Drops the packet if it returns true.
   void set_drop(std::function<bool(uint64_t pn)> drop) { drop_ = std::move(drop); }
+  // Delays every packet sent from now on by `delay` more: a queue that someone else keeps.
+  void set_extra_delay(TimeDelta delay) { extra_delay_ = delay; }
 
   // Runs until `until`, calling `on_ack` after each congestion event.
   void RunUntil(Timestamp until, const std::function<void()>& on_ack = nullptr) {
@@ -58,7 +60,7 @@ class MiniPath {
           continue;
         }
         link_free_ = std::max(link_free_, now_) + rate_.TransferTime(kDefaultMss);
-        acks_.push_back(Ack{link_free_ + rtt_, pn, now_});
+        acks_.push_back(Ack{link_free_ + rtt_ + extra_delay_, pn, now_});
       }
     }
   }
@@ -75,6 +77,7 @@ class MiniPath {
   Controller& cc_;
   Bandwidth rate_;
   TimeDelta rtt_;
+  TimeDelta extra_delay_ = TimeDelta::Zero();
   Timestamp now_;
   Timestamp link_free_;
   Pacer pacer_;
