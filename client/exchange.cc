@@ -297,12 +297,17 @@ class Work final : public ExchangeWork {
   ExchangeStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
-template <typename Request, typename Method>
-absl::StatusOr<v1::OpResponse> CallOp(ExchangeGroup::Impl& g, Method method, const Request& request,
-                                      absl::Duration timeout, grpc::ClientContext* context) {
+// The RPC's deadline: the operation's timeout plus headroom for the daemon's answer.
+void SetOpDeadline(grpc::ClientContext* context, absl::Duration timeout) {
   if (timeout != absl::InfiniteDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout + kRpcSlack));
   }
+}
+
+template <typename Request, typename Method>
+absl::StatusOr<v1::OpResponse> CallOp(ExchangeGroup::Impl& g, Method method, const Request& request,
+                                      absl::Duration timeout, grpc::ClientContext* context) {
+  SetOpDeadline(context, timeout);
   v1::OpResponse response;
   grpc::Status s = (g.stub.get()->*method)(context, request, &response);
   if (!s.ok()) return FromGrpc(s, g.address);
@@ -320,9 +325,7 @@ absl::StatusOr<v1::OpResponse> CallOpWorking(ExchangeGroup::Impl& g, Prepare pre
                                              const std::function<void()>& meanwhile,
                                              const std::function<void()>& step,
                                              absl::Duration period) {
-  if (timeout != absl::InfiniteDuration()) {
-    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout + kRpcSlack));
-  }
+  SetOpDeadline(context, timeout);
   grpc::CompletionQueue cq;
   auto call = (g.stub.get()->*prepare)(context, request, &cq);
   call->StartCall();
