@@ -73,6 +73,7 @@ ControllerState Bbr3::DebugState() const {
   s.full_bw_reached = full_bw_reached_;
   s.bytes_in_flight = inflight_;
   s.probe_rtt_entries = probe_rtt_entries_;
+  s.loss_tolerant = competing_standing_queue_;
   return s;
 }
 
@@ -300,9 +301,13 @@ bool Bbr3::HandleHeavyLoss(Bandwidth delivered_rate) {
   return true;
 }
 
+// Whether `lost` of `total` is more than random loss (random_loss_tolerance) or, in someone
+// else's standing queue, more than standing_queue_loss_tolerance. Judges recovery entry too.
 bool Bbr3::IsCongestiveLoss(ByteCount lost, ByteCount total) const {
   if (lost == 0) return false;
-  return static_cast<double>(lost) > static_cast<double>(total) * params_.random_loss_tolerance;
+  const double tolerance = competing_standing_queue_ ? params_.standing_queue_loss_tolerance
+                                                     : params_.random_loss_tolerance;
+  return static_cast<double>(lost) > static_cast<double>(total) * tolerance;
 }
 
 // Records the loss round that just ended and says whether its loss counts as congestion under
@@ -577,7 +582,8 @@ void Bbr3::ProbeInflightLongtermUpward() {
 
 // draft-ietf-ccwg-bbr-06, BBRIsTimeToProbeBW.
 bool Bbr3::IsTimeToProbeBw() {
-  if (HasElapsedInPhase(bw_probe_wait_) || IsRenoCoexistenceProbeTime()) {
+  if (HasElapsedInPhase(bw_probe_wait_) || IsRenoCoexistenceProbeTime() ||
+      IsCompetitorCadenceProbeTime()) {
     StartProbeBwRefill();
     return true;
   }
@@ -592,6 +598,13 @@ bool Bbr3::IsRenoCoexistenceProbeTime() const {
   return rounds_since_bw_probe_ >= rounds;
 }
 
+// A longhaul deviation (Bbr3Params::competing_probe_rounds): beside a loss-blind competitor,
+// probe as often as it does.
+bool Bbr3::IsCompetitorCadenceProbeTime() const {
+  if (!competing_standing_queue_ || params_.competing_probe_rounds <= 0) return false;
+  return rounds_since_bw_probe_ >= static_cast<uint64_t>(params_.competing_probe_rounds);
+}
+
 // draft-ietf-ccwg-bbr-06, BBRPickProbeWait: randomised so competing flows desynchronise.
 void Bbr3::PickProbeWait() {
   rounds_since_bw_probe_ = random_.UniformInt(0, 1);
@@ -603,6 +616,12 @@ void Bbr3::PickProbeWait() {
 // with the BDP at BBR.bw; the pseudocode's Inflight(BBR.max_bw, 1.0) would end DOWN before the
 // queue built on a stale max_bw drains.
 bool Bbr3::IsTimeToCruise() const {
+  // A longhaul deviation (Bbr3Params::competing_probe_rounds): the standing queue is someone
+  // else's, so there is nothing of ours to drain after one round.
+  if (competing_standing_queue_ && params_.competing_probe_rounds > 0 &&
+      round_count_ > probe_bw_down_start_round_) {
+    return true;
+  }
   if (inflight_ > InflightWithHeadroom()) return false;
   return inflight_ <= Inflight(bw_, 1.0);
 }
@@ -782,6 +801,7 @@ void Bbr3::StartProbeBwDown() {
   cycle_stamp_ = now_;
   ack_phase_ = AckPhase::kProbeStopping;
   StartRound();
+  probe_bw_down_start_round_ = round_count_;
   mode_ = Mode::kProbeBwDown;
   pacing_gain_ = params_.probe_bw_down_pacing_gain;
   cwnd_gain_ = params_.default_cwnd_gain;

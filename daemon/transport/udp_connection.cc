@@ -282,7 +282,7 @@ void UdpConnection::Run() {
             "udp to {} fd {}: sent {} received {} lost {} gso {} | cwnd {} in flight {} pacing {:.0f} "
             "Mbit/s bw {:.0f} Mbit/s (max {:.0f} short {:.0f}) {} min_rtt {:.1f} ms "
             "srtt {:.1f} ms | blocked by cwnd {} pacer {}, app-limited {} | written {} acked {} "
-            "next {} peer credit {}",
+            "next {} peer credit {} loss-tolerant {}",
             params_.peer_site, params_.fd, io_counters_.datagrams_sent,
             io_counters_.datagrams_received, io_counters_.lost, io_counters_.gso_batches, st.cwnd,
             loss_.bytes_in_flight(), st.pacing_rate.ToMbitsPerSecondF(),
@@ -291,7 +291,8 @@ void UdpConnection::Run() {
             st.bw_shortterm.IsInfinite() ? -1.0 : st.bw_shortterm.ToMbitsPerSecondF(), st.state,
             st.min_rtt.IsInfinite() ? -1.0 : st.min_rtt.ToMillisecondsF(),
             loss_.rtt().smoothed.ToMillisecondsF(), blocked_by_cwnd_, blocked_by_pacer_,
-            app_limited_events_, io_written_, io_send_acked_, send_next_, peer_max_data_);
+            app_limited_events_, io_written_, io_send_acked_, send_next_, peer_max_data_,
+            st.loss_tolerant);
       }
       absl::MutexLock lock(&mu_);
       stats_.delivery_rate_mbit = st.bw.IsInfinite() ? 0 : st.bw.ToMbitsPerSecondF();

@@ -117,28 +117,52 @@ TEST(Bbr3Test, HeavyLossRestartsMaxBwFromTheDeliveredRate) {
 
 // Bbr3Params::standing_queue_loss_tolerance (a longhaul deviation): a queue someone else keeps
 // standing (the RTT doubled) with 5 % loss that goes on whatever the flow does, as a loss-blind
-// competitor causes. With the option the flow keeps its rate; without it (0) every lossy round
-// cuts bw_shortterm and the pacing rate falls round after round.
-Bandwidth PacingRateInSomeoneElsesLossyQueue(double tolerance) {
+// competitor causes. With the option the flow keeps its rate for 8 s, longer than max_bw's
+// window, so neither the short-term bounds nor loss recovery may wear it down; without it (0)
+// every lossy round cuts bw_shortterm and the pacing rate falls round after round.
+struct InSomeoneElsesLossyQueue {
+  Bandwidth lowest_pacing_rate = Bandwidth::Infinite();
+  int probes = 0;  // ProbeBW_UP entries in the 8 s.
+};
+
+InSomeoneElsesLossyQueue RunInSomeoneElsesLossyQueue(double tolerance, int competing_probe_rounds) {
   SplitMix64Random rng(1);
   Bbr3Params params;
   params.standing_queue_loss_tolerance = tolerance;
+  params.competing_probe_rounds = competing_probe_rounds;
   Bbr3 bbr(params, rng, kT0);
   testing::MiniPath path(bbr, kRate, kRtt, kT0);
   path.RunUntil(kT0 + TimeDelta::Seconds(1));
   EXPECT_TRUE(bbr.DebugState().full_bw_reached);
   path.set_extra_delay(kRtt);
   path.set_drop([](uint64_t pn) { return pn % 20 == 0; });
-  Bandwidth lowest = Bandwidth::Infinite();
-  path.RunUntil(kT0 + TimeDelta::Seconds(4), [&] {
-    if (bbr.mode() != Bbr3::Mode::kProbeRtt) lowest = std::min(lowest, bbr.pacing_rate());
+  InSomeoneElsesLossyQueue r;
+  Bbr3::Mode last_mode = bbr.mode();
+  path.RunUntil(kT0 + TimeDelta::Seconds(9), [&] {
+    if (bbr.mode() != Bbr3::Mode::kProbeRtt) {
+      r.lowest_pacing_rate = std::min(r.lowest_pacing_rate, bbr.pacing_rate());
+    }
+    if (bbr.mode() == Bbr3::Mode::kProbeBwUp && last_mode != Bbr3::Mode::kProbeBwUp) ++r.probes;
+    last_mode = bbr.mode();
   });
-  return lowest;
+  return r;
 }
 
 TEST(Bbr3Test, LossInSomeoneElsesStandingQueueIsToleratedUpToTheLimit) {
-  EXPECT_GT(PacingRateInSomeoneElsesLossyQueue(0.25), kRate * 0.8);
-  EXPECT_LT(PacingRateInSomeoneElsesLossyQueue(0.0), kRate * 0.5);
+  const int probe_rounds = Bbr3Params().competing_probe_rounds;
+  EXPECT_GT(RunInSomeoneElsesLossyQueue(0.25, probe_rounds).lowest_pacing_rate, kRate * 0.8);
+  EXPECT_GT(RunInSomeoneElsesLossyQueue(0.25, 0).lowest_pacing_rate, kRate * 0.8);
+  EXPECT_LT(RunInSomeoneElsesLossyQueue(0.0, probe_rounds).lowest_pacing_rate, kRate * 0.5);
+}
+
+// Bbr3Params::competing_probe_rounds (a longhaul deviation): in someone else's standing queue the
+// flow probes every few round trips (40 ms here), as a BBRv1 competitor does, instead of every
+// 2-3 s.
+TEST(Bbr3Test, ProbesAsOftenAsALossBlindCompetitorInItsQueue) {
+  const InSomeoneElsesLossyQueue often = RunInSomeoneElsesLossyQueue(0.25, 8);
+  const InSomeoneElsesLossyQueue draft = RunInSomeoneElsesLossyQueue(0.25, 0);
+  EXPECT_GE(often.probes, 8);
+  EXPECT_LE(draft.probes, 4);
 }
 
 TEST(Bbr3Test, SameSeedSameTrajectory) {
