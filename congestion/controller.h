@@ -58,8 +58,8 @@ struct ControllerState {
   ByteCount bytes_in_flight = 0;
   ByteCount ssthresh = ~ByteCount{0};
   uint64_t probe_rtt_entries = 0;  // How many times ProbeRTT was entered.
-  // Bbr3: loss is judged against Bbr3Params::standing_queue_loss_tolerance (a loss-blind
-  // competitor holds the queue full).
+  // Bbr3: the flow is in someone else's standing queue, so loss counts only above
+  // Bbr3Params::standing_queue_loss_tolerance (a loss-blind competitor keeps the queue full).
   bool loss_tolerant = false;
 };
 
