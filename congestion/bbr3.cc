@@ -241,19 +241,9 @@ void Bbr3::UpdateCongestionSignals() {
   // Only in CRUISE: in DOWN the queue is usually the one our own ProbeBW_UP just built.
   const bool standing_queue = mode_ == Mode::kProbeBwCruise && queue_in_round;
   const bool congestive_rate = IsCongestiveRound(round_lost_, round_total);
-  // Bbr3Params::standing_queue_loss_tolerance: is the flow in someone else's standing queue?
-  if (params_.standing_queue_loss_tolerance > 0) {
-    lossy_queued_rounds_ = (lossy_queued_rounds_ << 1) | (queue_in_round && round_lost_ > 0);
-    const int lossy = std::popcount(lossy_queued_rounds_ & kLossyQueuedRoundsMask);
-    if (IsInProbeBwState() && !IsProbingBw() && queue_in_round &&
-        lossy >= params_.standing_queue_lossy_rounds) {
-      competing_standing_queue_ = true;
-    } else if ((!queue_in_round && !IsProbingBw()) || lossy == 0) {
-      competing_standing_queue_ = false;
-    }
-  }
+  UpdateCompetingStandingQueue(queue_in_round);
   if (competing_standing_queue_) {
-    loss_in_round_ = loss_rate > params_.standing_queue_loss_tolerance;
+    loss_in_round_ = IsCongestiveLoss(round_lost_, round_total);  // Above the tolerance.
   } else {
     loss_in_round_ = round_lost_ > 0 && (standing_queue || congestive_rate);
   }
@@ -284,6 +274,20 @@ void Bbr3::UpdateCongestionSignals() {
   // once it ends (ExitProbeRtt) rather than cruise into the queue the old estimate built.
   if (path_shrank && mode_ == Mode::kProbeBwCruise) StartProbeBwDown();
   if (path_shrank && mode_ == Mode::kProbeRtt) drain_after_probe_rtt_ = true;
+}
+
+// Bbr3Params::standing_queue_loss_tolerance: once per loss round, decides whether the flow is in
+// someone else's standing queue (competing_standing_queue_).
+void Bbr3::UpdateCompetingStandingQueue(bool queue_in_round) {
+  if (params_.standing_queue_loss_tolerance <= 0) return;
+  lossy_queued_rounds_ = (lossy_queued_rounds_ << 1) | (queue_in_round && round_lost_ > 0);
+  const int lossy = std::popcount(lossy_queued_rounds_ & kLossyQueuedRoundsMask);
+  if (IsInProbeBwState() && !IsProbingBw() && queue_in_round &&
+      lossy >= params_.standing_queue_lossy_rounds) {
+    competing_standing_queue_ = true;
+  } else if ((!queue_in_round && !IsProbingBw()) || lossy == 0) {
+    competing_standing_queue_ = false;
+  }
 }
 
 // A longhaul deviation (Bbr3Params::heavy_loss_rate): a round outside bandwidth probing lost at
@@ -601,8 +605,13 @@ bool Bbr3::IsRenoCoexistenceProbeTime() const {
 // A longhaul deviation (Bbr3Params::competing_probe_rounds): beside a loss-blind competitor,
 // probe as often as it does.
 bool Bbr3::IsCompetitorCadenceProbeTime() const {
-  if (!competing_standing_queue_ || params_.competing_probe_rounds <= 0) return false;
-  return rounds_since_bw_probe_ >= static_cast<uint64_t>(params_.competing_probe_rounds);
+  return FollowsCompetitorCadence() &&
+         rounds_since_bw_probe_ >= static_cast<uint64_t>(params_.competing_probe_rounds);
+}
+
+// Bbr3Params::competing_probe_rounds applies: the flow is in someone else's standing queue.
+bool Bbr3::FollowsCompetitorCadence() const {
+  return competing_standing_queue_ && params_.competing_probe_rounds > 0;
 }
 
 // draft-ietf-ccwg-bbr-06, BBRPickProbeWait: randomised so competing flows desynchronise.
@@ -618,10 +627,7 @@ void Bbr3::PickProbeWait() {
 bool Bbr3::IsTimeToCruise() const {
   // A longhaul deviation (Bbr3Params::competing_probe_rounds): the standing queue is someone
   // else's, so there is nothing of ours to drain after one round.
-  if (competing_standing_queue_ && params_.competing_probe_rounds > 0 &&
-      round_count_ > probe_bw_down_start_round_) {
-    return true;
-  }
+  if (FollowsCompetitorCadence() && round_count_ > probe_bw_down_start_round_) return true;
   if (inflight_ > InflightWithHeadroom()) return false;
   return inflight_ <= Inflight(bw_, 1.0);
 }

@@ -223,6 +223,7 @@ class Bbr3 final : public Controller {
   double LossThreshold() const;
   bool IsCongestiveLoss(ByteCount lost, ByteCount total) const;
   bool IsCongestiveRound(ByteCount lost, ByteCount total);
+  void UpdateCompetingStandingQueue(bool queue_in_round);
   void HandleInflightTooHigh(bool is_app_limited, ByteCount tx_in_flight);
   void NoteLoss();
   void HandleLostPacket(const LostPacketSnapshot& p);
@@ -234,6 +235,7 @@ class Bbr3 final : public Controller {
   bool IsTimeToGoDown();
   bool IsRenoCoexistenceProbeTime() const;
   bool IsCompetitorCadenceProbeTime() const;
+  bool FollowsCompetitorCadence() const;
   void PickProbeWait();
   void UpdateMinRtt();
   void CheckProbeRtt();
