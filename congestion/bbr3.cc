@@ -836,7 +836,9 @@ void Bbr3::StartProbeBwUp() {
   ResetFullBw();
   full_bw_ = rs_.valid ? rs_.delivery_rate : Bandwidth::Zero();
   mode_ = Mode::kProbeBwUp;
-  pacing_gain_ = params_.probe_bw_up_pacing_gain;
+  // A longhaul deviation (Bbr3Params::competing_probe_up_pacing_gain).
+  pacing_gain_ = competing_standing_queue_ ? params_.competing_probe_up_pacing_gain
+                                           : params_.probe_bw_up_pacing_gain;
   cwnd_gain_ = params_.probe_bw_up_cwnd_gain;
   RaiseInflightLongtermSlope();
 }

@@ -119,6 +119,13 @@ struct Bbr3Params {
   // cadence (a probe every 2-3 s) and a DOWN that waits for a queue the competitor keeps full, the
   // flow paced at 0.9 x max_bw for seconds, and max_bw rose only a little per probe.
   int competing_probe_rounds = 8;
+  // Part of the standing_queue_loss_tolerance deviation (set competing_probe_up_pacing_gain =
+  // probe_bw_up_pacing_gain for the draft's probe). While the flow is in someone else's standing
+  // queue, ProbeBW_UP paces at this gain. Why: the competitor keeps the drop-tail buffer full, so
+  // each flow gets the link in proportion to what it sends into the queue and loses the rest; a
+  // probe at 1.25 x max_bw raised max_bw by only a few percent per probe, and the flow stayed
+  // near the share Startup left it, which beside a BBRv1 flow that started first is 0.2-0.3.
+  double competing_probe_up_pacing_gain = 1.5;
   // DEVIATION from draft-ietf-ccwg-bbr-06 (set standing_queue_allowance_packets = 0 for the
   // draft's behaviour). In ProbeBW_CRUISE, when every RTT sample of the last round trip was above
   // min_rtt by (standing_queue_rtt_factor - 1) x min_rtt or by the time this allowance takes at

@@ -122,14 +122,12 @@ TEST(Bbr3Test, HeavyLossRestartsMaxBwFromTheDeliveredRate) {
 // every lossy round cuts bw_shortterm and the pacing rate falls round after round.
 struct InSomeoneElsesLossyQueue {
   Bandwidth lowest_pacing_rate = Bandwidth::Infinite();
-  int probes = 0;  // ProbeBW_UP entries in the 8 s.
+  int probes = 0;                // ProbeBW_UP entries in the 8 s.
+  double highest_up_gain = 0.0;  // The highest pacing gain seen in ProbeBW_UP.
 };
 
-InSomeoneElsesLossyQueue RunInSomeoneElsesLossyQueue(double tolerance, int competing_probe_rounds) {
+InSomeoneElsesLossyQueue RunInSomeoneElsesLossyQueue(const Bbr3Params& params) {
   SplitMix64Random rng(1);
-  Bbr3Params params;
-  params.standing_queue_loss_tolerance = tolerance;
-  params.competing_probe_rounds = competing_probe_rounds;
   Bbr3 bbr(params, rng, kT0);
   testing::MiniPath path(bbr, kRate, kRtt, kT0);
   path.RunUntil(kT0 + TimeDelta::Seconds(1));
@@ -142,27 +140,46 @@ InSomeoneElsesLossyQueue RunInSomeoneElsesLossyQueue(double tolerance, int compe
     if (bbr.mode() != Bbr3::Mode::kProbeRtt) {
       r.lowest_pacing_rate = std::min(r.lowest_pacing_rate, bbr.pacing_rate());
     }
-    if (bbr.mode() == Bbr3::Mode::kProbeBwUp && last_mode != Bbr3::Mode::kProbeBwUp) ++r.probes;
+    if (bbr.mode() == Bbr3::Mode::kProbeBwUp) {
+      if (last_mode != Bbr3::Mode::kProbeBwUp) ++r.probes;
+      r.highest_up_gain = std::max(r.highest_up_gain, bbr.DebugState().pacing_gain);
+    }
     last_mode = bbr.mode();
   });
   return r;
 }
 
+Bbr3Params WithLossTolerance(double tolerance) {
+  Bbr3Params params;
+  params.standing_queue_loss_tolerance = tolerance;
+  return params;
+}
+
+Bbr3Params WithDraftCadence() {
+  Bbr3Params params;
+  params.competing_probe_rounds = 0;
+  return params;
+}
+
 TEST(Bbr3Test, LossInSomeoneElsesStandingQueueIsToleratedUpToTheLimit) {
-  const int probe_rounds = Bbr3Params().competing_probe_rounds;
-  EXPECT_GT(RunInSomeoneElsesLossyQueue(0.25, probe_rounds).lowest_pacing_rate, kRate * 0.8);
-  EXPECT_GT(RunInSomeoneElsesLossyQueue(0.25, 0).lowest_pacing_rate, kRate * 0.8);
-  EXPECT_LT(RunInSomeoneElsesLossyQueue(0.0, probe_rounds).lowest_pacing_rate, kRate * 0.5);
+  EXPECT_GT(RunInSomeoneElsesLossyQueue(Bbr3Params()).lowest_pacing_rate, kRate * 0.8);
+  EXPECT_GT(RunInSomeoneElsesLossyQueue(WithDraftCadence()).lowest_pacing_rate, kRate * 0.8);
+  EXPECT_LT(RunInSomeoneElsesLossyQueue(WithLossTolerance(0.0)).lowest_pacing_rate, kRate * 0.5);
 }
 
 // Bbr3Params::competing_probe_rounds (a longhaul deviation): in someone else's standing queue the
 // flow probes every few round trips (40 ms here), as a BBRv1 competitor does, instead of every
 // 2-3 s.
 TEST(Bbr3Test, ProbesAsOftenAsALossBlindCompetitorInItsQueue) {
-  const InSomeoneElsesLossyQueue often = RunInSomeoneElsesLossyQueue(0.25, 8);
-  const InSomeoneElsesLossyQueue draft = RunInSomeoneElsesLossyQueue(0.25, 0);
-  EXPECT_GE(often.probes, 8);
-  EXPECT_LE(draft.probes, 4);
+  EXPECT_GE(RunInSomeoneElsesLossyQueue(Bbr3Params()).probes, 8);
+  EXPECT_LE(RunInSomeoneElsesLossyQueue(WithDraftCadence()).probes, 4);
+}
+
+// Bbr3Params::competing_probe_up_pacing_gain (a longhaul deviation): in someone else's standing
+// queue ProbeBW_UP paces at 1.5 x, elsewhere at the draft's 1.25 x.
+TEST(Bbr3Test, ProbesHarderInSomeoneElsesQueue) {
+  EXPECT_DOUBLE_EQ(RunInSomeoneElsesLossyQueue(Bbr3Params()).highest_up_gain, 1.5);
+  EXPECT_DOUBLE_EQ(RunInSomeoneElsesLossyQueue(WithLossTolerance(0.0)).highest_up_gain, 1.25);
 }
 
 TEST(Bbr3Test, SameSeedSameTrajectory) {
