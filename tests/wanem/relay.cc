@@ -91,6 +91,9 @@ void Relay::Run() {
         counters_.dropped_overflow.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
+      // Stamp each packet when it is read: a stamp from before this batch would let packets
+      // that arrived while the relay was busy (or descheduled) leave early, shortening the link.
+      now = MonotonicNanos();
       const Decision d = shaper_.Offer(absl::FromUnixNanos(now), n);
       switch (d.verdict) {
         case Verdict::kForward:
