@@ -37,6 +37,27 @@ class SocketPair {
   std::array<int, 2> fds_{-1, -1};
 };
 
+// A Relay running on its own thread; stopped and joined on destruction, so a
+// failed ASSERT cannot leave a joinable thread (std::terminate) or the eventfd.
+class RunningRelay {
+ public:
+  RunningRelay(int in_fd, int out_fd, const DirectionParams& params)
+      : stop_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+        relay_("test", in_fd, out_fd, stop_, params, /*seed=*/1, /*mtu=*/2000),
+        thread_([this] { relay_.Run(); }) {}
+  ~RunningRelay() {
+    const uint64_t one = 1;
+    EXPECT_EQ(write(stop_, &one, sizeof one), static_cast<ssize_t>(sizeof one));
+    thread_.join();
+    close(stop_);
+  }
+
+ private:
+  const int stop_;
+  Relay relay_;
+  std::thread thread_;
+};
+
 TEST(RelayTest, PacketsArrivingWhileTheRelayIsBusyStillTakeTheFullDelay) {
   constexpr absl::Duration kDelay = absl::Milliseconds(200);
   constexpr size_t kPacket = 1000;
@@ -47,13 +68,10 @@ TEST(RelayTest, PacketsArrivingWhileTheRelayIsBusyStillTakeTheFullDelay) {
   // nobody reads the far end.
   int sndbuf = 4096;
   ASSERT_EQ(setsockopt(out.end(0), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf), 0);
-  const int stop = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  ASSERT_GE(stop, 0);
 
   DirectionParams params;
   params.delay = kDelay;
-  Relay relay("test", in.end(1), out.end(0), stop, params, /*seed=*/1, /*mtu=*/2000);
-  std::thread thread([&] { relay.Run(); });
+  RunningRelay relay(in.end(1), out.end(0), params);  // stopped before the sockets close
 
   // Fillers: more than the out socket can hold, so once they come due the
   // relay blocks writing them.
@@ -87,11 +105,6 @@ TEST(RelayTest, PacketsArrivingWhileTheRelayIsBusyStillTakeTheFullDelay) {
       ++fillers;
     }
   }
-  const uint64_t one = 1;
-  ASSERT_EQ(write(stop, &one, sizeof one), static_cast<ssize_t>(sizeof one));
-  thread.join();
-  close(stop);
-
   EXPECT_EQ(fillers, kFillers);
   ASSERT_NE(probe_received, absl::InfiniteFuture()) << "the probe never came out";
   EXPECT_GE(probe_received - probe_sent, kDelay)
