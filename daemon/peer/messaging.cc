@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "daemon/peer/messaging.h"
 
 #include <array>
@@ -6,6 +5,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "xxhash.h"
 
 namespace longhaul::peer {
@@ -85,8 +85,8 @@ absl::Status StatusFromAnswer(const v1::PeerMessage& answer) {
   if (answer.retryable() && code != absl::StatusCode::kResourceExhausted) {
     code = absl::StatusCode::kUnavailable;
   }
-  if (!answer.retryable() && (code == absl::StatusCode::kUnavailable ||
-                              code == absl::StatusCode::kResourceExhausted)) {
+  if (!answer.retryable() &&
+      (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kResourceExhausted)) {
     code = absl::StatusCode::kFailedPrecondition;
   }
   return absl::Status(code, answer.error());
@@ -119,12 +119,13 @@ absl::StatusOr<std::unique_ptr<transport::Channel>> DialSession(transport::Trans
                                                                 v1::Hello hello) {
   auto channel = transport.Dial(site, address);
   if (!channel.ok()) return channel.status();
-  hello.set_protocol_version(kProtocolVersion);
-  if (absl::Status s = SendProto(**channel, FrameType::kHello, SessionIdFor(hello.transfer_id()), hello);
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = SendHello(**channel, std::move(hello)); !s.ok()) return s;
   return channel;
+}
+
+absl::Status SendHello(transport::Channel& channel, v1::Hello hello) {
+  hello.set_protocol_version(kProtocolVersion);
+  return SendProto(channel, FrameType::kHello, SessionIdFor(hello.transfer_id()), hello);
 }
 
 }  // namespace longhaul::peer

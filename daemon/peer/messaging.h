@@ -4,12 +4,12 @@
 // Frames on a Channel: the helpers both ends of a peer session use to send
 // and receive HELLO/CONTROL protobufs and chunk frames.
 
-#include "absl/strings/string_view.h"
 #include <cstdint>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "daemon/peer/frames.h"
 #include "daemon/transport/transport.h"
 #include "google/protobuf/message_lite.h"
@@ -39,6 +39,9 @@ absl::Status ReadProto(transport::Channel& channel, FrameType type, uint64_t ses
 // retryable, otherwise the peer's code, with the peer's words.
 absl::StatusOr<v1::PeerMessage> Call(transport::Channel& channel, uint64_t session_id,
                                      v1::PeerMessage request);
+
+// Introduces a connection just dialed: the peer routes it by `hello`.
+absl::Status SendHello(transport::Channel& channel, v1::Hello hello);
 
 // Dials `site` and introduces the connection.
 absl::StatusOr<std::unique_ptr<transport::Channel>> DialSession(transport::Transport& transport,

@@ -13,6 +13,13 @@ void PeerRouter::Register(v1::Hello::Role role, Handler handler) {
 void PeerRouter::Serve(std::unique_ptr<transport::Channel> channel) const {
   v1::Hello hello;
   absl::Status status = ReadProto(*channel, FrameType::kHello, 0, &hello);
+  if (absl::IsUnavailable(status)) {
+    // Closed before a word, so nothing was lost: usually a sender's spare data channel, dialed
+    // ahead of a session that needed fewer streams (TransferSender::RunAttempt).
+    spdlog::debug("connection from {} ({}) ended before its hello: {}", channel->peer_site(),
+                  channel->peer_address(), status.message());
+    return;
+  }
   if (!status.ok()) {
     spdlog::warn("closing connection from {} ({}): no valid hello: {}", channel->peer_site(),
                  channel->peer_address(), status.message());
