@@ -6,11 +6,15 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
-#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "daemon/peer/messaging.h"
 
 namespace longhaul::peer {
