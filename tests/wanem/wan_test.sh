@@ -146,12 +146,14 @@ case_loss() {
     server=$!
     sleep 0.3
     line=$(in_a iperf3 -c "$LHW_ADDR_B" -u -b 40M -l 1200 -t 4 | grep receiver)
-    [[ -n "$line" ]] && break
+    if [[ -n "$line" ]]; then
+      wait "$server"
+      break
+    fi
     echo "iperf3 run $attempt gave no result; again"
     kill "$server" 2>/dev/null
     wait "$server" 2>/dev/null
   done
-  wait "$server"
   read -r lost total < <(sed -E 's#.* ([0-9]+)/([0-9]+) .*#\1 \2#' <<<"$line")
   local stats
   stats=$(ctl stats)
