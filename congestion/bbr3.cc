@@ -241,7 +241,7 @@ void Bbr3::UpdateCongestionSignals() {
   // Only in CRUISE: in DOWN the queue is usually the one our own ProbeBW_UP just built.
   const bool standing_queue = mode_ == Mode::kProbeBwCruise && queue_in_round;
   const bool congestive_rate = IsCongestiveRound(round_lost_, round_total);
-  UpdateCompetingStandingQueue(queue_in_round);
+  UpdateCompetingStandingQueue(queue_in_round, round_lost_, round_total);
   if (competing_standing_queue_) {
     loss_in_round_ = IsCongestiveLoss(round_lost_, round_total);  // Above the tolerance.
   } else {
@@ -278,9 +278,16 @@ void Bbr3::UpdateCongestionSignals() {
 
 // Bbr3Params::standing_queue_loss_tolerance: once per loss round, decides whether the flow is in
 // someone else's standing queue (competing_standing_queue_).
-void Bbr3::UpdateCompetingStandingQueue(bool queue_in_round) {
+// A round counts as lossy only when it lost more than random loss explains
+// (random_loss_tolerance): alone on a randomly lossy path, the queue a flow's own ProbeBW_UP built
+// plus its random loss would otherwise look like a competitor's queue, and the flag would keep
+// the flow overflowing its own queue.
+void Bbr3::UpdateCompetingStandingQueue(bool queue_in_round, ByteCount lost, ByteCount total) {
   if (params_.standing_queue_loss_tolerance <= 0) return;
-  lossy_queued_rounds_ = (lossy_queued_rounds_ << 1) | (queue_in_round && round_lost_ > 0);
+  const bool above_random_loss =
+      lost > 0 && static_cast<double>(lost) >
+                      static_cast<double>(total) * params_.random_loss_tolerance;
+  lossy_queued_rounds_ = (lossy_queued_rounds_ << 1) | (queue_in_round && above_random_loss);
   const int lossy = std::popcount(lossy_queued_rounds_ & kLossyQueuedRoundsMask);
   if (IsInProbeBwState() && !IsProbingBw() && queue_in_round &&
       lossy >= params_.standing_queue_lossy_rounds) {

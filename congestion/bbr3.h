@@ -234,7 +234,7 @@ class Bbr3 final : public Controller {
   double LossThreshold() const;
   bool IsCongestiveLoss(ByteCount lost, ByteCount total) const;
   bool IsCongestiveRound(ByteCount lost, ByteCount total);
-  void UpdateCompetingStandingQueue(bool queue_in_round);
+  void UpdateCompetingStandingQueue(bool queue_in_round, ByteCount lost, ByteCount total);
   void HandleInflightTooHigh(bool is_app_limited, ByteCount tx_in_flight);
   void NoteLoss();
   void HandleLostPacket(const LostPacketSnapshot& p);

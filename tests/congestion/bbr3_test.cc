@@ -182,6 +182,32 @@ TEST(Bbr3Test, ProbesHarderInSomeoneElsesQueue) {
   EXPECT_DOUBLE_EQ(RunInSomeoneElsesLossyQueue(WithLossTolerance(0.0)).highest_up_gain, 1.25);
 }
 
+// Whether the flow ever decided it was in someone else's standing queue (loss_tolerant) on a path
+// whose RTT doubled (a standing queue) and which drops one packet in 100: random loss, below
+// Bbr3Params::random_loss_tolerance.
+bool BecomesLossTolerantWithRandomLossInAQueue(const Bbr3Params& params) {
+  SplitMix64Random rng(1);
+  Bbr3 bbr(params, rng, kT0);
+  testing::MiniPath path(bbr, kRate, kRtt, kT0);
+  path.RunUntil(kT0 + TimeDelta::Seconds(1));
+  path.set_extra_delay(kRtt);
+  path.set_drop([](uint64_t pn) { return pn % 100 == 0; });
+  bool loss_tolerant = false;
+  path.RunUntil(kT0 + TimeDelta::Seconds(9),
+                [&] { loss_tolerant = loss_tolerant || bbr.DebugState().loss_tolerant; });
+  return loss_tolerant;
+}
+
+// Only loss above random loss marks a round as lossy for the standing-queue flag: alone on the
+// wan-lossy link (1 % loss), the queue of the flow's own ProbeBW_UP plus random loss set it, and
+// the flow then kept overflowing its own queue (see congestion/README.md).
+TEST(Bbr3Test, RandomLossInAStandingQueueIsNotACompetitor) {
+  EXPECT_FALSE(BecomesLossTolerantWithRandomLossInAQueue(Bbr3Params()));
+  Bbr3Params any_loss_counts;
+  any_loss_counts.random_loss_tolerance = 0.0;
+  EXPECT_TRUE(BecomesLossTolerantWithRandomLossInAQueue(any_loss_counts));
+}
+
 TEST(Bbr3Test, SameSeedSameTrajectory) {
   SplitMix64Random rng_a(42);
   SplitMix64Random rng_b(42);
