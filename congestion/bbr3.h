@@ -92,8 +92,10 @@ struct Bbr3Params {
   // longhaul behaviour before it, where any loss in a standing queue counts). A flow is "in someone
   // else's standing queue" from a round outside bandwidth probing (ProbeBW_DOWN or CRUISE) whose
   // RTT samples all showed a standing queue (see standing_queue_rtt_factor) while at least
-  // standing_queue_lossy_rounds of the last 8 loss rounds lost data in a standing queue: the loss
-  // goes on although the flow yields, which a loss-based competitor (CUBIC backs off after one
+  // standing_queue_lossy_rounds of the last 8 loss rounds lost more than random_loss_tolerance of
+  // their data in a standing queue (random loss alone does not count: with it, the queue of the
+  // flow's own probe set the flag on the randomly lossy wan-lossy link): the loss goes on although
+  // the flow yields, which a loss-based competitor (CUBIC backs off after one
   // loss episode) does not cause and a loss-blind one does. It stays so until a round outside
   // probing sees the queue drain or 8 rounds pass without such loss. Meanwhile loss counts as
   // congestion, for the short-term bounds, for LossThresh in ProbeBW_UP and for entering loss
