@@ -10,6 +10,11 @@ namespace {
 ByteCount ScaleBytes(ByteCount bytes, double gain) {
   return static_cast<ByteCount>(static_cast<double>(bytes) * gain);
 }
+
+// Whether `lost` of `total` bytes is some loss and more than `rate` of them (rate 0: any loss).
+bool LostMoreThan(ByteCount lost, ByteCount total, double rate) {
+  return lost > 0 && static_cast<double>(lost) > static_cast<double>(total) * rate;
+}
 }  // namespace
 
 Bbr3::Bbr3(const Bbr3Params& params, Random& random, Timestamp now)
@@ -284,9 +289,7 @@ void Bbr3::UpdateCongestionSignals() {
 // the flow overflowing its own queue.
 void Bbr3::UpdateCompetingStandingQueue(bool queue_in_round, ByteCount lost, ByteCount total) {
   if (params_.standing_queue_loss_tolerance <= 0) return;
-  const bool above_random_loss =
-      lost > 0 && static_cast<double>(lost) >
-                      static_cast<double>(total) * params_.random_loss_tolerance;
+  const bool above_random_loss = LostMoreThan(lost, total, params_.random_loss_tolerance);
   lossy_queued_rounds_ = (lossy_queued_rounds_ << 1) | (queue_in_round && above_random_loss);
   const int lossy = std::popcount(lossy_queued_rounds_ & kLossyQueuedRoundsMask);
   if (IsInProbeBwState() && !IsProbingBw() && queue_in_round &&
@@ -315,10 +318,9 @@ bool Bbr3::HandleHeavyLoss(Bandwidth delivered_rate) {
 // Whether `lost` of `total` is more than random loss (random_loss_tolerance) or, in someone
 // else's standing queue, more than standing_queue_loss_tolerance. Judges recovery entry too.
 bool Bbr3::IsCongestiveLoss(ByteCount lost, ByteCount total) const {
-  if (lost == 0) return false;
-  const double tolerance = competing_standing_queue_ ? params_.standing_queue_loss_tolerance
-                                                     : params_.random_loss_tolerance;
-  return static_cast<double>(lost) > static_cast<double>(total) * tolerance;
+  return LostMoreThan(lost, total,
+                      competing_standing_queue_ ? params_.standing_queue_loss_tolerance
+                                                : params_.random_loss_tolerance);
 }
 
 // Records the loss round that just ended and says whether its loss counts as congestion under
