@@ -283,10 +283,7 @@ void Bbr3::UpdateCongestionSignals() {
 
 // Bbr3Params::standing_queue_loss_tolerance: once per loss round, decides whether the flow is in
 // someone else's standing queue (competing_standing_queue_).
-// A round counts as lossy only when it lost more than random loss explains
-// (random_loss_tolerance): alone on a randomly lossy path, the queue a flow's own ProbeBW_UP built
-// plus its random loss would otherwise look like a competitor's queue, and the flag would keep
-// the flow overflowing its own queue.
+// A round counts as lossy only above random loss (random_loss_tolerance; why: bbr3.h).
 void Bbr3::UpdateCompetingStandingQueue(bool queue_in_round, ByteCount lost, ByteCount total) {
   if (params_.standing_queue_loss_tolerance <= 0) return;
   const bool above_random_loss = LostMoreThan(lost, total, params_.random_loss_tolerance);

@@ -154,6 +154,7 @@ case_loss() {
     kill "$server" 2>/dev/null
     wait "$server" 2>/dev/null
   done
+  [[ -n "$line" ]] || fail "iperf3 gave no result in 3 runs"
   read -r lost total < <(sed -E 's#.* ([0-9]+)/([0-9]+) .*#\1 \2#' <<<"$line")
   local stats
   stats=$(ctl stats)
