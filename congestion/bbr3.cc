@@ -245,7 +245,10 @@ void Bbr3::UpdateCongestionSignals() {
                               round_min_rtt_ > min_rtt_ * params_.standing_queue_rtt_factor;
   // Only in CRUISE: in DOWN the queue is usually the one our own ProbeBW_UP just built.
   const bool standing_queue = mode_ == Mode::kProbeBwCruise && queue_in_round;
-  const bool congestive_rate = IsCongestiveRound(round_lost_, round_total);
+  bool full_sample = false;
+  const bool congestive_rate = IsCongestiveRound(round_lost_, round_total, &full_sample);
+  last_loss_round_surely_congestive_ =
+      params_.random_loss_tolerance <= 0 || (congestive_rate && full_sample);
   UpdateCompetingStandingQueue(queue_in_round, round_lost_, round_total);
   if (competing_standing_queue_) {
     loss_in_round_ = IsCongestiveLoss(round_lost_, round_total);  // Above the tolerance.
@@ -323,7 +326,7 @@ bool Bbr3::IsCongestiveLoss(ByteCount lost, ByteCount total) const {
 // Records the loss round that just ended and says whether its loss counts as congestion under
 // random_loss_tolerance, judged over the newest rounds that carried at least
 // random_loss_min_sample_packets (see Bbr3Params). A round without loss never counts.
-bool Bbr3::IsCongestiveRound(ByteCount lost, ByteCount total) {
+bool Bbr3::IsCongestiveRound(ByteCount lost, ByteCount total, bool* full_sample) {
   if (loss_history_size_ == kLossHistoryRounds) {
     std::move(loss_history_.begin() + 1, loss_history_.end(), loss_history_.begin());
     --loss_history_size_;
@@ -338,6 +341,7 @@ bool Bbr3::IsCongestiveRound(ByteCount lost, ByteCount total) {
     sample_total += loss_history_[i - 1].total;
     if (sample_total >= min_sample) break;
   }
+  *full_sample = sample_total >= min_sample;
   if (!IsCongestiveLoss(sample_lost, sample_total)) return false;
   loss_history_size_ = 0;
   return true;
@@ -437,12 +441,14 @@ void Bbr3::ResetFullBw() {
   full_bw_now_ = false;
 }
 
-// draft-ietf-ccwg-bbr-06, "Exiting Startup Based on Packet Loss" (BBRCheckStartupHighLoss).
+// draft-ietf-ccwg-bbr-06, "Exiting Startup Based on Packet Loss" (BBRCheckStartupHighLoss), with
+// a longhaul deviation: the round must also be surely congestive (see
+// Bbr3Params::random_loss_min_sample_packets).
 void Bbr3::CheckStartupHighLoss() {
   if (loss_round_start_) {
     if (mode_ == Mode::kStartup && !full_bw_reached_ &&
         loss_events_in_round_ >= params_.startup_full_loss_count &&
-        IsInflightTooHigh(rs_.lost, rs_.tx_in_flight)) {
+        IsInflightTooHigh(rs_.lost, rs_.tx_in_flight) && last_loss_round_surely_congestive_) {
       full_bw_reached_ = true;
       inflight_longterm_ = std::max(BdpMultiple(max_bw_, 1.0), inflight_latest_);
     }

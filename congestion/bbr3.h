@@ -58,6 +58,12 @@ struct Bbr3Params {
   // probes (measured on the wan-lossy bench link: 1003 -> 615 Mbit/s over 3 s). With 2,000
   // packets a 1 % path exceeds 2 % about once in 10^5 judgements, while a burst that loses 8 % of
   // one jumbo round still counts at once.
+  // Startup ends on loss (BBRCheckStartupHighLoss) only once the sample is full as well: its
+  // first rounds carry a few hundred packets, and the draft's test (6 loss events, 2 % of the
+  // flight) then passed by chance. Measured in tests/sim lossy-jumbo-start (8 coupled flows,
+  // 1 % loss, MTU 9000), seeds 1-60: Startup ended at 0.24-0.41 of the link in 3 seeds, whose
+  // first 3 s delivered 0.36-0.57 of ideal; with this, none (all >= 0.89). Ending on a full
+  // pipe (the bandwidth plateau) is unchanged.
   ByteCount random_loss_min_sample_packets = 2000;
   double standing_queue_rtt_factor = 1.25;
   // DEVIATION from draft-ietf-ccwg-bbr-06 (set heavy_loss_rate = 0 for the draft's behaviour).
@@ -235,7 +241,8 @@ class Bbr3 final : public Controller {
   bool IsInflightTooHigh(ByteCount lost, ByteCount tx_in_flight) const;
   double LossThreshold() const;
   bool IsCongestiveLoss(ByteCount lost, ByteCount total) const;
-  bool IsCongestiveRound(ByteCount lost, ByteCount total);
+  // `full_sample`: whether the judgement covered random_loss_min_sample_packets.
+  bool IsCongestiveRound(ByteCount lost, ByteCount total, bool* full_sample);
   void UpdateCompetingStandingQueue(bool queue_in_round, ByteCount lost, ByteCount total);
   void HandleInflightTooHigh(bool is_app_limited, ByteCount tx_in_flight);
   void NoteLoss();
@@ -370,6 +377,9 @@ class Bbr3 final : public Controller {
   bool loss_round_start_ = false;
   ByteCount loss_round_delivered_ = 0;
   int loss_events_in_round_ = 0;
+  // Whether the loss round that ended last lost more than random loss, judged over a full
+  // sample (IsCongestiveRound): what lets Startup end on loss (see random_loss_min_sample_packets).
+  bool last_loss_round_surely_congestive_ = false;
   ByteCount round_acked_ = 0;  // Bytes acked and lost in the current loss round.
   ByteCount round_lost_ = 0;
   TimeDelta round_min_rtt_ = TimeDelta::Infinite();

@@ -56,6 +56,19 @@ TEST_F(ScenarioTest, LossyJumboCoupledFlowsKeepGoodput) {
   EXPECT_GE(r.figures.at("goodput_over_ideal"), 0.94);
 }
 
+// The start of a wan-lossy udp transfer: Startup must not end on random loss. Seeds 21, 24 and
+// 26 are those (of 1-60) where it did before Startup's loss exit needed a full sample: it ended
+// at 0.41, 0.38 and 0.24 of the link, and the first 3 s delivered 0.57, 0.54 and 0.36 of ideal.
+TEST_F(ScenarioTest, LossyJumboStartupIsNotEndedByRandomLoss) {
+  for (uint64_t seed : {uint64_t{21}, uint64_t{24}, uint64_t{26}}) {
+    ScenarioResult r;
+    ASSERT_TRUE(RunScenario("lossy-jumbo-start", seed, &r));
+    std::printf("%s\n", r.json.c_str());
+    EXPECT_GE(r.figures.at("bw_estimate_ratio_at_exit"), 0.9) << "seed " << seed;
+    EXPECT_GE(r.figures.at("goodput_over_ideal"), 0.85) << "seed " << seed;
+  }
+}
+
 TEST_F(ScenarioTest, ShallowBufferEstimatesBandwidthAndBoundsLoss) {
   const ScenarioResult r = Run("shallow");
   EXPECT_NEAR(r.figures.at("bw_estimate_ratio"), 1.0, 0.05);
