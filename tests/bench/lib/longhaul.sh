@@ -124,6 +124,59 @@ longhaul_row() {
   rm -rf "$dest"
 }
 
+# longhaul_resume_row TOOL [CLI ARGS...]: one `longhaul cp` of the data set a -> b whose receiving
+# daemon is SIGKILLed once half the data is durable at the destination, and restarted; the
+# transfer must resume and finish. resent_ratio: IP bytes the link carried a -> b over the bytes needed.
+longhaul_resume_row() {
+  local tool=$1
+  shift
+  if [[ -n "$LH_ERROR" ]]; then
+    result_error "$tool" "$LH_ERROR"
+    return
+  fi
+  local name="run-resume-${tool//\//-}"
+  rm -rf "${LH_EXPORT_B:?}/$name"
+  link_mark
+  local t0 t1
+  t0=$(date +%s%N)
+  lh_cli site-a cp "$SRC" "site-b:/ckpt/$name" --wait --json "$@" >"$WORK/lh-resume.out" 2>"$WORK/lh-resume.err" &
+  local cp=$!
+  local killed=0 durable
+  while kill -0 "$cp" 2>/dev/null; do
+    # Half of the data acknowledged as durable, by the sender's count. (Not the staged files'
+    # size: the destination sizes them in full when the transfer opens.)
+    durable=$(lh_cli site-a ls --json 2>/dev/null | grep -o '"bytes_done": [0-9]*' | awk '{ s += $2 } END { print s + 0 }')
+    if [[ $killed == 0 && "$durable" -ge $((DATA_BYTES / 2)) ]]; then
+      kill -KILL "$LH_PID_site_b"
+      wait "$LH_PID_site_b" 2>/dev/null
+      killed=1
+      lh_start site-b "$NS_DST" || { result_error "$tool" "$LH_ERROR"; return; }
+    fi
+    sleep 0.1
+  done
+  wait "$cp"
+  local rc=$?
+  t1=$(date +%s%N)
+  local lc
+  lc=$(row_counters)
+  if [[ $rc != 0 ]]; then
+    result_error "$tool" "cp failed after the restart (exit $rc): $(tail -c 300 "$WORK/lh-resume.err")"
+    return
+  fi
+  local wire secs verified resent
+  wire=$(python3 -c 'import json,sys; c=json.loads(sys.argv[1]); print(c["a2b"]["forwarded_bytes"] if c else 0)' "$lc")
+  secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
+  verified=$(verify_tree "$(lh_dest_tree "$LH_EXPORT_B/$name")")
+  resent=$(REPORT get "$WORK/lh-resume.out" resent_bytes)
+  REPORT row "$WORK/rows.jsonl" "tool=$(jstr "$tool")" "bytes=$DATA_BYTES" "seconds=$secs" \
+    "goodput_mbit=$(mbit "$DATA_BYTES" "$secs")" "cpu_seconds=null" "verified=$verified" \
+    "link_counters=$lc" "killed_at_half=$([[ $killed == 1 ]] && echo true || echo false)" \
+    "resent_bytes=${resent:-null}" \
+    "resent_ratio=$(awk -v w="$wire" -v n="$DATA_BYTES" 'BEGIN { printf "%.4f", w / n }')"
+  log "$tool (resumed): $(mbit "$DATA_BYTES" "$secs") Mbit/s, ${secs}s, killed=$killed, verified=$verified"
+  rm -rf "${LH_EXPORT_B:?}/$name"
+}
+
 # The udp transport row (issue 5): runs if the CLI accepts --transport udp,
 # and is listed with the CLI's refusal otherwise.
 longhaul_udp_row() { longhaul_row longhaul-udp --transport udp; }
