@@ -142,17 +142,19 @@ longhaul_resume_row() {
   lh_cli site-a cp "$SRC" "site-b:/ckpt/$name" --wait --json "$@" >"$WORK/lh-resume.out" 2>"$WORK/lh-resume.err" &
   local cp=$!
   local killed=0 durable
-  while kill -0 "$cp" 2>/dev/null; do
+  # Polled only until the kill, so the rest of the transfer runs without the CLI beside it.
+  while [[ $killed == 0 ]] && kill -0 "$cp" 2>/dev/null; do
     # Half of the data acknowledged as durable, by the sender's count. (Not the staged files'
     # size: the destination sizes them in full when the transfer opens.)
     durable=$(lh_cli site-a ls --json 2>/dev/null | grep -o '"bytes_done": [0-9]*' | awk '{ s += $2 } END { print s + 0 }')
-    if [[ $killed == 0 && "$durable" -ge $((DATA_BYTES / 2)) ]]; then
+    if [[ "$durable" -ge $((DATA_BYTES / 2)) ]]; then
       kill -KILL "$LH_PID_site_b"
       wait "$LH_PID_site_b" 2>/dev/null
       killed=1
       lh_start site-b "$NS_DST" || { result_error "$tool" "$LH_ERROR"; return; }
+    else
+      sleep 0.1
     fi
-    sleep 0.1
   done
   wait "$cp"
   local rc=$?
