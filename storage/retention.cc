@@ -1,102 +1,110 @@
 #include "storage/retention.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoints.h"
-#include "storage/exports.h"
+#include "storage/markers.h"
 #include "storage/posix_util.h"
 
 namespace longhaul::storage {
 
-using internal::ErrnoError;
-using internal::FsyncFd;
 using internal::JoinPath;
-using internal::ListDirAt;
-using internal::RemoveTreeAt;
-using internal::ScopedFd;
 
 namespace {
 
 constexpr char kTrashRel[] = ".longhaul/trash";
 
-bool IsCheckpoint(int parent_fd, const std::string& name, const std::string& marker) {
+absl::StatusOr<bool> IsCheckpoint(FileSystem& fs, Directory& parent, const std::string& name,
+                                  const RetentionPolicy& policy) {
   if (name.empty() || name[0] == '.') return false;
-  struct stat st;
-  if (fstatat(parent_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)) return false;
-  if (marker.empty()) return true;
-  // The marker must be reached without following symlinks.
-  std::string_view rel = marker;
-  std::string_view dir_part, file_part = rel;
-  if (size_t slash = rel.rfind('/'); slash != std::string_view::npos) {
-    dir_part = rel.substr(0, slash);
-    file_part = rel.substr(slash + 1);
+  absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(parent, name);
+  if (!st.ok()) return st.status();
+  if (!st->has_value() || !(*st)->is_directory()) return false;
+  absl::StatusOr<std::unique_ptr<Directory>> checkpoint = fs.OpenDir(parent, name, false);
+  if (!checkpoint.ok()) return false;  // replaced meanwhile: not ours to judge
+  if (!policy.complete_marker.empty()) {
+    // The marker must be reached without following symlinks.
+    std::string_view rel = policy.complete_marker;
+    std::string_view dir_part, file_part = rel;
+    if (size_t slash = rel.rfind('/'); slash != std::string_view::npos) {
+      dir_part = rel.substr(0, slash);
+      file_part = rel.substr(slash + 1);
+    }
+    absl::StatusOr<std::unique_ptr<Directory>> marker_dir =
+        OpenDirBeneath(fs, **checkpoint, dir_part, /*create=*/false);
+    if (!marker_dir.ok()) return false;
+    st = fs.Stat(**marker_dir, std::string(file_part));
+    return st.ok() && st->has_value() && (*st)->is_regular();
   }
-  ScopedFd checkpoint(openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!checkpoint.valid()) return false;
-  absl::StatusOr<int> marker_dir = OpenDirBeneath(checkpoint.get(), dir_part, /*create=*/false, name);
-  if (!marker_dir.ok()) return false;
-  ScopedFd marker_dir_fd(*marker_dir);
-  return fstatat(marker_dir_fd.get(), std::string(file_part).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-         S_ISREG(st.st_mode);
+  absl::StatusOr<std::vector<std::string>> names = fs.List(**checkpoint);
+  if (!names.ok()) return names.status();
+  for (const std::string& n : *names) {
+    if (!IsCommitMarker(policy.marker_globs, n)) continue;
+    st = fs.Stat(**checkpoint, n);
+    if (st.ok() && st->has_value() && (*st)->is_regular()) return true;
+  }
+  return false;
 }
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& export_root,
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(FileSystem& fs,
+                                                          const std::string& export_root,
                                                           std::string_view parent_relative,
                                                           const RetentionPolicy& policy) {
   std::vector<std::string> removed;
   if (policy.keep == 0) return removed;
   if (absl::Status s = ValidateCheckpointMarker(policy.complete_marker); !s.ok()) return s;
-  ScopedFd root(open(export_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!root.valid()) return ErrnoError(errno, "cannot open export", export_root);
-  absl::StatusOr<int> parent_fd = OpenDirBeneath(root.get(), parent_relative, /*create=*/false, export_root);
-  if (!parent_fd.ok()) return parent_fd.status();
-  ScopedFd parent(*parent_fd);
-  const std::string parent_desc = JoinPath(export_root, parent_relative);
-  absl::StatusOr<int> trash_fd = OpenDirBeneath(root.get(), kTrashRel, /*create=*/true, export_root);
-  if (!trash_fd.ok()) return trash_fd.status();
-  ScopedFd trash(*trash_fd);
-  const std::string trash_desc = JoinPath(export_root, kTrashRel);
+  if (policy.complete_marker.empty() && policy.marker_globs.empty()) {
+    return absl::InvalidArgumentError(
+        "retention needs a commit marker to tell complete checkpoints from partial ones");
+  }
+  absl::StatusOr<std::unique_ptr<Directory>> root = fs.OpenRoot(export_root);
+  if (!root.ok()) return root.status();
+  absl::StatusOr<std::unique_ptr<Directory>> parent =
+      OpenDirBeneath(fs, **root, parent_relative, /*create=*/false);
+  if (!parent.ok()) return parent.status();
+  absl::StatusOr<std::unique_ptr<Directory>> trash =
+      OpenDirBeneath(fs, **root, kTrashRel, /*create=*/true);
+  if (!trash.ok()) return trash.status();
 
   // Finish what a crash interrupted: everything in the trash goes.
-  absl::StatusOr<std::vector<std::string>> leftovers = ListDirAt(trash.get(), trash_desc);
+  absl::StatusOr<std::vector<std::string>> leftovers = fs.List(**trash);
   if (!leftovers.ok()) return leftovers.status();
   for (const std::string& n : *leftovers) {
-    if (absl::Status s = RemoveTreeAt(trash.get(), n, JoinPath(trash_desc, n)); !s.ok()) return s;
+    if (absl::Status s = RemoveTree(fs, **trash, n); !s.ok()) return s;
   }
 
-  absl::StatusOr<std::vector<std::string>> names = ListDirAt(parent.get(), parent_desc);
+  absl::StatusOr<std::vector<std::string>> names = fs.List(**parent);
   if (!names.ok()) return names.status();
   std::vector<std::string> checkpoints;
   for (const std::string& n : *names) {
-    if (IsCheckpoint(parent.get(), n, policy.complete_marker)) checkpoints.push_back(n);
+    absl::StatusOr<bool> is = IsCheckpoint(fs, **parent, n, policy);
+    if (!is.ok()) return is.status();
+    if (*is) checkpoints.push_back(n);
   }
   if (checkpoints.size() <= policy.keep) return removed;
   std::sort(checkpoints.begin(), checkpoints.end(),
             [](const std::string& a, const std::string& b) { return NaturalLess(a, b); });
   checkpoints.resize(checkpoints.size() - policy.keep);  // the oldest ones
 
+  // Each one leaves in one rename, so it is never seen half-deleted.
   std::vector<std::string> trashed;
   for (const std::string& n : checkpoints) {
     // A unique trash name: the same checkpoint name may be pruned again later.
     std::string trash_name = absl::StrCat(n, ".", getpid(), ".", trashed.size());
-    if (renameat(parent.get(), n.c_str(), trash.get(), trash_name.c_str()) != 0) {
-      if (errno == ENOENT) continue;  // pruned by a concurrent publish
-      return ErrnoError(errno, "cannot move old checkpoint to the trash", JoinPath(parent_desc, n));
-    }
+    absl::Status s = fs.Rename(**parent, n, **trash, trash_name, RenameMode::kReplace);
+    if (absl::IsNotFound(s)) continue;  // pruned by a concurrent publish
+    if (!s.ok()) return s;
     removed.push_back(n);
     trashed.push_back(std::move(trash_name));
   }
-  if (absl::Status s = FsyncFd(parent.get(), parent_desc); !s.ok()) return s;
+  if (absl::Status s = fs.SyncDir(**parent); !s.ok()) return s;
   for (const std::string& t : trashed) {
-    if (absl::Status s = RemoveTreeAt(trash.get(), t, JoinPath(trash_desc, t)); !s.ok()) return s;
+    if (absl::Status s = RemoveTree(fs, **trash, t); !s.ok()) return s;
   }
   return removed;
 }

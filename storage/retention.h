@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "storage/file_system.h"
 
 namespace longhaul::storage {
 
@@ -20,18 +21,24 @@ struct RetentionPolicy {
   // When set, only directories holding it as a regular file are
   // checkpoints: anything else is never counted and never removed.
   std::string complete_marker;
+  // Without complete_marker: commit-marker globs (IsCommitMarker); only
+  // directories holding a regular file at their top level that matches one
+  // are checkpoints. With neither set, PruneCheckpoints refuses: an
+  // incomplete checkpoint must never be counted, and nothing could tell.
+  std::vector<std::string> marker_globs;
 };
 
 // In the directory `parent_relative` ('/'-separated, clean, "" for the
 // export root itself) below `export_root`, the checkpoints are the
-// subdirectories that are not symlinks, do not start with '.', and hold the
-// marker when one is set. All but the newest `policy.keep` (by NaturalLess of
+// subdirectories that are not symlinks, do not start with '.', and hold
+// their marker (complete_marker, else one matching marker_globs). All but the newest `policy.keep` (by NaturalLess of
 // their names) are removed: each is first renamed into
 // <export_root>/.longhaul/trash (so it disappears at once and never shows
 // half-deleted), then deleted. Leftovers of an earlier crash in the trash
 // are deleted too. Returns the names removed, oldest first. Never follows a
 // symlink.
-absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& export_root,
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(FileSystem& fs,
+                                                          const std::string& export_root,
                                                           std::string_view parent_relative,
                                                           const RetentionPolicy& policy);
 

@@ -1,119 +1,35 @@
 #include "storage/staging.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <fnmatch.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <optional>
 #include <string_view>
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "spdlog/spdlog.h"
+#include "storage/markers.h"
 #include "storage/posix_util.h"
 
 namespace longhaul::storage {
 
-using internal::ErrnoError;
-using internal::FsyncFd;
 using internal::JoinPath;
-using internal::RemoveTreeAt;
-using internal::ScopedFd;
 
 namespace {
 
 constexpr char kStagingRel[] = ".longhaul/staging";
 constexpr char kFilesDir[] = "f";
-constexpr char kTreeDir[] = "tree";
-
-int64_t MtimeNs(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-}
-
-bool Matches(const struct stat& st, const v1::ManifestFile& f) {
-  return S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) == f.size() &&
-         MtimeNs(st) == f.mtime_ns();
-}
+constexpr char kNextDir[] = "next";
+constexpr char kOldDir[] = "old";
+constexpr char kInstallRecord[] = "installing";
 
 // Splits "a/b/c" into {"a/b", "c"} and "c" into {"", "c"}.
 std::pair<std::string_view, std::string_view> SplitParent(std::string_view path) {
   size_t slash = path.rfind('/');
   if (slash == std::string_view::npos) return {"", path};
   return {path.substr(0, slash), path.substr(slash + 1)};
-}
-
-// lstat relative to a directory; nullopt when it does not exist.
-absl::StatusOr<std::optional<struct stat>> StatAt(int dir_fd, const std::string& name,
-                                                  std::string_view desc) {
-  struct stat st;
-  if (fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    if (errno == ENOENT) return std::nullopt;
-    return ErrnoError(errno, "cannot stat", desc);
-  }
-  return st;
-}
-
-// Directories below one base directory, opened (and created) without
-// following symlinks, with the ones that received renames fsync'ed on demand.
-class DirCache {
- public:
-  DirCache(int base_fd, std::string desc) : base_fd_(base_fd), desc_(std::move(desc)) {}
-
-  absl::StatusOr<int> Get(std::string_view rel, bool create) {
-    if (rel.empty()) return base_fd_;
-    auto it = dirs_.find(internal::Av(rel));
-    if (it != dirs_.end()) return it->second.fd.get();
-    absl::StatusOr<int> fd = OpenDirBeneath(base_fd_, rel, create, desc_);
-    if (!fd.ok()) return fd.status();
-    Entry& e = dirs_[std::string(rel)];
-    e.fd.reset(*fd);
-    return *fd;
-  }
-
-  void MarkDirty(std::string_view rel) {
-    if (rel.empty()) {
-      base_dirty_ = true;
-    } else if (auto it = dirs_.find(internal::Av(rel)); it != dirs_.end()) {
-      it->second.dirty = true;
-    }
-  }
-
-  absl::Status SyncDirty() {
-    for (auto& [rel, e] : dirs_) {
-      if (!e.dirty) continue;
-      if (absl::Status s = FsyncFd(e.fd.get(), JoinPath(desc_, rel)); !s.ok()) return s;
-      e.dirty = false;
-    }
-    if (base_dirty_) {
-      if (absl::Status s = FsyncFd(base_fd_, desc_); !s.ok()) return s;
-      base_dirty_ = false;
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  struct Entry {
-    ScopedFd fd;
-    bool dirty = false;
-  };
-  const int base_fd_;
-  const std::string desc_;
-  bool base_dirty_ = false;
-  absl::flat_hash_map<std::string, Entry> dirs_;
-};
-
-bool IsMarker(const std::vector<std::string>& globs, std::string_view path) {
-  const std::string full(path);
-  const std::string base(SplitParent(path).second);
-  for (const std::string& g : globs) {
-    if (fnmatch(g.c_str(), base.c_str(), 0) == 0) return true;
-    if (fnmatch(g.c_str(), full.c_str(), FNM_PATHNAME) == 0) return true;
-  }
-  return false;
 }
 
 absl::Status CheckTransferId(std::string_view id) {
@@ -125,386 +41,489 @@ absl::Status CheckTransferId(std::string_view id) {
   return absl::OkStatus();
 }
 
+// Directories below one base directory, opened (and created) without
+// following symlinks, each opened once.
+class DirCache {
+ public:
+  DirCache(FileSystem& fs, Directory& base) : fs_(fs), base_(base) {}
+
+  absl::StatusOr<Directory*> Get(std::string_view rel, bool create) {
+    if (rel.empty()) return &base_;
+    auto it = dirs_.find(internal::Av(rel));
+    if (it != dirs_.end()) return it->second.get();
+    absl::StatusOr<std::unique_ptr<Directory>> dir = OpenDirBeneath(fs_, base_, rel, create);
+    if (!dir.ok()) return dir.status();
+    Directory* raw = dir->get();
+    dirs_[std::string(rel)] = std::move(*dir);
+    return raw;
+  }
+
+  // fsync of every directory opened, the base last.
+  absl::Status SyncAll() {
+    for (auto& [rel, dir] : dirs_) {
+      if (absl::Status s = fs_.SyncDir(*dir); !s.ok()) return s;
+    }
+    return fs_.SyncDir(base_);
+  }
+
+ private:
+  FileSystem& fs_;
+  Directory& base_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Directory>> dirs_;
+};
+
+// The identity of the object publish installs, as kept in the record.
+std::string FormatIdentity(const FileInfo& info) {
+  return absl::StrCat(info.device, " ", info.inode, "\n");
+}
+
+absl::StatusOr<FileInfo> ParseIdentity(std::string_view text, const std::string& desc) {
+  std::vector<absl::string_view> parts =
+      absl::StrSplit(absl::StripTrailingAsciiWhitespace(internal::Av(text)), ' ');
+  FileInfo info;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &info.device) ||
+      !absl::SimpleAtoi(parts[1], &info.inode)) {
+    return absl::DataLossError(absl::StrCat("publish record ", desc, " is damaged"));
+  }
+  return info;
+}
+
+// Applies the manifest's mtime and mode to staged file `name` and makes
+// them durable. Done when lstat already shows both: the mode is applied
+// last, so a file whose mode forbids opening it was finalized before.
+absl::Status Finalize(FileSystem& fs, Directory& dir, const std::string& name,
+                      const FileInfo& st, const v1::ManifestFile& f) {
+  const uint32_t mode = f.mode() & 07777;
+  if (st.mode == mode && StoredMtimeMatches(st.mtime_ns, f.mtime_ns())) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<File>> file = fs.OpenFile(dir, name, OpenMode::kReadWrite);
+  if (!file.ok()) return file.status();
+  if (absl::Status s = (*file)->SetMtime(f.mtime_ns()); !s.ok()) return s;
+  if (absl::Status s = (*file)->SetMode(mode); !s.ok()) return s;
+  return (*file)->Sync();
+}
+
+// Unlinks every file of the tree in `dir` that is a commit marker, so that
+// an old version moved aside in the no-RENAME_EXCHANGE fallback never
+// carries one while it is not whole.
+absl::Status UnlinkMarkers(FileSystem& fs, Directory& dir, const std::string& rel,
+                           const std::vector<std::string>& globs) {
+  absl::StatusOr<std::vector<std::string>> names = fs.List(dir);
+  if (!names.ok()) return names.status();
+  bool removed = false;
+  for (const std::string& n : *names) {
+    const std::string path = rel.empty() ? n : absl::StrCat(rel, "/", n);
+    absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(dir, n);
+    if (!st.ok()) return st.status();
+    if (!st->has_value()) continue;
+    if ((*st)->is_directory()) {
+      absl::StatusOr<std::unique_ptr<Directory>> sub = fs.OpenDir(dir, n, /*create=*/false);
+      if (!sub.ok()) return sub.status();
+      if (absl::Status s = UnlinkMarkers(fs, **sub, path, globs); !s.ok()) return s;
+    } else if (IsCommitMarker(globs, path)) {
+      if (absl::Status s = fs.Unlink(dir, n); !s.ok() && !absl::IsNotFound(s)) return s;
+      removed = true;
+    }
+  }
+  return removed ? fs.SyncDir(dir) : absl::OkStatus();
+}
+
 }  // namespace
 
 // -------------------------------------------------------------- Staging ----
-
-Staging::State::~State() {
-  {
-    absl::MutexLock lock(&mu);
-    for (auto& [index, fd] : open_files) close(fd);
-    open_files.clear();
-  }
-  for (int fd : {files_fd, staging_fd, parent_fd, root_fd}) {
-    if (fd >= 0) close(fd);
-  }
-}
 
 Staging::Staging(Staging&&) noexcept = default;
 Staging& Staging::operator=(Staging&&) noexcept = default;
 Staging::~Staging() = default;
 
-absl::StatusOr<Staging> Staging::Open(ResolvedDestination dest, std::string transfer_id) {
+absl::StatusOr<Staging> Staging::Open(FileSystem& fs, ResolvedDestination dest,
+                                      std::string transfer_id) {
   if (absl::Status s = CheckTransferId(transfer_id); !s.ok()) return s;
   auto state = std::make_unique<State>();
+  state->fs = &fs;
   state->dest = std::move(dest);
   state->transfer_id = std::move(transfer_id);
-  const std::string staging_parent = JoinPath(state->dest.export_root, kStagingRel);
-  state->dir = JoinPath(staging_parent, state->transfer_id);
+  state->dir = JoinPath(JoinPath(state->dest.export_root, kStagingRel), state->transfer_id);
 
-  state->root_fd = open(state->dest.export_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (state->root_fd < 0) {
-    return ErrnoError(errno, "cannot open export root", state->dest.export_root);
-  }
-  absl::StatusOr<int> fd =
-      OpenDirBeneath(state->root_fd, kStagingRel, /*create=*/true, state->dest.export_root);
-  if (!fd.ok()) return fd.status();
-  state->parent_fd = *fd;
-  fd = OpenDirBeneath(state->parent_fd, state->transfer_id, /*create=*/true, staging_parent);
-  if (!fd.ok()) return fd.status();
-  state->staging_fd = *fd;
-  fd = OpenDirBeneath(state->staging_fd, kFilesDir, /*create=*/true, state->dir);
-  if (!fd.ok()) return fd.status();
-  state->files_fd = *fd;
+  absl::StatusOr<std::unique_ptr<Directory>> dir = fs.OpenRoot(state->dest.export_root);
+  if (!dir.ok()) return dir.status();
+  state->root = std::move(*dir);
+  dir = OpenDirBeneath(fs, *state->root, kStagingRel, /*create=*/true);
+  if (!dir.ok()) return dir.status();
+  state->parent = std::move(*dir);
+  dir = OpenDirBeneath(fs, *state->parent, state->transfer_id, /*create=*/true);
+  if (!dir.ok()) return dir.status();
+  state->staging = std::move(*dir);
+  dir = OpenDirBeneath(fs, *state->staging, kFilesDir, /*create=*/true);
+  if (!dir.ok()) return dir.status();
+  state->files = std::move(*dir);
   return Staging(std::move(state));
 }
 
 void Staging::CloseFiles() {
   absl::MutexLock lock(&state_->mu);
-  for (auto& [index, fd] : state_->open_files) close(fd);
   state_->open_files.clear();
 }
 
-absl::StatusOr<int> Staging::OpenFile(uint32_t file_index, const v1::ManifestFile& file) {
+absl::StatusOr<File*> Staging::OpenFile(uint32_t file_index, const v1::ManifestFile& file) {
   return Open(file_index, file, /*create=*/true);
 }
 
-absl::StatusOr<int> Staging::OpenStagedFile(uint32_t file_index, const v1::ManifestFile& file) {
+absl::StatusOr<File*> Staging::OpenStagedFile(uint32_t file_index, const v1::ManifestFile& file) {
   return Open(file_index, file, /*create=*/false);
 }
 
-absl::StatusOr<int> Staging::Open(uint32_t file_index, const v1::ManifestFile& file, bool create) {
+absl::StatusOr<File*> Staging::Open(uint32_t file_index, const v1::ManifestFile& file,
+                                    bool create) {
   State& s = *state_;
+  FileSystem& fs = *s.fs;
   absl::MutexLock lock(&s.mu);
-  if (auto it = s.open_files.find(file_index); it != s.open_files.end()) return it->second;
-  if (s.files_fd < 0) return absl::FailedPreconditionError("staging " + s.dir + " was removed");
+  if (auto it = s.open_files.find(file_index); it != s.open_files.end()) return it->second.get();
+  if (!s.files) return absl::FailedPreconditionError("staging " + s.dir + " was removed");
   const std::string name = std::to_string(file_index);
-  const std::string desc = absl::StrCat(s.dir, "/", kFilesDir, "/", name, " (", file.path(), ")");
+  absl::StatusOr<std::unique_ptr<File>> f = fs.OpenFile(*s.files, name, OpenMode::kReadWrite);
   bool created = false;
-  ScopedFd fd(openat(s.files_fd, name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid() && errno == ENOENT && !create) {
-    return absl::NotFoundError(absl::StrCat(desc, " is no longer staged"));
-  }
-  if (!fd.valid() && errno == ENOENT) {
-    fd.reset(openat(s.files_fd, name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                    0600));
-    created = fd.valid();
-  }
-  if (!fd.valid()) return ErrnoError(errno, "cannot open staged file", desc);
-  struct stat st;
-  if (fstat(fd.get(), &st) != 0) return ErrnoError(errno, "cannot stat staged file", desc);
-  if (static_cast<uint64_t>(st.st_size) != file.size()) {
-    bool sized = false;
-    if (st.st_size == 0 && file.size() > 0) {
-      // Reserve the space now so a full disk shows up before any data moves.
-      if (fallocate(fd.get(), 0, 0, static_cast<off_t>(file.size())) == 0) {
-        sized = true;
-      } else if (errno != EOPNOTSUPP && errno != ENOSYS) {
-        return ErrnoError(errno, absl::StrCat("cannot reserve ", file.size(), " bytes for"), desc);
-      }
+  if (absl::IsNotFound(f.status())) {
+    if (!create) {
+      return absl::NotFoundError(
+          absl::StrCat(s.dir, "/", kFilesDir, "/", name, " (", file.path(), ") is no longer staged"));
     }
-    if (!sized && ftruncate(fd.get(), static_cast<off_t>(file.size())) != 0) {
-      return ErrnoError(errno, absl::StrCat("cannot size to ", file.size(), " bytes"), desc);
-    }
+    f = fs.OpenFile(*s.files, name, OpenMode::kCreateExclusive);
+    created = true;
   }
+  if (!f.ok()) return f.status();
+  if (absl::Status st = (*f)->Reserve(file.size()); !st.ok()) return st;
   if (created) {
     // The directory entry must survive a crash once chunks are acknowledged.
-    if (absl::Status st2 = FsyncFd(s.files_fd, JoinPath(s.dir, kFilesDir)); !st2.ok()) return st2;
+    if (absl::Status st = fs.SyncDir(*s.files); !st.ok()) return st;
   }
-  const int raw = fd.release();
-  s.open_files.emplace(file_index, raw);
+  File* raw = f->get();
+  s.open_files.emplace(file_index, std::move(*f));
   return raw;
+}
+
+absl::StatusOr<bool> Staging::HoldsFile(uint32_t file_index, const v1::ManifestFile& file) {
+  State& s = *state_;
+  FileSystem& fs = *s.fs;
+  if (!s.files) return false;
+  absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(*s.files, std::to_string(file_index));
+  if (!st.ok()) return st.status();
+  if (st->has_value() && (*st)->is_regular() && (*st)->size == file.size()) return true;
+  absl::StatusOr<bool> past = PastPointOfNoReturn();
+  if (!past.ok() || *past) return past;
+  auto [prel, name] = SplitParent(file.path());
+  absl::StatusOr<std::unique_ptr<Directory>> next =
+      OpenDirBeneath(fs, *s.staging, JoinPath(kNextDir, prel), /*create=*/false);
+  if (absl::IsNotFound(next.status())) return false;
+  if (!next.ok()) return next.status();
+  st = fs.Stat(**next, std::string(name));
+  if (!st.ok()) return st.status();
+  return st->has_value() && (*st)->is_regular() && (*st)->size == file.size();
 }
 
 absl::Status Staging::DiscardFile(uint32_t file_index) {
   State& s = *state_;
   absl::MutexLock lock(&s.mu);
-  if (auto it = s.open_files.find(file_index); it != s.open_files.end()) {
-    close(it->second);
-    s.open_files.erase(it);
-  }
-  if (s.files_fd < 0) return absl::FailedPreconditionError("staging " + s.dir + " was removed");
-  const std::string name = std::to_string(file_index);
-  if (unlinkat(s.files_fd, name.c_str(), 0) != 0 && errno != ENOENT) {
-    return ErrnoError(errno, "cannot discard staged file", JoinPath(s.dir, "f/" + name));
-  }
-  return FsyncFd(s.files_fd, JoinPath(s.dir, kFilesDir));
+  s.open_files.erase(file_index);
+  if (!s.files) return absl::FailedPreconditionError("staging " + s.dir + " was removed");
+  absl::Status removed = s.fs->Unlink(*s.files, std::to_string(file_index));
+  if (!removed.ok() && !absl::IsNotFound(removed)) return removed;
+  return s.fs->SyncDir(*s.files);
+}
+
+absl::StatusOr<bool> Staging::PastPointOfNoReturn() {
+  State& s = *state_;
+  if (!s.staging) return false;
+  absl::StatusOr<std::optional<FileInfo>> st = s.fs->Stat(*s.staging, kInstallRecord);
+  if (!st.ok()) return st.status();
+  return st->has_value();
 }
 
 absl::Status Staging::Remove() {
   CloseFiles();
   State& s = *state_;
-  if (s.parent_fd < 0) return absl::OkStatus();
-  for (int* fd : {&s.files_fd, &s.staging_fd}) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
-  }
-  if (absl::Status st = RemoveTreeAt(s.parent_fd, s.transfer_id, s.dir); !st.ok()) return st;
-  return FsyncFd(s.parent_fd, JoinPath(s.dest.export_root, kStagingRel));
+  if (!s.parent) return absl::OkStatus();
+  s.files.reset();
+  s.staging.reset();
+  if (absl::Status st = RemoveTree(*s.fs, *s.parent, s.transfer_id); !st.ok()) return st;
+  return s.fs->SyncDir(*s.parent);
 }
 
-namespace {
-
-// Sets the manifest's mtime and mode on staged file `name` in `files_fd` and
-// makes it durable. Safe to repeat.
-absl::Status FinalizeStaged(int files_fd, const std::string& name, const v1::ManifestFile& f,
-                            const std::string& desc, bool* exists) {
-  ScopedFd fd(openat(files_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid() && errno == EACCES) {
-    // An earlier run already applied a mode without read permission.
-    if (fchmodat(files_fd, name.c_str(), 0600, 0) == 0) {
-      fd.reset(openat(files_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    }
-  }
-  if (!fd.valid()) {
-    if (errno == ENOENT) {
-      *exists = false;
-      return absl::OkStatus();
-    }
-    return ErrnoError(errno, "cannot open staged file", desc);
-  }
-  *exists = true;
-  struct stat st;
-  if (fstat(fd.get(), &st) != 0) return ErrnoError(errno, "cannot stat staged file", desc);
-  if (static_cast<uint64_t>(st.st_size) != f.size()) {
-    return absl::DataLossError(absl::StrCat("staged file ", desc, " has ", st.st_size,
-                                            " bytes, the manifest says ", f.size()));
-  }
-  struct timespec times[2];
-  times[0].tv_sec = 0;
-  times[0].tv_nsec = UTIME_OMIT;
-  times[1].tv_sec = f.mtime_ns() / 1000000000;
-  times[1].tv_nsec = f.mtime_ns() % 1000000000;
-  if (times[1].tv_nsec < 0) {
-    times[1].tv_nsec += 1000000000;
-    times[1].tv_sec -= 1;
-  }
-  if (futimens(fd.get(), times) != 0) return ErrnoError(errno, "cannot set mtime of", desc);
-  if (fchmod(fd.get(), f.mode() & 07777) != 0) return ErrnoError(errno, "cannot chmod", desc);
-  return FsyncFd(fd.get(), desc);
-}
-
-}  // namespace
-
-absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions& options) {
+absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions& options,
+                              std::vector<uint32_t>* resend) {
   CloseFiles();
   State& s = *state_;
-  if (s.files_fd < 0) return absl::FailedPreconditionError("staging " + s.dir + " was removed");
-  const std::string& root = s.dest.export_root;
-  const std::string dest_desc = s.dest.absolute;
+  FileSystem& fs = *s.fs;
+  if (!s.files) return absl::FailedPreconditionError("staging " + s.dir + " was removed");
+  const std::string& dest_desc = s.dest.absolute;
   auto [parent_rel, base_sv] = SplitParent(s.dest.relative);
   const std::string base(base_sv);
+  const int n = manifest.files_size();
+  auto skipped = [&](int i) { return options.skip_files.contains(static_cast<uint32_t>(i)); };
+  if (options.single_file && n != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a single-file transfer needs exactly one file in its manifest, not ", n));
+  }
 
   // The destination's parent, created if needed, with no symlink on the way.
-  DirCache root_dirs(s.root_fd, root);
-  absl::StatusOr<int> dest_parent = root_dirs.Get(parent_rel, /*create=*/true);
+  absl::StatusOr<std::unique_ptr<Directory>> dest_parent =
+      OpenDirBeneath(fs, *s.root, parent_rel, /*create=*/true);
   if (!dest_parent.ok()) return dest_parent.status();
-  absl::StatusOr<std::optional<struct stat>> dest_st = StatAt(*dest_parent, base, dest_desc);
+  absl::StatusOr<std::optional<FileInfo>> dest_st = fs.Stat(**dest_parent, base);
   if (!dest_st.ok()) return dest_st.status();
-  if (dest_st->has_value() && S_ISLNK((*dest_st)->st_mode)) {
+  const std::optional<FileInfo> current = *dest_st;
+  if (current && current->type == FileInfo::Type::kSymlink) {
     return absl::PermissionDeniedError(
         absl::StrCat("destination ", dest_desc, " is a symlink; refusing to publish through it"));
   }
-
-  // Places file `i` at `name` in directory `dir_fd`: from staging f/<i>, else
-  // from `alt` (a directory holding it under `name`, e.g. tree/), else it is
-  // already there. A 0-byte file is created if nothing holds it.
-  auto place = [&](int i, int dir_fd, const std::string& name, std::string_view target_desc,
-                   int alt_fd) -> absl::Status {
-    const v1::ManifestFile& f = manifest.files(i);
-    const std::string staged = std::to_string(i);
-    const std::string staged_desc =
-        absl::StrCat(s.dir, "/", kFilesDir, "/", staged, " (", f.path(), ")");
-    bool exists = false;
-    if (absl::Status st = FinalizeStaged(s.files_fd, staged, f, staged_desc, &exists); !st.ok()) {
-      return st;
-    }
-    int from_fd = exists ? s.files_fd : -1;
-    const std::string* from_name = &staged;
-    if (!exists && alt_fd >= 0) {
-      absl::StatusOr<std::optional<struct stat>> a = StatAt(alt_fd, name, target_desc);
-      if (!a.ok()) return a.status();
-      if (a->has_value() && Matches(**a, f)) {
-        from_fd = alt_fd;
-        from_name = &name;
-      }
-    }
-    if (from_fd < 0) {
-      absl::StatusOr<std::optional<struct stat>> t = StatAt(dir_fd, name, target_desc);
-      if (!t.ok()) return t.status();
-      if (t->has_value() && Matches(**t, f)) return absl::OkStatus();  // published earlier
-      if (f.size() != 0) {
-        return absl::DataLossError(absl::StrCat("staged file ", staged_desc,
-                                                " is missing and ", internal::Av(target_desc),
-                                                " does not hold it; the file must be re-sent"));
-      }
-      ScopedFd created(openat(s.files_fd, staged.c_str(),
-                              O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
-      if (!created.valid()) return ErrnoError(errno, "cannot create staged file", staged_desc);
-      created.reset();
-      if (absl::Status st = FinalizeStaged(s.files_fd, staged, f, staged_desc, &exists);
-          !st.ok()) {
-        return st;
-      }
-      from_fd = s.files_fd;
-    }
-    if (renameat(from_fd, from_name->c_str(), dir_fd, name.c_str()) != 0) {
-      return ErrnoError(errno, absl::StrCat("cannot move ", f.path(), " into place at"),
-                        target_desc);
-    }
-    return absl::OkStatus();
-  };
-
-  const int n = manifest.files_size();
-  std::vector<bool> marker(n, false);
-  for (int i = 0; i < n; ++i) {
-    marker[i] = IsMarker(options.commit_last, manifest.files(i).path());
+  if (current && options.single_file && current->is_directory()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("destination ", dest_desc, " is a directory; expected a file"));
   }
-  auto skipped = [&](int i) { return options.skip_files.contains(static_cast<uint32_t>(i)); };
-
-  if (options.single_file) {
-    if (n != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a single-file transfer needs exactly one file in its manifest, not ", n));
-    }
-    if (dest_st->has_value() && S_ISDIR((*dest_st)->st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("destination ", dest_desc, " is a directory; expected a file"));
-    }
-    if (!skipped(0)) {
-      if (options.before_markers) options.before_markers();
-      if (absl::Status st = place(0, *dest_parent, base, dest_desc, -1); !st.ok()) return st;
-      root_dirs.MarkDirty(parent_rel);
-      if (absl::Status st = root_dirs.SyncDirty(); !st.ok()) return st;
-    }
-    return Remove();
-  }
-
-  if (dest_st->has_value() && !S_ISDIR((*dest_st)->st_mode)) {
+  if (current && !options.single_file && !current->is_directory()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "destination ", dest_desc, " exists and is not a directory; cannot publish a tree there"));
   }
 
-  if (!dest_st->has_value()) {
-    // New destination: assemble all of it in tree/ in staging, then one
-    // rename, so nobody ever sees it partly there.
-    absl::StatusOr<int> tree_fd =
-        OpenDirBeneath(s.staging_fd, kTreeDir, /*create=*/true, s.dir);
-    if (!tree_fd.ok()) return tree_fd.status();
-    ScopedFd tree_owner(*tree_fd);
-    const std::string tree_desc = JoinPath(s.dir, kTreeDir);
-    DirCache tree(*tree_fd, tree_desc);
+  // ---- 1-2: the new version, complete and durable, beside the destination.
+  std::optional<FileInfo> target;
+  if (absl::StatusOr<bool> past = PastPointOfNoReturn(); !past.ok()) {
+    return past.status();
+  } else if (*past) {
+    const std::string desc = JoinPath(s.dir, kInstallRecord);
+    absl::StatusOr<std::string> text = ReadSmallFile(fs, *s.staging, kInstallRecord);
+    if (!text.ok()) return text.status();
+    absl::StatusOr<FileInfo> id = ParseIdentity(*text, desc);
+    if (!id.ok()) return id.status();
+    target = *id;
+  } else if (options.single_file && skipped(0)) {
+    return absl::OkStatus();  // unchanged: the destination stays as it is
+  }
+
+  std::vector<uint32_t> lost;
+  // Puts staged file `i` at `name` in `dir`: finalized, then moved from f/.
+  // Returns false (and notes it in `lost`) when its bytes are gone.
+  auto move_staged = [&](int i, Directory& dir, const std::string& name) -> absl::StatusOr<bool> {
+    const v1::ManifestFile& f = manifest.files(i);
+    const std::string staged = std::to_string(i);
+    absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(*s.files, staged);
+    if (!st.ok()) return st.status();
+    if (!st->has_value() && f.size() == 0) {
+      absl::StatusOr<std::unique_ptr<File>> created =
+          fs.OpenFile(*s.files, staged, OpenMode::kCreateOrOpen);
+      if (!created.ok()) return created.status();
+      created->reset();
+      st = fs.Stat(*s.files, staged);
+      if (!st.ok()) return st.status();
+    }
+    if (!st->has_value() || !(*st)->is_regular() || (*st)->size != f.size()) {
+      spdlog::warn("staging {}: staged file {} ({}) is {}; asking for it again", s.dir, staged,
+                   f.path(), st->has_value() ? "short" : "missing");
+      lost.push_back(static_cast<uint32_t>(i));
+      return false;
+    }
+    if (absl::Status s2 = Finalize(fs, *s.files, staged, **st, f); !s2.ok()) return s2;
+    if (absl::Status s2 = fs.Rename(*s.files, staged, dir, name, RenameMode::kReplace); !s2.ok()) {
+      return s2;
+    }
+    return true;
+  };
+
+  if (!target && options.single_file) {
+    absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(*s.files, "0");
+    if (!st.ok()) return st.status();
+    // Finalizes f/0 in place ("moving" it onto itself is not needed).
+    const v1::ManifestFile& f = manifest.files(0);
+    if (!st->has_value() && f.size() == 0) {
+      absl::StatusOr<std::unique_ptr<File>> created = fs.OpenFile(*s.files, "0", OpenMode::kCreateOrOpen);
+      if (!created.ok()) return created.status();
+      created->reset();
+      if (absl::Status s2 = fs.SyncDir(*s.files); !s2.ok()) return s2;
+      st = fs.Stat(*s.files, "0");
+      if (!st.ok()) return st.status();
+    }
+    if (!st->has_value() || !(*st)->is_regular() || (*st)->size != f.size()) {
+      lost.push_back(0);
+    } else {
+      if (absl::Status s2 = Finalize(fs, *s.files, "0", **st, f); !s2.ok()) return s2;
+      absl::StatusOr<std::optional<FileInfo>> done = fs.Stat(*s.files, "0");
+      if (!done.ok()) return done.status();
+      target = **done;
+    }
+  } else if (!target) {
+    absl::StatusOr<std::unique_ptr<Directory>> next =
+        OpenDirBeneath(fs, *s.staging, kNextDir, /*create=*/true);
+    if (!next.ok()) return next.status();
+    DirCache next_dirs(fs, **next);
+    std::unique_ptr<Directory> dest_dir;
+    if (current) {
+      absl::StatusOr<std::unique_ptr<Directory>> d = fs.OpenDir(**dest_parent, base, false);
+      if (!d.ok()) return d.status();
+      dest_dir = std::move(*d);
+    }
+    std::optional<DirCache> dest_dirs;
+    if (dest_dir) dest_dirs.emplace(fs, *dest_dir);
     for (int i = 0; i < n; ++i) {
-      if (skipped(i)) continue;
-      const std::string& path = manifest.files(i).path();
-      auto [prel, fname] = SplitParent(path);
-      absl::StatusOr<int> dir = tree.Get(prel, /*create=*/true);
+      const v1::ManifestFile& f = manifest.files(i);
+      auto [prel, fname_sv] = SplitParent(f.path());
+      const std::string fname(fname_sv);
+      absl::StatusOr<Directory*> dir = next_dirs.Get(prel, /*create=*/true);
       if (!dir.ok()) return dir.status();
-      // Markers too: the one rename below makes the whole checkpoint appear
-      // at once, complete.
-      if (absl::Status st = place(i, *dir, std::string(fname), JoinPath(tree_desc, path), -1);
-          !st.ok()) {
-        return st;
+      absl::StatusOr<std::optional<FileInfo>> at = fs.Stat(**dir, fname);
+      if (!at.ok()) return at.status();
+      const bool placed = at->has_value() && (*at)->is_regular() && (*at)->size == f.size();
+      if (skipped(i)) {
+        if (placed) continue;  // linked by an earlier run
+        // Unchanged at the destination: the same file joins the new version,
+        // if the destination still holds what the open found there.
+        bool linked = false;
+        if (dest_dirs) {
+          absl::StatusOr<Directory*> from = dest_dirs->Get(prel, /*create=*/false);
+          if (from.ok()) {
+            absl::StatusOr<std::optional<FileInfo>> old = fs.Stat(**from, fname);
+            if (!old.ok()) return old.status();
+            if (old->has_value() && (*old)->is_regular() && (*old)->size == f.size() &&
+                StoredMtimeMatches((*old)->mtime_ns, f.mtime_ns())) {
+              absl::Status l = fs.Link(**from, fname, **dir, fname);
+              if (!l.ok() && !absl::IsAlreadyExists(l)) return l;
+              linked = true;
+            }
+          } else if (!absl::IsNotFound(from.status()) &&
+                     !absl::IsFailedPrecondition(from.status())) {
+            return from.status();
+          }
+        }
+        if (!linked) {
+          spdlog::warn("staging {}: {} is no longer unchanged at {}; asking for it again", s.dir,
+                       f.path(), dest_desc);
+          lost.push_back(static_cast<uint32_t>(i));
+        }
+        continue;
       }
-      tree.MarkDirty(prel);
+      // A staged copy always wins: a file moved into next/ by an earlier run
+      // may be of an older generation that was sent again since.
+      absl::StatusOr<std::optional<FileInfo>> staged = fs.Stat(*s.files, std::to_string(i));
+      if (!staged.ok()) return staged.status();
+      if (!staged->has_value() && placed) continue;
+      absl::StatusOr<bool> moved = move_staged(i, **dir, fname);
+      if (!moved.ok()) return moved.status();
     }
     for (const std::string& d : manifest.empty_dirs()) {
-      if (absl::StatusOr<int> dir = tree.Get(d, /*create=*/true); !dir.ok()) return dir.status();
-    }
-    if (absl::Status st = tree.SyncDirty(); !st.ok()) return st;
-    if (absl::Status st = FsyncFd(*tree_fd, tree_desc); !st.ok()) return st;
-    if (renameat2(s.staging_fd, kTreeDir, *dest_parent, base.c_str(), RENAME_NOREPLACE) != 0) {
-      int err = errno;
-      if (err == EINVAL) {  // file system without RENAME_NOREPLACE
-        err = renameat(s.staging_fd, kTreeDir, *dest_parent, base.c_str()) == 0 ? 0 : errno;
-      }
-      if (err == EEXIST || err == ENOTEMPTY) {
-        // Created by someone else meanwhile: fall through to the merge below,
-        // which also picks files up from tree/.
-        spdlog::warn("storage: destination {} appeared during publish; merging into it",
-                     dest_desc);
-      } else if (err != 0) {
-        return ErrnoError(err, absl::StrCat("cannot rename ", tree_desc, " onto"), dest_desc);
+      if (absl::StatusOr<Directory*> dir = next_dirs.Get(d, /*create=*/true); !dir.ok()) {
+        return dir.status();
       }
     }
-    root_dirs.MarkDirty(parent_rel);
-    if (absl::Status st = root_dirs.SyncDirty(); !st.ok()) return st;
+    if (lost.empty()) {
+      if (absl::Status st = next_dirs.SyncAll(); !st.ok()) return st;
+      if (absl::Status st = fs.SyncDir(*s.staging); !st.ok()) return st;
+      absl::StatusOr<std::optional<FileInfo>> id = fs.Stat(*s.staging, kNextDir);
+      if (!id.ok()) return id.status();
+      target = **id;
+    }
+  }
+  if (!lost.empty()) {
+    if (resend != nullptr) *resend = lost;
+    return absl::UnavailableError(absl::StrCat(
+        "cannot publish ", dest_desc, " yet: ", lost.size(),
+        " file(s) must be sent again (their staged or unchanged copy is gone); the destination "
+        "was not touched"));
   }
 
-  // The destination directory exists now: merge into it, markers last.
-  // After a fresh tree rename nothing remains staged; on a re-sync or a
-  // re-run, every file still staged (or left in tree/) is moved here.
-  ScopedFd dest_fd;
+  // ---- 3: the point of no return.
+  absl::StatusOr<bool> past = PastPointOfNoReturn();
+  if (!past.ok()) return past.status();
+  if (!*past) {
+    if (options.before_install) options.before_install();
+    if (absl::Status st = WriteFileAtomically(fs, *s.staging, kInstallRecord, FormatIdentity(*target));
+        !st.ok()) {
+      return st;
+    }
+  }
+
+  // ---- 4: install, unless an earlier run did.
+  absl::StatusOr<std::optional<FileInfo>> now = fs.Stat(**dest_parent, base);
+  if (!now.ok()) return now.status();
+  const bool installed = now->has_value() && (*now)->SameObject(*target);
+  if (!installed && options.single_file) {
+    absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(*s.files, "0");
+    if (!st.ok()) return st.status();
+    if (!st->has_value() || !(*st)->SameObject(*target)) {
+      return absl::DataLossError(absl::StrCat("staged file ", s.dir, "/f/0 changed under publish"));
+    }
+    if (absl::Status st2 = fs.Rename(*s.files, "0", **dest_parent, base, RenameMode::kReplace);
+        !st2.ok()) {
+      return st2;
+    }
+  } else if (!installed) {
+    absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(*s.staging, kNextDir);
+    if (!st.ok()) return st.status();
+    if (!st->has_value() || !(*st)->SameObject(*target)) {
+      return absl::DataLossError(
+          absl::StrCat("the new version in ", s.dir, "/next changed under publish"));
+    }
+    absl::Status r = absl::OkStatus();
+    if (!now->has_value()) {
+      r = fs.Rename(*s.staging, kNextDir, **dest_parent, base, RenameMode::kNoReplace);
+    }
+    if (now->has_value() || absl::IsAlreadyExists(r)) {
+      r = fs.Rename(*s.staging, kNextDir, **dest_parent, base, RenameMode::kExchange);
+      if (absl::IsUnimplemented(r)) {
+        spdlog::info("staging {}: {} has no RENAME_EXCHANGE; moving the old version away first",
+                     s.dir, dest_desc);
+        absl::StatusOr<std::unique_ptr<Directory>> old = fs.OpenDir(**dest_parent, base, false);
+        if (!old.ok()) return old.status();
+        if (absl::Status st2 = UnlinkMarkers(fs, **old, "", options.commit_last); !st2.ok()) {
+          return st2;
+        }
+        if (absl::Status st2 = RemoveTree(fs, *s.staging, kOldDir); !st2.ok()) return st2;
+        if (absl::Status st2 = fs.Rename(**dest_parent, base, *s.staging, kOldDir,
+                                         RenameMode::kReplace);
+            !st2.ok()) {
+          return st2;
+        }
+        r = fs.Rename(*s.staging, kNextDir, **dest_parent, base, RenameMode::kReplace);
+      }
+    }
+    if (!r.ok()) return r;
+  }
+  if (absl::Status st = fs.SyncDir(**dest_parent); !st.ok()) return st;
+  if (absl::Status st = fs.SyncDir(*s.staging); !st.ok()) return st;
+
+  // ---- 5: the old version goes. next/ is the old version after an
+  // exchange; it is never removed while it is the installed one.
+  absl::StatusOr<std::optional<FileInfo>> leftover = fs.Stat(*s.staging, kNextDir);
+  if (!leftover.ok()) return leftover.status();
+  if (leftover->has_value() && !(*leftover)->SameObject(*target)) {
+    if (absl::Status st = RemoveTree(fs, *s.staging, kNextDir); !st.ok()) return st;
+  }
+  if (absl::Status st = RemoveTree(fs, *s.staging, kOldDir); !st.ok()) return st;
   {
-    absl::StatusOr<int> fd = OpenDirBeneath(*dest_parent, base, /*create=*/false, dest_desc);
-    if (!fd.ok()) return fd.status();
-    dest_fd.reset(*fd);
+    absl::MutexLock lock(&s.mu);
+    s.open_files.clear();
+    s.files.reset();
   }
-  DirCache dest(dest_fd.get(), dest_desc);
-  ScopedFd tree_fd(openat(s.staging_fd, kTreeDir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  std::optional<DirCache> tree;
-  if (tree_fd.valid()) tree.emplace(tree_fd.get(), JoinPath(s.dir, kTreeDir));
-
-  auto merge = [&](bool markers) -> absl::Status {
-    for (int i = 0; i < n; ++i) {
-      if (skipped(i) || marker[i] != markers) continue;
-      const std::string& path = manifest.files(i).path();
-      auto [prel, fname] = SplitParent(path);
-      absl::StatusOr<int> dir = dest.Get(prel, /*create=*/true);
-      if (!dir.ok()) return dir.status();
-      int alt = -1;
-      if (tree.has_value()) {
-        absl::StatusOr<int> a = tree->Get(prel, /*create=*/false);
-        if (a.ok()) alt = *a;
-      }
-      if (absl::Status st = place(i, *dir, std::string(fname), JoinPath(dest_desc, path), alt);
-          !st.ok()) {
-        return st;
-      }
-      dest.MarkDirty(prel);
-    }
-    return dest.SyncDirty();
-  };
-  if (absl::Status st = merge(/*markers=*/false); !st.ok()) return st;
-  for (const std::string& d : manifest.empty_dirs()) {
-    if (absl::StatusOr<int> dir = dest.Get(d, /*create=*/true); !dir.ok()) return dir.status();
-  }
-  if (options.before_markers) options.before_markers();
-  if (absl::Status st = merge(/*markers=*/true); !st.ok()) return st;
-  tree.reset();
-  tree_fd.reset();
-  return Remove();
+  if (absl::Status st = RemoveTree(fs, *s.staging, kFilesDir); !st.ok()) return st;
+  return fs.SyncDir(*s.staging);
 }
 
 // ------------------------------------------------------------------ sync ----
 
-absl::StatusOr<bool> PublishedFileMatches(const ResolvedDestination& dest, bool single_file,
-                                          const v1::ManifestFile& file) {
+absl::StatusOr<bool> PublishedFileMatches(FileSystem& fs, const ResolvedDestination& dest,
+                                          bool single_file, const v1::ManifestFile& file) {
   const std::string rel =
       single_file ? dest.relative : absl::StrCat(dest.relative, "/", file.path());
   auto [parent, base] = SplitParent(rel);
-  ScopedFd root(open(dest.export_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!root.valid()) return ErrnoError(errno, "cannot open export root", dest.export_root);
-  absl::StatusOr<int> dir = OpenDirBeneath(root.get(), parent, /*create=*/false, dest.export_root);
+  absl::StatusOr<std::unique_ptr<Directory>> root = fs.OpenRoot(dest.export_root);
+  if (!root.ok()) return root.status();
+  absl::StatusOr<std::unique_ptr<Directory>> dir =
+      OpenDirBeneath(fs, **root, parent, /*create=*/false);
   if (!dir.ok()) {
     if (absl::IsNotFound(dir.status()) || absl::IsFailedPrecondition(dir.status())) return false;
     return dir.status();
   }
-  ScopedFd dir_owner(*dir);
-  absl::StatusOr<std::optional<struct stat>> st =
-      StatAt(*dir, std::string(base), JoinPath(dest.export_root, rel));
+  absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(**dir, std::string(base));
   if (!st.ok()) return st.status();
-  return st->has_value() && Matches(**st, file);
+  return st->has_value() && (*st)->is_regular() && (*st)->size == file.size() &&
+         StoredMtimeMatches((*st)->mtime_ns, file.mtime_ns());
 }
 
 }  // namespace longhaul::storage

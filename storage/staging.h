@@ -16,96 +16,130 @@
 #include "absl/synchronization/mutex.h"
 #include "longhaul/v1/peer.pb.h"
 #include "storage/exports.h"
+#include "storage/file_system.h"
 
 namespace longhaul::storage {
 
 struct PublishOptions {
   // Commit-marker globs (fnmatch). A file is a marker when a glob matches its
-  // basename, or its full relative path (FNM_PATHNAME). Markers are
-  // published after every other file.
+  // basename, or its full relative path (FNM_PATHNAME). With RENAME_EXCHANGE
+  // the whole version appears at once, markers included; where the file
+  // system lacks it, the old version's markers are removed before the old
+  // version is moved away (see storage/README.md, "Publish protocol").
   std::vector<std::string> commit_last;
   // The destination is the manifest's only file itself, not a directory.
   bool single_file = false;
-  // File indices not staged and left alone (sync: already up to date).
+  // Files not staged: the current destination already holds them
+  // (sync: unchanged). They are hard-linked into the new version.
   absl::flat_hash_set<uint32_t> skip_files;
-  // Test hook: called once every non-marker file is in place at the
-  // destination and before any marker is renamed there.
-  std::function<void()> before_markers;
+  // Test hook: called once the new version is complete and durable beside
+  // the destination, right before the point of no return.
+  std::function<void()> before_install;
 };
 
-// The staging area of one incoming transfer:
-// <export_root>/.longhaul/staging/<transfer_id>/ holding f/<file_index>
-// (files are named by index, never by their untrusted relative path) and,
-// during publish, tree/ (the tree being assembled for a new destination).
+// The staging area of one incoming transfer, on the destination's file
+// system so that publishing is a rename:
+//   <export_root>/.longhaul/staging/<transfer_id>/
+//     f/<file_index>  staged files, named by index, never by their untrusted path
+//     next/           publish: the complete new version being assembled
+//     installing      publish: the point of no return (identity of next/ or f/0)
+//     old/            publish fallback: the old version moved away
 //
-// Threading: OpenFile and DiscardFile are thread-safe (chunk writers of
-// several streams share one Staging). Publish and Remove must not run
-// concurrently with any other call, and invalidate the fds handed out.
-// Ownership: fds returned by OpenFile stay owned by the Staging; they are
+// Threading: OpenFile, OpenStagedFile, HoldsFile and DiscardFile are
+// thread-safe (chunk writers of several streams share one Staging). Publish
+// and Remove must not run concurrently with any other call, and invalidate
+// the files handed out. Two Stagings must not publish to one destination at
+// once: the caller serializes publishes per destination path.
+// Ownership: Files returned by OpenFile stay owned by the Staging; they are
 // valid until DiscardFile of that file, Publish, Remove or destruction.
 // Movable, not copyable.
 class Staging {
  public:
   // Creates (or re-opens, on resume) the staging directory of
   // `transfer_id`, refusing symlinks on the way. `transfer_id` must be a
-  // single safe path component. Directories created are fsync'ed.
-  static absl::StatusOr<Staging> Open(ResolvedDestination dest, std::string transfer_id);
+  // single safe path component. Directories created are fsync'ed. `fs` must
+  // outlive the Staging.
+  static absl::StatusOr<Staging> Open(FileSystem& fs, ResolvedDestination dest,
+                                      std::string transfer_id);
 
   Staging(Staging&&) noexcept;
   Staging& operator=(Staging&&) noexcept;
   ~Staging();
 
-  // The fd (O_RDWR) of the staged file for `file_index`, created with the
-  // manifest size preallocated (fallocate, else ftruncate). An existing
-  // staged file (resume) keeps its contents. Cached: later calls return the
-  // same fd. A newly created file's directory entry is fsync'ed, so the
-  // caller's fdatasync of the data is enough to make chunks durable.
-  absl::StatusOr<int> OpenFile(uint32_t file_index, const v1::ManifestFile& file);
+  // The staged file for `file_index`, created with the manifest size
+  // reserved. An existing staged file (resume) keeps its contents. Cached:
+  // later calls return the same File. A newly created file's directory entry
+  // is fsync'ed, so the caller's fdatasync of the data is enough to make
+  // chunks durable.
+  absl::StatusOr<File*> OpenFile(uint32_t file_index, const v1::ManifestFile& file);
 
-  // Like OpenFile, but never creates: NotFound when the file is not staged
-  // (an interrupted Publish already moved it on, after verifying it).
-  absl::StatusOr<int> OpenStagedFile(uint32_t file_index, const v1::ManifestFile& file);
+  // Like OpenFile, but never creates: NotFound when the file is not in f/
+  // (an interrupted Publish may have moved it into next/ already).
+  absl::StatusOr<File*> OpenStagedFile(uint32_t file_index, const v1::ManifestFile& file);
+
+  // Whether the bytes of `file` are still held here at full size: in f/, in
+  // next/ (an interrupted publish moved them), or past the point of no
+  // return. False means chunks journaled durable for it were lost with the
+  // staged file (removed, truncated) and must be asked for again.
+  absl::StatusOr<bool> HoldsFile(uint32_t file_index, const v1::ManifestFile& file);
 
   // Throws away the staged file (its source changed); the next OpenFile
   // starts from an empty file. Delete the file's chunks from the journal
   // first (Journal::DeleteFileChunks), then call this.
   absl::Status DiscardFile(uint32_t file_index);
 
-  // Publishes the staged files into the destination. For each staged file:
-  // chmod to the manifest mode, set its mtime (ns), fsync. Then:
-  //  - single_file: rename f/0 onto the destination path.
-  //  - destination missing: assemble tree/ (every file, markers included,
-  //    parent and empty dirs; fsync'ed), then ONE rename(2) of tree/ onto
-  //    the destination: the tree appears whole or not at all.
-  //  - destination an existing directory: rename files into it one by one,
-  //    creating parents, non-markers first and markers last.
-  // Directories touched are fsync'ed; finally the staging dir is removed.
-  // Idempotent: re-running after a crash at any point finishes the job. A
-  // file no longer staged counts as published when the destination (or
-  // tree/) holds a regular file with the manifest's size and mtime.
-  // 0-byte files need no OpenFile; Publish creates them.
-  absl::Status Publish(const v1::Manifest& manifest, const PublishOptions& options);
+  // True once a Publish passed its point of no return: from then on the new
+  // version is what the destination becomes, and a cancel must complete the
+  // publish (run Publish again) rather than Remove the staging.
+  absl::StatusOr<bool> PastPointOfNoReturn();
 
-  // Removes the staging directory and everything in it (cancel/abort).
+  // Publishes the staged files as one whole new version of the destination.
+  // Until the point of no return the destination is not touched; after it,
+  // one rename installs the new version:
+  //  1. Each staged file gets its manifest mode and mtime and is fsync'ed.
+  //  2. single_file: f/0 is the new version. A tree: next/ is assembled,
+  //     holding every file (staged ones moved in, skip_files hard-linked
+  //     from the current destination) and every empty dir; all of it fsync'ed.
+  //  3. Point of no return: `installing` records the identity of what will
+  //     be installed, durably.
+  //  4. Install: rename (single file, or a new destination) or
+  //     renameat2(RENAME_EXCHANGE) of next/ with the destination; parents
+  //     fsync'ed. Without RENAME_EXCHANGE: the old version's markers are
+  //     unlinked, the old version is renamed away, next/ renamed in.
+  //  5. The old version (now in next/ or old/) and f/ are removed.
+  // Re-running after a crash at any step converges to the new version.
+  // Afterwards the staging dir holds only its `installing` record: journal
+  // the publish, then call Remove(); a Publish re-run in between finds the
+  // version installed and returns OK.
+  //
+  // When bytes needed for the new version are gone (a staged file removed or
+  // short, a skip_files file no longer the same at the destination), returns
+  // Unavailable, lists their indices in `*resend` (if given) and leaves the
+  // destination untouched: the caller asks for those files again.
+  absl::Status Publish(const v1::Manifest& manifest, const PublishOptions& options,
+                       std::vector<uint32_t>* resend = nullptr);
+
+  // Removes the staging directory and everything in it (cancel/abort, or
+  // after a publish was journaled).
   absl::Status Remove();
 
   const std::string& dir() const { return state_->dir; }
 
  private:
   struct State {
+    FileSystem* fs = nullptr;
     ResolvedDestination dest;
     std::string transfer_id;
     std::string dir;  // absolute path of the staging dir, for messages
-    int root_fd = -1;     // export root
-    int parent_fd = -1;   // <root>/.longhaul/staging
-    int staging_fd = -1;  // <root>/.longhaul/staging/<id>
-    int files_fd = -1;    // .../<id>/f
+    std::unique_ptr<Directory> root;     // export root
+    std::unique_ptr<Directory> parent;   // <root>/.longhaul/staging
+    std::unique_ptr<Directory> staging;  // <root>/.longhaul/staging/<id>
+    std::unique_ptr<Directory> files;    // .../<id>/f
     absl::Mutex mu;
-    absl::flat_hash_map<uint32_t, int> open_files ABSL_GUARDED_BY(mu);
-    ~State();
+    absl::flat_hash_map<uint32_t, std::unique_ptr<File>> open_files ABSL_GUARDED_BY(mu);
   };
   explicit Staging(std::unique_ptr<State> state) : state_(std::move(state)) {}
-  absl::StatusOr<int> Open(uint32_t file_index, const v1::ManifestFile& file, bool create);
+  absl::StatusOr<File*> Open(uint32_t file_index, const v1::ManifestFile& file, bool create);
   void CloseFiles();
 
   std::unique_ptr<State> state_;
@@ -113,9 +147,10 @@ class Staging {
 
 // For sync: true when the published destination of `file` (the destination
 // itself when single_file) is a regular file with the manifest's size and
-// mtime_ns. False when it does not exist. Symlinks on the way are refused.
-absl::StatusOr<bool> PublishedFileMatches(const ResolvedDestination& dest, bool single_file,
-                                          const v1::ManifestFile& file);
+// an mtime the file system stored for the manifest's (StoredMtimeMatches).
+// False when it does not exist. Symlinks on the way are refused.
+absl::StatusOr<bool> PublishedFileMatches(FileSystem& fs, const ResolvedDestination& dest,
+                                          bool single_file, const v1::ManifestFile& file);
 
 }  // namespace longhaul::storage
 

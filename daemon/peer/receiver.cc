@@ -45,18 +45,29 @@ absl::Status CheckTransferId(const std::string& id) {
 }
 
 storage::RetentionPolicy RetentionOf(const v1::IncomingTransfer& record) {
-  return {.keep = record.keep_checkpoints(), .complete_marker = record.checkpoint_marker()};
+  return {.keep = record.keep_checkpoints(),
+          .complete_marker = record.checkpoint_marker(),
+          .marker_globs = {record.commit_last().begin(), record.commit_last().end()}};
+}
+
+storage::PublishOptions PublishOptionsOf(const v1::IncomingTransfer& record) {
+  storage::PublishOptions options;
+  options.single_file = record.single_file();
+  options.commit_last.assign(record.commit_last().begin(), record.commit_last().end());
+  for (uint32_t f : record.unchanged_files()) options.skip_files.insert(f);
+  return options;
 }
 
 // `longhaul sync --keep`: after a publish, old checkpoints beside the
 // destination go. The transfer itself succeeded, so a failure here is
 // logged for the operator and does not fail it; the next sync retries.
-void PruneOldCheckpoints(const v1::IncomingTransfer& record, const storage::ResolvedDestination& dest) {
+void PruneOldCheckpoints(storage::FileSystem& fs, const v1::IncomingTransfer& record,
+                         const storage::ResolvedDestination& dest) {
   if (record.keep_checkpoints() == 0 || record.single_file()) return;
   const std::string& rel = dest.relative;
   const size_t slash = rel.rfind('/');
   const std::string parent = slash == std::string::npos ? "" : rel.substr(0, slash);
-  auto removed = storage::PruneCheckpoints(dest.export_root, parent, RetentionOf(record));
+  auto removed = storage::PruneCheckpoints(fs, dest.export_root, parent, RetentionOf(record));
   if (!removed.ok()) {
     spdlog::warn("transfer {}: published, but old checkpoints beside {} were not pruned: {}", record.id(),
                  dest.absolute, removed.status().message());
@@ -88,8 +99,9 @@ struct Receiver::Session {
   }
 };
 
-Receiver::Receiver(const daemon::DaemonConfig& config, storage::Journal& journal)
-    : config_(config), journal_(journal), committer_(journal) {
+Receiver::Receiver(const daemon::DaemonConfig& config, storage::Journal& journal,
+                   storage::FileSystem& fs)
+    : config_(config), journal_(journal), fs_(fs), committer_(journal) {
   for (const daemon::ExportConfig& e : config.exports) exports_.push_back({e.name, e.path});
 }
 
@@ -248,7 +260,8 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
 
   if (open.skip_unchanged()) {
     for (int f = 0; f < open.manifest().files_size(); ++f) {
-      auto same = storage::PublishedFileMatches(*dest, open.single_file(), open.manifest().files(f));
+      auto same = storage::PublishedFileMatches(fs_, *dest, open.single_file(),
+                                                open.manifest().files(f));
       if (!same.ok()) return fail(same.status());
       if (*same) record.add_unchanged_files(f);
     }
@@ -256,7 +269,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
 
   session->DrainDataChannels();
   if (!session->staging) {
-    auto staging = storage::Staging::Open(*dest, open.transfer_id());
+    auto staging = storage::Staging::Open(fs_, *dest, open.transfer_id());
     if (!staging.ok()) return fail(staging.status());
     session->staging.emplace(std::move(*staging));
   }
@@ -276,9 +289,26 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   auto chunks = journal_.ListDurableChunks(open.transfer_id());
   if (!chunks.ok()) return fail(chunks.status());
   session->durable.clear();
+  // Journal and disk reconcile: chunks recorded durable whose staged file is
+  // gone or short (removed by someone, or lost) are asked for again.
+  absl::flat_hash_map<uint32_t, bool> held;
   for (const storage::ChunkDurability& c : *chunks) {
     const v1::ManifestFile& file = record.manifest().files(c.file_index);
-    if (c.chunk.generation() != file.generation()) continue;
+    if (c.chunk.generation() != file.generation() || held.contains(c.file_index)) continue;
+    absl::StatusOr<bool> holds = session->staging->HoldsFile(c.file_index, file);
+    if (!holds.ok()) return fail(holds.status());
+    held[c.file_index] = *holds;
+    if (*holds) continue;
+    spdlog::warn("transfer {}: the staged bytes of {} are gone though its chunks were journaled "
+                 "durable; asking for the file again", open.transfer_id(), file.path());
+    if (absl::Status s = journal_.DeleteFileChunks(open.transfer_id(), c.file_index); !s.ok()) {
+      return fail(s);
+    }
+    if (absl::Status s = session->staging->DiscardFile(c.file_index); !s.ok()) return fail(s);
+  }
+  for (const storage::ChunkDurability& c : *chunks) {
+    const v1::ManifestFile& file = record.manifest().files(c.file_index);
+    if (c.chunk.generation() != file.generation() || !held[c.file_index]) continue;
     session->durable.insert(ChunkKey(c.file_index, c.chunk_index));
     v1::ChunkId* id = reply->add_durable();
     id->set_file_index(c.file_index);
@@ -420,8 +450,10 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     absl::StatusOr<int> fd;
     {
       absl::MutexLock lock(&session->mu);
-      fd = session->staging ? session->staging->OpenFile(chunk->file_index, file)
-                            : absl::UnavailableError("transfer is not receiving");
+      absl::StatusOr<storage::File*> staged =
+          session->staging ? session->staging->OpenFile(chunk->file_index, file)
+                           : absl::UnavailableError("transfer is not receiving");
+      fd = staged.ok() ? absl::StatusOr<int>((*staged)->fd()) : staged.status();
     }
     absl::Status durable = fd.status();
     if (durable.ok()) durable = io->WriteAt(*fd, chunk->chunk_index * chunk_size, data);
@@ -486,15 +518,16 @@ absl::Status Receiver::VerifyStaged(Session& session,
       if (c.chunk.generation() != file.generation()) continue;
       // A file no longer staged was verified before an interrupted publish
       // moved it on; Publish finishes that move.
-      auto fd = session.staging->OpenStagedFile(c.file_index, file);
-      if (absl::IsNotFound(fd.status())) continue;
-      if (!fd.ok()) {
+      auto staged = session.staging->OpenStagedFile(c.file_index, file);
+      if (absl::IsNotFound(staged.status())) continue;
+      if (!staged.ok()) {
         absl::MutexLock lock(&mu);
-        first_error.Update(fd.status());
+        first_error.Update(staged.status());
         return;
       }
+      const int fd = (*staged)->fd();
       uint64_t size = storage::ChunkSize(file, c.chunk_index, manifest.chunk_size());
-      auto hash = storage::ReadChunkHashed(*io, *fd, c.chunk_index * manifest.chunk_size(),
+      auto hash = storage::ReadChunkHashed(*io, fd, c.chunk_index * manifest.chunk_size(),
                                            absl::MakeSpan(buffer.data(), size));
       bytes_read += size;
       auto expected = storage::Xxh128::FromBytes(c.chunk.xxh128());
@@ -531,6 +564,68 @@ absl::Status Receiver::VerifyStaged(Session& session,
   return absl::OkStatus();
 }
 
+void Receiver::LockDestination(const std::string& path) {
+  struct Arg {
+    Receiver* self;
+    const std::string* path;
+  } arg{this, &path};
+  publish_mu_.LockWhen(absl::Condition(
+      +[](Arg* a) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !a->self->publishing_.contains(*a->path); },
+      &arg));
+  publishing_.insert(path);
+  publish_mu_.Unlock();
+}
+
+void Receiver::UnlockDestination(const std::string& path) {
+  absl::MutexLock lock(&publish_mu_);
+  publishing_.erase(path);
+}
+
+absl::Status Receiver::PublishLocked(Session& session) {
+  v1::IncomingTransfer& record = session.record;
+  const std::string& id = record.id();
+  std::vector<uint32_t> resend;
+  absl::Status published;
+  {
+    // One publisher per destination path: a second one waits its turn, so
+    // each publish swaps one whole version for another.
+    LockDestination(session.dest.absolute);
+    published = session.staging->Publish(record.manifest(), PublishOptionsOf(record), &resend);
+    UnlockDestination(session.dest.absolute);
+  }
+  if (!published.ok()) {
+    if (resend.empty()) return published;
+    // Bytes the new version needs are gone: forget them, so that the
+    // sender's next open finds them missing and sends them again.
+    absl::flat_hash_set<uint32_t> lost(resend.begin(), resend.end());
+    google::protobuf::RepeatedField<uint32_t> unchanged;
+    for (uint32_t f : record.unchanged_files()) {
+      if (!lost.contains(f)) unchanged.Add(f);
+    }
+    record.mutable_unchanged_files()->Swap(&unchanged);
+    for (uint32_t f : resend) {
+      if (absl::Status s = journal_.DeleteFileChunks(id, f); !s.ok()) return s;
+      if (absl::Status s = session.staging->DiscardFile(f); !s.ok()) return s;
+      uint64_t n = storage::ChunkCount(record.manifest().files(f), record.manifest().chunk_size());
+      for (uint64_t c = 0; c < n; ++c) session.durable.erase(ChunkKey(f, c));
+    }
+    if (absl::Status s = journal_.PutIncoming(record); !s.ok()) return s;
+    return published;
+  }
+  record.set_state(v1::IncomingTransfer::PUBLISHED);
+  if (absl::Status s = journal_.PutIncoming(record); !s.ok()) return s;
+  if (absl::Status s = session.staging->Remove(); !s.ok()) {
+    spdlog::warn("transfer {}: published, but its staging {} was not removed: {}", id,
+                 session.staging->dir(), s.message());
+  }
+  session.staging.reset();
+  spdlog::info("transfer {} from {}: published {} files at {}", id, record.source_site(),
+               record.manifest().files_size() - record.unchanged_files_size(),
+               session.dest.absolute);
+  PruneOldCheckpoints(fs_, record, session.dest);
+  return absl::OkStatus();
+}
+
 v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site, const v1::PeerMessage& request) {
   const std::string& id = request.commit().transfer_id();
   auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
@@ -543,14 +638,16 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site, const v1::P
   v1::PeerMessage answer;
   answer.set_request_id(request.request_id());
   if (record.state() == v1::IncomingTransfer::PUBLISHED) {
-    answer.mutable_commit_reply()->set_files_published(record.manifest().files_size());
+    // A crash between journaling PUBLISHED and removing the staging left it.
+    if (auto leftover = storage::Staging::Open(fs_, session->dest, id); leftover.ok()) {
+      leftover->Remove().IgnoreError();
+    }
+    answer.mutable_commit_reply()->set_files_published(record.manifest().files_size() -
+                                                       record.unchanged_files_size());
     return answer;
   }
-  storage::PublishOptions options;
-  options.single_file = record.single_file();
-  options.commit_last.assign(record.commit_last().begin(), record.commit_last().end());
-  for (uint32_t f : record.unchanged_files()) options.skip_files.insert(f);
   const v1::Manifest& manifest = record.manifest();
+  const storage::PublishOptions options = PublishOptionsOf(record);
   uint64_t missing = 0;
   for (int f = 0; f < manifest.files_size(); ++f) {
     if (options.skip_files.contains(f)) continue;
@@ -562,14 +659,13 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site, const v1::P
         absl::StrCat("cannot publish ", id, ": ", missing, " chunks are not durable yet")));
   }
   if (!session->staging) return fail(absl::UnavailableError("transfer is not staged here"));
-  if (absl::Status s = VerifyStaged(*session, options.skip_files); !s.ok()) return fail(s);
-  if (absl::Status s = session->staging->Publish(manifest, options); !s.ok()) return fail(s);
-  session->staging.reset();
-  record.set_state(v1::IncomingTransfer::PUBLISHED);
-  if (absl::Status s = journal_.PutIncoming(record); !s.ok()) return fail(s);
-  spdlog::info("transfer {} from {}: published {} files at {}", id, peer_site,
-               manifest.files_size() - record.unchanged_files_size(), session->dest.absolute);
-  PruneOldCheckpoints(record, session->dest);
+  absl::StatusOr<bool> past = session->staging->PastPointOfNoReturn();
+  if (!past.ok()) return fail(past.status());
+  // Past the point of no return every byte was verified already.
+  if (!*past) {
+    if (absl::Status s = VerifyStaged(*session, options.skip_files); !s.ok()) return fail(s);
+  }
+  if (absl::Status s = PublishLocked(*session); !s.ok()) return fail(s);
   answer.mutable_commit_reply()->set_files_published(manifest.files_size() -
                                                      record.unchanged_files_size());
   return answer;
@@ -585,7 +681,7 @@ v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site, const v1::Pe
   if (!record.ok()) return fail(record.status());
   v1::PeerMessage answer;
   answer.set_request_id(request.request_id());
-  answer.mutable_abort_reply();
+  v1::AbortReply* reply = answer.mutable_abort_reply();
   if (!*record) {
     // Not opened yet: leave a tombstone so a late open is refused.
     v1::IncomingTransfer tombstone;
@@ -599,18 +695,33 @@ v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site, const v1::Pe
     return fail(absl::PermissionDeniedError(absl::StrCat("transfer ", id, " belongs to another site")));
   }
   if ((*record)->state() == v1::IncomingTransfer::PUBLISHED) {
-    return fail(absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is already published")));
+    reply->set_published(true);
+    return answer;
   }
   if ((*record)->state() == v1::IncomingTransfer::ABORTED) return answer;
   session->DrainDataChannels();
-  session->staging.reset();
   auto dest = Resolve(**record);
-  if (dest.ok()) {
-    auto staging = storage::Staging::Open(*dest, id);
-    if (staging.ok()) {
-      if (absl::Status s = staging->Remove(); !s.ok()) return fail(s);
-    }
+  if (!dest.ok()) return fail(dest.status());
+  if (!session->staging) {
+    auto staging = storage::Staging::Open(fs_, *dest, id);
+    if (!staging.ok()) return fail(staging.status());
+    session->staging.emplace(std::move(*staging));
   }
+  absl::StatusOr<bool> past = session->staging->PastPointOfNoReturn();
+  if (!past.ok()) return fail(past.status());
+  if (*past) {
+    // The new version is already what the destination becomes: finish it
+    // rather than leave the destination to a half-done publish.
+    session->record = **record;
+    session->dest = *dest;
+    if (absl::Status s = PublishLocked(*session); !s.ok()) return fail(s);
+    spdlog::info("transfer {} from {}: cancel came after the point of no return; published instead",
+                 id, peer_site);
+    reply->set_published(true);
+    return answer;
+  }
+  if (absl::Status s = session->staging->Remove(); !s.ok()) return fail(s);
+  session->staging.reset();
   if (absl::Status s = journal_.DeleteChunks(id); !s.ok()) return fail(s);
   (*record)->set_state(v1::IncomingTransfer::ABORTED);
   if (absl::Status s = journal_.PutIncoming(**record); !s.ok()) return fail(s);

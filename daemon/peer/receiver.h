@@ -14,6 +14,7 @@
 #include "daemon/peer/durability_committer.h"
 #include "daemon/transport/transport.h"
 #include "storage/exports.h"
+#include "storage/file_system.h"
 #include "storage/journal.h"
 
 namespace longhaul::peer {
@@ -36,7 +37,10 @@ struct ReceiverStats {
 // Thread-safe: Serve runs on each channel's own thread.
 class Receiver {
  public:
-  Receiver(const daemon::DaemonConfig& config, storage::Journal& journal);
+  // `fs` holds staging and destinations (storage::PosixFileSystem() in the
+  // daemon); it must outlive the Receiver.
+  Receiver(const daemon::DaemonConfig& config, storage::Journal& journal,
+           storage::FileSystem& fs = storage::PosixFileSystem());
   ~Receiver();
 
   // Serves a CONTROL or DATA channel (its hello already read) until it closes.
@@ -65,9 +69,17 @@ class Receiver {
   absl::Status VerifyStaged(Session& session, const absl::flat_hash_set<uint32_t>& skip_files)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;  // caller holds session.mu
   absl::StatusOr<storage::ResolvedDestination> Resolve(const v1::IncomingTransfer& record);
+  // Publishes the session's staging (record, dest and staging set), journals
+  // PUBLISHED and prunes. Files whose bytes were lost are forgotten, so the
+  // sender's next open sends them again.
+  absl::Status PublishLocked(Session& session) ABSL_NO_THREAD_SAFETY_ANALYSIS;  // holds session.mu
+  // Waits until no other publish into `path` runs, and claims it.
+  void LockDestination(const std::string& path) ABSL_LOCKS_EXCLUDED(publish_mu_);
+  void UnlockDestination(const std::string& path) ABSL_LOCKS_EXCLUDED(publish_mu_);
 
   const daemon::DaemonConfig& config_;
   storage::Journal& journal_;
+  storage::FileSystem& fs_;
   std::vector<storage::Export> exports_;
   DurabilityCommitter committer_;
 
@@ -77,6 +89,9 @@ class Receiver {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> staged_corruptions_{0};
+  absl::Mutex publish_mu_;
+  // Destinations (absolute paths) with a publish running.
+  absl::flat_hash_set<std::string> publishing_ ABSL_GUARDED_BY(publish_mu_);
 };
 
 }  // namespace longhaul::peer

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "storage/file_system.h"
 #include "tests/storage/test_util.h"
 
 namespace longhaul::storage {
@@ -30,7 +31,7 @@ class RetentionTest : public ::testing::Test {
 
 TEST_F(RetentionTest, KeepsTheNewestInNaturalOrder) {
   for (const char* n : {"step-9", "step-10", "step-100", "step-1000"}) Checkpoint(n, true);
-  auto removed = PruneCheckpoints(dir_.path(), "run1", {.keep = 2, .complete_marker = "model.index.json"});
+  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 2, .complete_marker = "model.index.json"});
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_EQ(*removed, (std::vector<std::string>{"step-9", "step-10"}));
   EXPECT_FALSE(Exists(dir_.Sub("run1/step-9")));
@@ -38,7 +39,7 @@ TEST_F(RetentionTest, KeepsTheNewestInNaturalOrder) {
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-100/shards/0.pt")));
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-1000/model.index.json")));
   // The trash is emptied.
-  auto again = PruneCheckpoints(dir_.path(), "run1", {.keep = 2, .complete_marker = "model.index.json"});
+  auto again = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 2, .complete_marker = "model.index.json"});
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->empty());
 }
@@ -47,7 +48,7 @@ TEST_F(RetentionTest, IncompleteDirectoriesAreNeitherCountedNorRemoved) {
   Checkpoint("step-1", true);
   Checkpoint("step-2", false);  // still being written by someone
   Checkpoint("step-3", true);
-  auto removed = PruneCheckpoints(dir_.path(), "run1", {.keep = 1, .complete_marker = "model.index.json"});
+  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 1, .complete_marker = "model.index.json"});
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_EQ(*removed, std::vector<std::string>{"step-1"});
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-2/shards/0.pt")));
@@ -61,7 +62,7 @@ TEST_F(RetentionTest, FilesSymlinksAndDotDirectoriesAreLeftAlone) {
   MakeDirs(dir_.Sub("run1/.hidden"));
   MakeDirs(dir_.Sub("elsewhere"));
   ASSERT_EQ(symlink(dir_.Sub("elsewhere").c_str(), dir_.Sub("run1/step-0").c_str()), 0);
-  auto removed = PruneCheckpoints(dir_.path(), "run1", {.keep = 1, .complete_marker = ""});
+  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 1, .marker_globs = {"*.index.json"}});
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_EQ(*removed, std::vector<std::string>{"step-1"});
   EXPECT_TRUE(Exists(dir_.Sub("run1/README")));
@@ -72,7 +73,7 @@ TEST_F(RetentionTest, FilesSymlinksAndDotDirectoriesAreLeftAlone) {
 
 TEST_F(RetentionTest, KeepZeroKeepsEverything) {
   Checkpoint("step-1", true);
-  auto removed = PruneCheckpoints(dir_.path(), "run1", {.keep = 0, .complete_marker = ""});
+  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 0});
   ASSERT_TRUE(removed.ok());
   EXPECT_TRUE(removed->empty());
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-1")));
@@ -82,9 +83,31 @@ TEST_F(RetentionTest, RefusesASymlinkedParentAndAnEscapingMarker) {
   Checkpoint("step-1", true);
   MakeDirs(dir_.Sub("real"));
   ASSERT_EQ(symlink(dir_.Sub("real").c_str(), dir_.Sub("link").c_str()), 0);
-  EXPECT_FALSE(PruneCheckpoints(dir_.path(), "link", {.keep = 1, .complete_marker = ""}).ok());
-  auto bad = PruneCheckpoints(dir_.path(), "run1", {.keep = 1, .complete_marker = "../x"});
+  EXPECT_FALSE(PruneCheckpoints(PosixFileSystem(), dir_.path(), "link", {.keep = 1, .marker_globs = {"*.index.json"}}).ok());
+  auto bad = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 1, .complete_marker = "../x"});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RetentionTest, CountsOnlyCheckpointsThatHoldACommitMarker) {
+  Checkpoint("step-1", true);
+  Checkpoint("step-2", true);
+  Checkpoint("step-3", false);  // being written: no marker yet
+  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1",
+                                  {.keep = 1, .marker_globs = {".metadata", "*.index.json"}});
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  // The newest complete checkpoint stays; the partial one is neither counted
+  // nor removed.
+  EXPECT_EQ(*removed, std::vector<std::string>{"step-1"});
+  EXPECT_TRUE(Exists(dir_.Sub("run1/step-2/model.index.json")));
+  EXPECT_TRUE(Exists(dir_.Sub("run1/step-3/shards/0.pt")));
+}
+
+TEST_F(RetentionTest, RefusesWithoutAnyWayToTellACompleteCheckpoint) {
+  Checkpoint("step-1", true);
+  Checkpoint("step-2", true);
+  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 1});
+  EXPECT_EQ(removed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Exists(dir_.Sub("run1/step-1")));
 }
 
 }  // namespace

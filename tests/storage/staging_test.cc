@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "storage/file_system.h"
 #include "tests/storage/test_util.h"
 
 namespace longhaul::storage {
@@ -48,6 +49,10 @@ class StagingTest : public ::testing::Test {
     opts_.commit_last = {".metadata", "*.index.json", "COMPLETE"};
   }
 
+  absl::StatusOr<Staging> Open(const std::string& rel, const std::string& id) {
+    return Staging::Open(PosixFileSystem(), Resolve(rel), id);
+  }
+
   ResolvedDestination Resolve(const std::string& rel) {
     auto r = ResolveDestination(exports_, "data", rel);
     EXPECT_TRUE(r.ok()) << r.status();
@@ -59,11 +64,11 @@ class StagingTest : public ::testing::Test {
   void StageAll(Staging& s) {
     for (int i = 0; i < m_.files_size(); ++i) {
       if (m_.files(i).size() == 0) continue;
-      auto fd = s.OpenFile(i, m_.files(i));
-      ASSERT_TRUE(fd.ok()) << fd.status();
+      auto file = s.OpenFile(i, m_.files(i));
+      ASSERT_TRUE(file.ok()) << file.status();
       auto data = Bytes(m_.files(i).size(), i);
-      ASSERT_EQ(pwrite(*fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
-      ASSERT_EQ(fdatasync(*fd), 0);
+      ASSERT_TRUE((*file)->WriteAt(0, data).ok());
+      ASSERT_TRUE((*file)->Sync().ok());
     }
   }
 
@@ -90,14 +95,15 @@ class StagingTest : public ::testing::Test {
 };
 
 TEST_F(StagingTest, StagesByIndexNotByPath) {
-  auto s = Staging::Open(Resolve("ckpt/step-1"), "t1");
+  auto s = Open("ckpt/step-1", "t1");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->dir(), Resolve("ckpt/step-1").export_root + "/.longhaul/staging/t1");
-  auto fd = s->OpenFile(1, m_.files(1));
-  ASSERT_TRUE(fd.ok()) << fd.status();
+  auto file = s->OpenFile(1, m_.files(1));
+  ASSERT_TRUE(file.ok()) << file.status();
   auto again = s->OpenFile(1, m_.files(1));
   ASSERT_TRUE(again.ok());
-  EXPECT_EQ(*fd, *again);  // cached
+  EXPECT_EQ(*file, *again);  // cached
+  EXPECT_GE((*file)->fd(), 0);
   struct stat st;
   ASSERT_EQ(stat((s->dir() + "/f/1").c_str(), &st), 0);
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), m_.files(1).size());  // preallocated
@@ -106,91 +112,120 @@ TEST_F(StagingTest, StagesByIndexNotByPath) {
 
   ASSERT_TRUE(s->DiscardFile(1).ok());
   EXPECT_FALSE(Exists(s->dir() + "/f/1"));
-  EXPECT_EQ(Staging::Open(Resolve("x"), "../evil").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Open("x", "../evil").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(StagingTest, PublishesANewTreeWholeInOneRename) {
   const std::string dest = dir_.Sub("export/ckpt/step-1");
-  auto s = Staging::Open(Resolve("ckpt/step-1"), "t1");
+  auto s = Open("ckpt/step-1", "t1");
   ASSERT_TRUE(s.ok()) << s.status();
   StageAll(*s);
   int hook_calls = 0;
-  opts_.before_markers = [&] {
+  opts_.before_install = [&] {
     ++hook_calls;
-    // By the time the tree is visible, its markers are in it too.
-    EXPECT_TRUE(Exists(dest + "/shard-0.distcp"));
-    EXPECT_TRUE(Exists(dest + "/nested/shard-1.distcp"));
-    EXPECT_TRUE(Exists(dest + "/logs/empty"));
-    EXPECT_TRUE(Exists(dest + "/.metadata"));
-    EXPECT_TRUE(Exists(dest + "/nested/COMPLETE"));
-    EXPECT_TRUE(Exists(dest + "/model.index.json"));
+    // Complete beside the destination, and nothing of it visible yet.
+    EXPECT_FALSE(Exists(dest));
+    EXPECT_TRUE(Exists(s->dir() + "/next/.metadata"));
+    EXPECT_TRUE(Exists(s->dir() + "/next/logs/empty"));
   };
   const std::string staging_dir = s->dir();
   absl::Status st = s->Publish(m_, opts_);
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(hook_calls, 1);
   ExpectPublished(dest);
+  ASSERT_TRUE(s->Remove().ok());
   EXPECT_FALSE(Exists(staging_dir));
 
   for (const auto& f : m_.files()) {
-    auto match = PublishedFileMatches(Resolve("ckpt/step-1"), false, f);
+    auto match = PublishedFileMatches(PosixFileSystem(), Resolve("ckpt/step-1"), false, f);
     ASSERT_TRUE(match.ok()) << match.status();
     EXPECT_TRUE(*match) << f.path();
   }
   v1::ManifestFile changed = m_.files(0);
   changed.set_mtime_ns(kMtime + 100);
-  EXPECT_FALSE(*PublishedFileMatches(Resolve("ckpt/step-1"), false, changed));
-  EXPECT_FALSE(*PublishedFileMatches(Resolve("ckpt/step-1"), false, File("nope", 0, 0, 0)));
+  EXPECT_FALSE(*PublishedFileMatches(PosixFileSystem(), Resolve("ckpt/step-1"), false, changed));
+  EXPECT_FALSE(
+      *PublishedFileMatches(PosixFileSystem(), Resolve("ckpt/step-1"), false, File("nope", 0, 0, 0)));
 }
 
-TEST_F(StagingTest, PublishesIntoAnExistingDirectory) {
+TEST_F(StagingTest, ReplacesAnExistingDirectoryWithOneExchange) {
   const std::string dest = dir_.Sub("export/ckpt");
   MakeDirs(dest + "/nested");
-  WriteFile(dest + "/keep.txt", std::string("untouched"));
+  WriteFile(dest + "/old-only.txt", std::string("of the old version"));
   WriteFile(dest + "/shard-0.distcp", std::string("old contents"));
-  auto s = Staging::Open(Resolve("ckpt"), "t2");
+  WriteFile(dest + "/.metadata", std::string("old marker"));
+  struct stat old_dir;
+  ASSERT_EQ(stat(dest.c_str(), &old_dir), 0);
+  auto s = Open("ckpt", "t2");
   ASSERT_TRUE(s.ok()) << s.status();
   StageAll(*s);
-  opts_.before_markers = [&] {
-    EXPECT_EQ(ReadFile(dest + "/shard-0.distcp").size(), 70000u);
-    EXPECT_FALSE(Exists(dest + "/.metadata"));
-    EXPECT_FALSE(Exists(dest + "/nested/COMPLETE"));
+  opts_.before_install = [&] {
+    // Right before the point of no return the old version is untouched.
+    EXPECT_EQ(ReadFile(dest + "/shard-0.distcp"), "old contents");
+    EXPECT_EQ(ReadFile(dest + "/.metadata"), "old marker");
   };
   absl::Status st = s->Publish(m_, opts_);
   ASSERT_TRUE(st.ok()) << st;
   ExpectPublished(dest);
-  EXPECT_EQ(ReadFile(dest + "/keep.txt"), "untouched");
+  // The destination is exactly the new version: another directory, without
+  // the old version's files.
+  struct stat new_dir;
+  ASSERT_EQ(stat(dest.c_str(), &new_dir), 0);
+  EXPECT_NE(new_dir.st_ino, old_dir.st_ino);
+  EXPECT_FALSE(Exists(dest + "/old-only.txt"));
+  EXPECT_FALSE(Exists(s->dir() + "/next"));
 }
 
-TEST_F(StagingTest, SkippedFilesAreLeftAlone) {
+TEST_F(StagingTest, UnchangedFilesAreHardLinkedIntoTheNewVersion) {
   const std::string dest = dir_.Sub("export/ckpt");
   MakeDirs(dest);
-  WriteFile(dest + "/shard-0.distcp", std::string("kept"));
-  auto s = Staging::Open(Resolve("ckpt"), "t3");
+  WriteFile(dest + "/shard-0.distcp", std::string(70000, 'k'));
+  struct timespec times[2] = {{0, UTIME_OMIT}, {kMtime / 1000000000, kMtime % 1000000000}};
+  ASSERT_EQ(utimensat(AT_FDCWD, (dest + "/shard-0.distcp").c_str(), times, 0), 0);
+  struct stat before;
+  ASSERT_EQ(stat((dest + "/shard-0.distcp").c_str(), &before), 0);
+  auto s = Open("ckpt", "t3");
   ASSERT_TRUE(s.ok());
   for (int i = 1; i < m_.files_size(); ++i) {
     if (m_.files(i).size() == 0) continue;
-    auto fd = s->OpenFile(i, m_.files(i));
-    ASSERT_TRUE(fd.ok());
+    ASSERT_TRUE(s->OpenFile(i, m_.files(i)).ok());
   }
   opts_.skip_files = {0};
   absl::Status st = s->Publish(m_, opts_);
   ASSERT_TRUE(st.ok()) << st;
-  EXPECT_EQ(ReadFile(dest + "/shard-0.distcp"), "kept");
+  struct stat after;
+  ASSERT_EQ(stat((dest + "/shard-0.distcp").c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino);
+  EXPECT_EQ(ReadFile(dest + "/shard-0.distcp"), std::string(70000, 'k'));
   EXPECT_TRUE(Exists(dest + "/.metadata"));
+}
+
+TEST_F(StagingTest, AnUnchangedFileThatChangedMeanwhileIsAskedForAgain) {
+  const std::string dest = dir_.Sub("export/ckpt");
+  MakeDirs(dest);
+  WriteFile(dest + "/shard-0.distcp", std::string("another version, other size"));
+  WriteFile(dest + "/.metadata", std::string("old marker"));
+  auto s = Open("ckpt", "t3b");
+  ASSERT_TRUE(s.ok());
+  StageAll(*s);
+  opts_.skip_files = {0};
+  std::vector<uint32_t> resend;
+  absl::Status st = s->Publish(m_, opts_, &resend);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(resend, std::vector<uint32_t>{0});
+  EXPECT_EQ(ReadFile(dest + "/.metadata"), "old marker");  // not touched
 }
 
 TEST_F(StagingTest, PublishesASingleFile) {
   v1::Manifest m;
   m.set_chunk_size(64 << 10);
   *m.add_files() = File("weights.bin", 1000, 0600, kMtime);
-  auto s = Staging::Open(Resolve("models/w.bin"), "t4");
+  auto s = Open("models/w.bin", "t4");
   ASSERT_TRUE(s.ok()) << s.status();
-  auto fd = s->OpenFile(0, m.files(0));
-  ASSERT_TRUE(fd.ok());
+  auto file = s->OpenFile(0, m.files(0));
+  ASSERT_TRUE(file.ok());
   auto data = Bytes(1000, 0);
-  ASSERT_EQ(pwrite(*fd, data.data(), data.size(), 0), 1000);
+  ASSERT_TRUE((*file)->WriteAt(0, data).ok());
   PublishOptions opts;
   opts.single_file = true;
   absl::Status st = s->Publish(m, opts);
@@ -201,27 +236,30 @@ TEST_F(StagingTest, PublishesASingleFile) {
   ASSERT_EQ(stat(dest.c_str(), &sb), 0);
   EXPECT_EQ(sb.st_mode & 07777, 0600u);
   EXPECT_EQ(sb.st_mtim.tv_sec * 1000000000LL + sb.st_mtim.tv_nsec, kMtime);
-  auto match = PublishedFileMatches(Resolve("models/w.bin"), true, m.files(0));
+  auto match = PublishedFileMatches(PosixFileSystem(), Resolve("models/w.bin"), true, m.files(0));
   ASSERT_TRUE(match.ok());
   EXPECT_TRUE(*match);
 
-  // Re-running publish after it finished is a no-op that succeeds.
-  auto again = Staging::Open(Resolve("models/w.bin"), "t4");
+  // Re-running publish before the staging was removed finds it installed.
+  auto again = Open("models/w.bin", "t4");
   ASSERT_TRUE(again.ok());
   st = again->Publish(m, opts);
   EXPECT_TRUE(st.ok()) << st;
   EXPECT_EQ(ReadFile(dest), std::string(data.begin(), data.end()));
+  ASSERT_TRUE(again->Remove().ok());
 }
 
-TEST_F(StagingTest, PublishResumesAfterACrashAfterTheTreeRename) {
+// A real process dies (no cleanup, like kill -9) at the point of no return;
+// the restarted one converges to the new version.
+TEST_F(StagingTest, PublishResumesAfterAKillAtThePointOfNoReturn) {
   const std::string dest = dir_.Sub("export/ckpt/step-2");
+  MakeDirs(dest);
+  WriteFile(dest + "/.metadata", std::string("old marker"));
   {
-    auto s = Staging::Open(Resolve("ckpt/step-2"), "t5");
+    auto s = Open("ckpt/step-2", "t5");
     ASSERT_TRUE(s.ok());
     StageAll(*s);
-    // A child process publishes and dies abruptly (no cleanup, like kill -9)
-    // right after the tree rename.
-    opts_.before_markers = [] { _exit(0); };
+    opts_.before_install = [] { _exit(0); };
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
@@ -233,51 +271,39 @@ TEST_F(StagingTest, PublishResumesAfterACrashAfterTheTreeRename) {
     ASSERT_TRUE(WIFEXITED(status));
     ASSERT_EQ(WEXITSTATUS(status), 0);
   }
-  // The tree arrived whole, markers included.
-  EXPECT_TRUE(Exists(dest + "/shard-0.distcp"));
-  EXPECT_TRUE(Exists(dest + "/.metadata"));
-  // The restarted daemon re-opens staging and publishes again: a no-op.
-  opts_.before_markers = nullptr;
-  auto s = Staging::Open(Resolve("ckpt/step-2"), "t5");
+  EXPECT_EQ(ReadFile(dest + "/.metadata"), "old marker");
+  opts_.before_install = nullptr;
+  auto s = Open("ckpt/step-2", "t5");
   ASSERT_TRUE(s.ok());
-  // Verification before that publish finds the moved files not staged, and
-  // looking does not create an empty one in their place.
+  // The staged files moved into next/ still count as held.
+  for (int i = 0; i < m_.files_size(); ++i) {
+    auto held = s->HoldsFile(i, m_.files(i));
+    ASSERT_TRUE(held.ok()) << held.status();
+    EXPECT_TRUE(*held) << m_.files(i).path();
+  }
   EXPECT_EQ(s->OpenStagedFile(0, m_.files(0)).status().code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(Exists(s->dir() + "/f/0"));
   absl::Status st = s->Publish(m_, opts_);
   ASSERT_TRUE(st.ok()) << st;
   ExpectPublished(dest);
-  // And once more, with the staging directory already gone.
-  auto s2 = Staging::Open(Resolve("ckpt/step-2"), "t5");
-  ASSERT_TRUE(s2.ok());
-  st = s2->Publish(m_, opts_);
-  ASSERT_TRUE(st.ok()) << st;
-  ExpectPublished(dest);
 }
 
-TEST_F(StagingTest, PublishResumesWithAHalfBuiltTree) {
-  const std::string dest = dir_.Sub("export/ckpt/step-3");
-  auto s = Staging::Open(Resolve("ckpt/step-3"), "t6");
+TEST_F(StagingTest, LostStagedBytesAreAskedForAgainNotDataLoss) {
+  auto s = Open("ckpt/step-4", "t7");
   ASSERT_TRUE(s.ok());
   StageAll(*s);
-  // Simulate a crash while tree/ was being assembled: one file already moved.
-  MakeDirs(s->dir() + "/tree/nested");
-  ASSERT_EQ(rename((s->dir() + "/f/1").c_str(), (s->dir() + "/tree/nested/shard-1.distcp").c_str()),
-            0);
-  struct timespec times[2] = {{0, UTIME_OMIT}, {kMtime / 1000000000, (kMtime + 1) % 1000000000}};
-  ASSERT_EQ(utimensat(AT_FDCWD, (s->dir() + "/tree/nested/shard-1.distcp").c_str(), times, 0), 0);
-  ASSERT_EQ(chmod((s->dir() + "/tree/nested/shard-1.distcp").c_str(), 0600), 0);
-  absl::Status st = s->Publish(m_, opts_);
-  ASSERT_TRUE(st.ok()) << st;
-  ExpectPublished(dest);
-}
-
-TEST_F(StagingTest, MissingStagedDataIsDataLoss) {
-  auto s = Staging::Open(Resolve("ckpt/step-4"), "t7");
-  ASSERT_TRUE(s.ok());
-  absl::Status st = s->Publish(m_, opts_);  // nothing staged
-  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
-  EXPECT_NE(st.message().find("shard-0.distcp"), absl::string_view::npos) << st;
+  ASSERT_EQ(unlink((s->dir() + "/f/0").c_str()), 0);
+  ASSERT_EQ(truncate((s->dir() + "/f/2").c_str(), 10), 0);
+  auto held = s->HoldsFile(0, m_.files(0));
+  ASSERT_TRUE(held.ok());
+  EXPECT_FALSE(*held);
+  EXPECT_FALSE(*s->HoldsFile(2, m_.files(2)));
+  EXPECT_TRUE(*s->HoldsFile(1, m_.files(1)));
+  std::vector<uint32_t> resend;
+  absl::Status st = s->Publish(m_, opts_, &resend);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(resend, (std::vector<uint32_t>{0, 2}));
+  EXPECT_FALSE(Exists(dir_.Sub("export/ckpt/step-4")));
 }
 
 TEST_F(StagingTest, RefusesToPublishThroughASymlink) {
@@ -285,7 +311,7 @@ TEST_F(StagingTest, RefusesToPublishThroughASymlink) {
   MakeDirs(dir_.Sub("export/ckpt"));
   auto resolved = Resolve("ckpt/new/step");
   ASSERT_EQ(symlink(dir_.Sub("outside").c_str(), dir_.Sub("export/ckpt/new").c_str()), 0);
-  auto s = Staging::Open(resolved, "t8");
+  auto s = Staging::Open(PosixFileSystem(), resolved, "t8");
   ASSERT_TRUE(s.ok());
   StageAll(*s);
   absl::Status st = s->Publish(m_, opts_);
@@ -294,7 +320,7 @@ TEST_F(StagingTest, RefusesToPublishThroughASymlink) {
 }
 
 TEST_F(StagingTest, RemoveDeletesStaging) {
-  auto s = Staging::Open(Resolve("ckpt"), "t9");
+  auto s = Open("ckpt", "t9");
   ASSERT_TRUE(s.ok());
   StageAll(*s);
   const std::string d = s->dir();
@@ -302,6 +328,15 @@ TEST_F(StagingTest, RemoveDeletesStaging) {
   ASSERT_TRUE(s->Remove().ok());
   EXPECT_FALSE(Exists(d));
   EXPECT_TRUE(Exists(dir_.Sub("export/.longhaul/staging")));
+}
+
+TEST(StoredMtimeMatchesTest, ToleratesCoarseGranularityOnly) {
+  EXPECT_TRUE(StoredMtimeMatches(kMtime, kMtime));
+  EXPECT_TRUE(StoredMtimeMatches(1700000000000000000, kMtime));  // whole seconds
+  EXPECT_TRUE(StoredMtimeMatches(1700000000123456000, kMtime));  // microseconds
+  EXPECT_FALSE(StoredMtimeMatches(1700000001000000000, kMtime));  // rounded up: not a truncation
+  EXPECT_FALSE(StoredMtimeMatches(1700000000123000001, kMtime));
+  EXPECT_FALSE(StoredMtimeMatches(kMtime - 2000000000, kMtime));
 }
 
 }  // namespace
