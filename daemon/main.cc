@@ -106,6 +106,7 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   if (!udp.ok()) return Fail("cannot set up the udp transport", udp.status());
 
   peer::Receiver receiver(*config, **journal);
+  receiver.FinishInterruptedPublishes();
   peer::PeerRouter router;
   auto serve_transfer = [&receiver](std::unique_ptr<transport::Channel> channel,
                                     const v1::Hello& hello) {

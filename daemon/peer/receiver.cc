@@ -626,6 +626,35 @@ absl::Status Receiver::PublishLocked(Session& session) {
   return absl::OkStatus();
 }
 
+void Receiver::FinishInterruptedPublishes() {
+  auto incoming = journal_.ListIncoming();
+  if (!incoming.ok()) {
+    spdlog::error("cannot list incoming transfers to finish interrupted publishes: {}",
+                  incoming.status().message());
+    return;
+  }
+  for (v1::IncomingTransfer& record : *incoming) {
+    if (record.state() != v1::IncomingTransfer::RECEIVING) continue;
+    auto dest = Resolve(record);
+    if (!dest.ok()) continue;
+    auto staging = storage::Staging::Open(fs_, *dest, record.id());
+    if (!staging.ok()) continue;
+    absl::StatusOr<bool> past = staging->PastPointOfNoReturn();
+    if (!past.ok() || !*past) continue;
+    std::shared_ptr<Session> session = SessionFor(record.id());
+    absl::MutexLock lock(&session->mu);
+    session->record = std::move(record);
+    session->dest = *dest;
+    session->staging.emplace(std::move(*staging));
+    if (absl::Status s = PublishLocked(*session); !s.ok()) {
+      spdlog::error("transfer {}: cannot finish its interrupted publish at {}: {}",
+                    session->record.id(), dest->absolute, s.message());
+    } else {
+      spdlog::info("transfer {}: finished the publish a crash interrupted", session->record.id());
+    }
+  }
+}
+
 v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site, const v1::PeerMessage& request) {
   const std::string& id = request.commit().transfer_id();
   auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };

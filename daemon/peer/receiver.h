@@ -45,6 +45,11 @@ class Receiver {
 
   // Serves a CONTROL or DATA channel (its hello already read) until it closes.
   void Serve(std::unique_ptr<transport::Channel> channel, const v1::Hello& hello);
+  // Run once at start, before serving: publishes that passed their point of
+  // no return before a crash are finished now, without waiting for their
+  // sender (which may have cancelled, or be gone). Errors are logged; the
+  // sender's next commit tries again.
+  void FinishInterruptedPublishes();
   // Aborts every open channel; Serve calls return soon after.
   void Shutdown();
 
