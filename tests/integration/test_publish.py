@@ -125,8 +125,9 @@ class PublishTestCase(lh.SitesTestCase):
                          f"v{final} is at the destination but its transfer did not complete")
         self.assert_whole_versions(watcher)
 
+
 class ReplaceInPlaceTest(PublishTestCase):
-    """Case 1: a new version over an existing one."""
+    """A new version over an existing one."""
 
     def test_reader_sees_only_whole_versions_while_v2_replaces_v1(self):
         layout = lh.versioned_checkpoint_layout(small_files=2000)
@@ -180,7 +181,7 @@ class ReplaceInPlaceTest(PublishTestCase):
 
 
 class TwoWritersTest(PublishTestCase):
-    """Case 2: two transfers into one destination at once."""
+    """Two transfers into one destination at once."""
 
     def test_two_transfers_over_an_existing_version_leave_one_whole_version(self):
         layout = lh.versioned_checkpoint_layout(small_files=600)
@@ -196,6 +197,8 @@ class TwoWritersTest(PublishTestCase):
 
 
 class TwoSitesOnePathTest(PublishTestCase):
+    """Two source sites send to one new destination at once."""
+
     site_names = ("site-a", "site-b", "site-c")
 
     def test_two_sites_writing_one_new_path_leave_one_whole_version(self):
@@ -210,7 +213,7 @@ class TwoSitesOnePathTest(PublishTestCase):
 
 
 class CoarseTimestampsTest(PublishTestCase):
-    """Case 3: site-b's export keeps whole-second timestamps only (ext4 with
+    """site-b's export keeps whole-second timestamps only (ext4 with
     128-byte inodes), so mtimes set with ns precision come back truncated."""
 
     def setUp(self):
@@ -266,7 +269,7 @@ class CoarseTimestampsTest(PublishTestCase):
 
 
 class LostStagingTest(PublishTestCase):
-    """Case 4: a staged file acknowledged durable disappears before publish."""
+    """A staged file acknowledged durable disappears before publish."""
 
     def test_deleted_staged_file_is_sent_again(self):
         src = self.sites.path("src")
@@ -294,10 +297,10 @@ class LostStagingTest(PublishTestCase):
 
 
 class CompletedPublishStaysCompletedTest(PublishTestCase):
-    """Case 5: site-b journals PUBLISHED, then prunes old checkpoints
+    """site-b journals PUBLISHED, then prunes old checkpoints
     (`sync --keep 1`) before it answers the commit; it dies in between."""
 
-    OLD_FILES = 12000
+    OLD_FILES = 10000
 
     def setUp(self):
         super().setUp()
@@ -305,10 +308,10 @@ class CompletedPublishStaysCompletedTest(PublishTestCase):
         # files, so the prune (and the sender's wait for its commit answer)
         # takes a while.
         old = self.dest("run1", "step-1")
-        for d in range(12):
+        for d in range(100):
             os.makedirs(os.path.join(old, f"d{d:02d}"))
         for k in range(self.OLD_FILES):
-            os.close(os.open(os.path.join(old, f"d{k % 12:02d}", f"f{k}"),
+            os.close(os.open(os.path.join(old, f"d{k % 100:02d}", f"f{k}"),
                              os.O_CREAT | os.O_WRONLY, 0o644))
         self.run_dir = self.sites.path("run1")
         lh.write_random(os.path.join(self.run_dir, "step-2", "shard-0.pt"), 2 * MIB, seed=1)
