@@ -201,7 +201,7 @@ void TransferManager::ScheduleLocked() {
   std::vector<Transfer*> queued;
   for (auto& [id, t] : transfers_) {
     if (t->sender) ++running;
-    if (t->record.state() == v1::QUEUED && !t->sender) queued.push_back(t.get());
+    if (t->record.state() == v1::QUEUED && !t->sender && !t->cancelling) queued.push_back(t.get());
   }
   std::sort(queued.begin(), queued.end(), [](const Transfer* a, const Transfer* b) {
     int pa = peer::PriorityGate::Rank(a->record.spec().priority());
@@ -238,7 +238,6 @@ void TransferManager::StartLocked(Transfer& t) {
 
 void TransferManager::RunTransfer(Transfer* t) {
   absl::Status result = t->sender->Run();
-  v1::OutgoingTransfer remote_abort;
   {
     absl::MutexLock lock(&mu_);
     v1::OutgoingTransfer updated = t->sender->record();
@@ -256,11 +255,9 @@ void TransferManager::RunTransfer(Transfer* t) {
         case StopReason::kPause:
           t->record.set_state(v1::PAUSED);
           break;
-        case StopReason::kCancel:
-          t->record.set_state(v1::CANCELLED);
-          remote_abort = t->record;
-          break;
-        default:  // shutdown: stays RUNNING in the journal, resumed on start
+        default:
+          // Cancel: Cancel sets the end state once the destination answers.
+          // Shutdown: stays RUNNING in the journal, resumed on start.
           break;
       }
     } else {
@@ -272,7 +269,6 @@ void TransferManager::RunTransfer(Transfer* t) {
     PersistLocked(*t);
     t->sender.reset();
   }
-  if (!remote_abort.id().empty()) AbortRemote(remote_abort);
   absl::MutexLock lock(&mu_);
   --running_threads_;
   ScheduleLocked();
@@ -373,28 +369,51 @@ void TransferManager::StopLocked(Transfer& t, StopReason reason) {
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManager::Cancel(const std::string& id) {
-  v1::OutgoingTransfer remote_abort;
-  v1::TransferStatus status;
+  Transfer* t;
+  v1::OutgoingTransfer record;
   {
     absl::MutexLock lock(&mu_);
     auto found = FindLocked(id);
     if (!found.ok()) return found.status();
-    Transfer& t = **found;
-    if (t.record.state() == v1::COMPLETED) {
+    t = *found;
+    if (t->cancelling) {
+      return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is being cancelled"));
+    }
+    if (t->record.state() == v1::CANCELLED) return StatusOf(*t);
+    if (t->record.state() != v1::COMPLETED) {
+      t->cancelling = true;
+      if (t->sender) StopLocked(*t, StopReason::kCancel);
+    }
+    if (t->record.state() == v1::COMPLETED) {  // also: its commit answer came before the stop
+      t->cancelling = false;
       return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " already completed"));
     }
-    if (t.sender) {
-      StopLocked(t, StopReason::kCancel);  // RunTransfer aborts the remote staging
-    } else if (t.record.state() != v1::CANCELLED) {
-      t.record.set_state(v1::CANCELLED);
-      t.record.set_finished_unix_ms(absl::ToUnixMillis(absl::Now()));
-      PersistLocked(t);
-      remote_abort = t.record;
-    }
-    status = StatusOf(t);
+    record = t->record;
   }
-  if (!remote_abort.id().empty()) AbortRemote(remote_abort);
-  return status;
+  // Not under mu_: the destination may be in the middle of publishing this
+  // transfer and answers only when it is done.
+  absl::StatusOr<bool> published = AbortRemote(record);
+  absl::MutexLock lock(&mu_);
+  t->cancelling = false;
+  t->record.set_finished_unix_ms(absl::ToUnixMillis(absl::Now()));
+  if (published.ok() && *published) {
+    t->record.set_state(v1::COMPLETED);
+    t->record.clear_error();
+    t->progress.Update([](peer::TransferProgress::Snapshot& s) { s.error.clear(); });
+    PersistLocked(*t);
+    spdlog::info("transfer {} completed: {} had published it before the cancel arrived", id,
+                 record.spec().dest_site());
+    return absl::FailedPreconditionError(
+        absl::StrCat("transfer ", id, " was not cancelled: ", record.spec().dest_site(),
+                     " had already published it, so it is COMPLETED"));
+  }
+  if (!published.ok()) {
+    spdlog::warn("transfer {}: could not remove staging at {}: {}", id, record.spec().dest_site(),
+                 published.status().message());
+  }
+  t->record.set_state(v1::CANCELLED);
+  PersistLocked(*t);
+  return StatusOf(*t);
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManager::Pause(const std::string& id) {
@@ -402,6 +421,9 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Pause(const std::string& id)
   auto found = FindLocked(id);
   if (!found.ok()) return found.status();
   Transfer& t = **found;
+  if (t.cancelling) {
+    return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is being cancelled"));
+  }
   if (t.sender) {
     StopLocked(t, StopReason::kPause);
   } else if (t.record.state() == v1::QUEUED) {
@@ -420,6 +442,9 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Resume(const std::string& id
   auto found = FindLocked(id);
   if (!found.ok()) return found.status();
   Transfer& t = **found;
+  if (t.cancelling) {
+    return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is being cancelled"));
+  }
   // A failed transfer can be resumed too, once the operator fixed the cause.
   if (t.record.state() == v1::PAUSED || t.record.state() == v1::FAILED) {
     t.record.set_state(v1::QUEUED);
@@ -434,24 +459,23 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Resume(const std::string& id
   return StatusOf(t);
 }
 
-void TransferManager::AbortRemote(const v1::OutgoingTransfer& record) {
+absl::StatusOr<bool> TransferManager::AbortRemote(const v1::OutgoingTransfer& record) {
   const PeerConfig* peer = config_.FindPeer(record.spec().dest_site());
-  if (peer == nullptr) return;
+  if (peer == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("site ", record.spec().dest_site(), " is no longer a peer"));
+  }
   v1::Hello hello;
   hello.set_role(v1::Hello::CONTROL);
   hello.set_transfer_id(record.id());
   auto channel = peer::DialSession(control_transport_, peer->site, peer->address, hello);
-  absl::Status status = channel.status();
-  if (channel.ok()) {
-    v1::PeerMessage request;
-    request.mutable_abort()->set_transfer_id(record.id());
-    request.mutable_abort()->set_reason("cancelled by the source site's operator");
-    status = peer::Call(**channel, peer::SessionIdFor(record.id()), request).status();
-  }
-  if (!status.ok()) {
-    spdlog::warn("transfer {}: could not remove staging at {}: {}", record.id(), peer->site,
-                 status.message());
-  }
+  if (!channel.ok()) return channel.status();
+  v1::PeerMessage request;
+  request.mutable_abort()->set_transfer_id(record.id());
+  request.mutable_abort()->set_reason("cancelled by the source site's operator");
+  auto answer = peer::Call(**channel, peer::SessionIdFor(record.id()), request);
+  if (!answer.ok()) return answer.status();
+  return answer->abort_reply().published();
 }
 
 absl::StatusOr<v1::VerifyResponse> TransferManager::Verify(const std::string& id) {

@@ -49,6 +49,12 @@ class TransferManager {
   absl::StatusOr<v1::TransferStatus> Submit(const std::string& request_id, v1::TransferSpec spec);
   absl::StatusOr<v1::TransferStatus> Get(const std::string& id) const;
   std::vector<v1::TransferStatus> List(bool all) const;
+  // Stops the transfer and tells the destination to drop its staging. When
+  // the destination answers that it had already published the transfer, the
+  // transfer is COMPLETED instead and the answer is FailedPrecondition
+  // saying so. When the destination cannot be reached or refuses, the
+  // transfer is CANCELLED all the same (its staging may stay there). A
+  // second Cancel while one is in progress is FailedPrecondition.
   absl::StatusOr<v1::TransferStatus> Cancel(const std::string& id);
   absl::StatusOr<v1::TransferStatus> Pause(const std::string& id);
   absl::StatusOr<v1::TransferStatus> Resume(const std::string& id);
@@ -63,6 +69,9 @@ class TransferManager {
     peer::TransferProgress progress;
     std::unique_ptr<peer::TransferSender> sender;
     StopReason stop_reason = StopReason::kNone;
+    // Cancel is waiting for the destination's answer: nothing else may
+    // start, pause or resume the transfer meanwhile.
+    bool cancelling = false;
     absl::Time running_since = absl::InfinitePast();
     uint64_t run_start_bytes = 0;
   };
@@ -75,8 +84,10 @@ class TransferManager {
   v1::TransferStatus StatusOf(const Transfer& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Transfer*> FindLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PersistLocked(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Best effort: tells the destination to drop the staging of `record`.
-  void AbortRemote(const v1::OutgoingTransfer& record);
+  // Tells the destination to drop the staging of `record`. True when it
+  // answered that it had published the transfer already (so nothing was
+  // dropped); an error when it could not be asked or refused.
+  absl::StatusOr<bool> AbortRemote(const v1::OutgoingTransfer& record);
 
   const DaemonConfig& config_;
   const transport::TransportSet transports_;

@@ -17,6 +17,8 @@ PACKAGES=(
   # runtime tools: PKI, namespaces, benchmark anchors
   openssl iproute2 procps curl iperf3 rsync openssh-server openssh-client rclone
   iputils-ping
+  # tests: loop-mounted ext4 exports (mkfs.ext4, losetup, mount)
+  e2fsprogs mount
 )
 
 missing=()

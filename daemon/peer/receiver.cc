@@ -242,8 +242,9 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   answer.set_request_id(request.request_id());
   v1::OpenReply* reply = answer.mutable_open_reply();
 
-  // A transfer already published (the sender missed our commit answer):
-  // everything is durable, and commit will find it published.
+  // A transfer already published (the sender missed our commit answer, maybe
+  // because this daemon restarted since): everything is durable, and the
+  // session keeps the published record, so commit finds it published.
   if (*existing && (*existing)->state() == v1::IncomingTransfer::PUBLISHED) {
     const v1::IncomingTransfer& old = **existing;
     for (uint32_t f : old.unchanged_files()) reply->add_unchanged_files(f);
@@ -255,6 +256,10 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
         id->set_chunk_index(static_cast<uint32_t>(c));
       }
     }
+    session->dest = *dest;
+    session->record = old;
+    spdlog::info("transfer {} from {}: opened again; it was published at {} already",
+                 open.transfer_id(), peer_site, dest->absolute);
     return answer;
   }
 

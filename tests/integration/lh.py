@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -23,17 +24,22 @@ TRANSPORT = os.environ.get("LONGHAUL_TEST_TRANSPORT", "")
 
 
 class Sites:
-    """Two local daemons, site-a and site-b, under one temporary directory."""
+    """Local daemons (site-a and site-b unless `names` says more, e.g.
+    ("site-a", "site-b", "site-c")) under one temporary directory."""
 
-    def __init__(self, extra_config=""):
+    def __init__(self, extra_config="", names=("site-a", "site-b")):
         self.dir = tempfile.mkdtemp(prefix="lh-it-")
         self.extra_config = extra_config
+        self.names = tuple(names)
         self.env = {}
 
+    def _script_env(self):
+        return dict(os.environ, LONGHAUL_BIN=BIN, LONGHAUL_LOCAL_EXTRA=self.extra_config,
+                    LONGHAUL_LOCAL_SITES=" ".join(self.names))
+
     def up(self):
-        env = dict(os.environ, LONGHAUL_BIN=BIN, LONGHAUL_LOCAL_EXTRA=self.extra_config)
-        proc = subprocess.run([LOCAL_SITES, "up", self.dir], env=env, capture_output=True,
-                              text=True)
+        proc = subprocess.run([LOCAL_SITES, "up", self.dir], env=self._script_env(),
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             raise AssertionError(f"local-sites up failed ({proc.returncode}): {proc.stderr}")
         out = proc.stdout
@@ -43,7 +49,7 @@ class Sites:
         return self
 
     def down(self):
-        subprocess.run([LOCAL_SITES, "down", self.dir], capture_output=True)
+        subprocess.run([LOCAL_SITES, "down", self.dir], env=self._script_env(), capture_output=True)
 
     def cleanup(self):
         self.down()
@@ -113,15 +119,16 @@ class Sites:
                 pass  # daemon restarting
             time.sleep(0.1)
         logs = "".join(f"\n--- {s} log ---\n" + "".join(self.log(s).splitlines(True)[-15:])
-                       for s in ("site-a", "site-b"))
+                       for s in self.names)
         raise AssertionError(f"{transfer_id} did not reach {states} in {timeout}s{logs}")
 
 
 class SitesTestCase(unittest.TestCase):
     extra_config = ""
+    site_names = ("site-a", "site-b")
 
     def setUp(self):
-        self.sites = Sites(self.extra_config)
+        self.sites = Sites(self.extra_config, self.site_names)
         self.addCleanup(self.sites.cleanup)
         self.sites.up()
 
@@ -156,3 +163,229 @@ def tree_digest(root):
 def empty_dirs(root):
     return sorted(os.path.relpath(d, root) for d, subdirs, files in os.walk(root)
                   if not subdirs and not files and d != root)
+
+
+# ---------------------------------------------------------------------------
+# Versioned checkpoints: every file's content and mtime name the version it
+# belongs to, so a reader can tell from any one file which version it holds.
+
+def version_mtime_ns(version):
+    """The mtime (ns, with a non-zero sub-second part) of every file of `version`."""
+    return (1_700_000_000 + 10_000 * version) * 1_000_000_000 + 123_456_789
+
+
+def version_content(version, rel, size):
+    """The bytes of file `rel` in `version`: its name and version, repeated."""
+    line = f"longhaul-test version {version} file {rel}\n".encode()
+    return (line * (size // len(line) + 1))[:size]
+
+
+def versioned_checkpoint_layout(small_files=2000, shards=4, shard_size=256 << 10):
+    """{relative path: size} of a PyTorch-DCP-shaped checkpoint: shards, many
+    small files in a few subdirectories, and the `.metadata` commit marker.
+    Sizes depend only on the path, so every version has the same sizes."""
+    layout = {f"__{i}_0.distcp": shard_size for i in range(shards)}
+    for k in range(small_files):
+        rel = f"extra/{k // 100:02d}/item_{k:04d}.bin"
+        layout[rel] = 200 + random.Random(rel).randrange(400)
+    layout[".metadata"] = 512
+    return layout
+
+
+def write_versioned_checkpoint(root, version, layout):
+    """Writes `version` of `layout` under `root`; returns {path: bytes}."""
+    contents = {}
+    mtime = version_mtime_ns(version)
+    for rel, size in layout.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        data = version_content(version, rel, size)
+        with open(path, "wb") as f:
+            f.write(data)
+        os.utime(path, ns=(mtime, mtime))
+        contents[rel] = data
+    return contents
+
+
+class VersionWatcher(threading.Thread):
+    """Lists and reads a destination directory in a tight loop, and records
+    every complete observation that is not exactly one whole version.
+
+    An observation opens the destination, walks it through directory fds
+    (os.fwalk, so a rename of the path mid-walk does not move the walk) and
+    reads every file. It is complete when nothing vanished during the walk
+    and the path still names the directory it started in: that is a view of
+    one directory a reader could have had. Each complete observation must
+    hold exactly the files of one version, each with that version's bytes.
+    The destination may be missing only until it first appears (when
+    `existed` is False).
+    """
+
+    def __init__(self, dest, versions, existed):
+        super().__init__(daemon=True)
+        self.dest = dest
+        self.versions = versions  # {version: {relative path: bytes}}
+        self.existed = existed
+        self.stop_event = threading.Event()
+        self.complete = 0
+        self.incomplete = 0
+        self.seen = {}  # version -> complete observations of it
+        self.violations = []  # (observation number, description)
+        self.kinds = {}  # kind of violation -> count
+        self._owner = {}  # (rel, bytes) -> version
+        for v, files in versions.items():
+            for rel, data in files.items():
+                self._owner[(rel, data)] = v
+
+    def stop(self):
+        self.stop_event.set()
+        self.join()
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def summary(self):
+        return (f"{self.complete} complete observations ({self.incomplete} straddled a change), "
+                f"by version: {dict(sorted(self.seen.items()))}; "
+                f"violations by kind: {self.kinds}, first: {self.violations[:3]}")
+
+    def run(self):
+        while not self.stop_event.is_set():
+            self._observe()
+
+    def _violate(self, what, kind=None):
+        kind = kind or what
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        if len(self.violations) < 1000:
+            self.violations.append((self.complete + self.incomplete, what))
+
+    def _observe(self):
+        try:
+            top = os.open(self.dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            if self.existed:
+                self._violate("destination missing")
+            return
+        self.existed = True
+        files = {}
+        vanished = []
+        try:
+            start = os.fstat(top)
+            for dirpath, _, names, dir_fd in os.fwalk(".", dir_fd=top,
+                                                      onerror=vanished.append):
+                for name in names:
+                    rel = os.path.normpath(os.path.join(dirpath, name))
+                    try:
+                        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+                    except FileNotFoundError as e:
+                        vanished.append(e)
+                        continue
+                    with os.fdopen(fd, "rb") as f:
+                        files[rel] = f.read()
+            try:
+                end = os.stat(self.dest, follow_symlinks=False)
+                if (end.st_dev, end.st_ino) != (start.st_dev, start.st_ino):
+                    vanished.append("replaced")
+            except FileNotFoundError as e:
+                vanished.append(e)
+        finally:
+            os.close(top)
+        if vanished:
+            self.incomplete += 1
+            return
+        self.complete += 1
+        by_version = {}
+        for rel, data in files.items():
+            by_version.setdefault(self._owner.get((rel, data)), []).append(rel)
+        if None in by_version:
+            self._violate(f"{len(by_version[None])} files of no version, e.g. "
+                          f"{sorted(by_version[None])[:3]}", "files of no version")
+            return
+        if len(by_version) != 1:
+            self._violate("mixed: " + ", ".join(f"v{v} x{len(r)}"
+                                                for v, r in sorted(by_version.items())),
+                          "mixed " + "+".join(f"v{v}" for v in sorted(by_version)))
+            return
+        (version,) = by_version
+        missing = set(self.versions[version]) - set(files)
+        if missing:
+            self._violate(f"v{version} without {len(missing)} of its files, e.g. "
+                          f"{sorted(missing)[:3]}", f"v{version} incomplete")
+            return
+        self.seen[version] = self.seen.get(version, 0) + 1
+
+
+def which_version(root, versions):
+    """The version `root` holds exactly (every file, nothing else, right bytes,
+    right mtime), else a description of what it holds."""
+    try:
+        found = tree_digest(root)
+    except FileNotFoundError:
+        return "missing"
+    for v, files in versions.items():
+        want = {rel: (hashlib.sha256(data).hexdigest(), len(data), version_mtime_ns(v))
+                for rel, data in files.items()}
+        got = {rel: (d[0], d[1], d[3]) for rel, d in found.items()}
+        if got == want:
+            return v
+    counts = {}
+    for rel, d in found.items():
+        for v, files in versions.items():
+            if rel in files and hashlib.sha256(files[rel]).hexdigest() == d[0]:
+                counts[f"v{v}"] = counts.get(f"v{v}", 0) + 1
+                break
+        else:
+            counts["other"] = counts.get("other", 0) + 1
+    return f"no single version ({len(found)} files: {counts})"
+
+
+def wait_until(predicate, timeout, what, interval=0.0):
+    """Polls `predicate` until it returns something true; returns that value."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if interval:
+            time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class LoopMount:
+    """A file system image loop-mounted at a directory, e.g. to give a site
+    an export with other properties than the build machine's (needs root).
+    Register cleanup() before calling mount(): it unmounts and detaches
+    whatever mount() got done, also when mount() failed half-way, and may be
+    called more than once."""
+
+    def __init__(self, image, size, mountpoint, mkfs):
+        self.image = image
+        self.size = size
+        self.mountpoint = mountpoint
+        self.mkfs = mkfs
+        self.device = None
+        self.mounted = False
+
+    def mount(self):
+        with open(self.image, "wb") as f:
+            f.truncate(self.size)
+        subprocess.run([*self.mkfs, self.image], check=True, capture_output=True)
+        self.device = subprocess.run(["losetup", "--find", "--show", self.image], check=True,
+                                     capture_output=True, text=True).stdout.strip()
+        os.makedirs(self.mountpoint, exist_ok=True)
+        subprocess.run(["mount", self.device, self.mountpoint], check=True, capture_output=True)
+        self.mounted = True
+        return self
+
+    def cleanup(self):
+        if self.mounted:
+            if subprocess.run(["umount", self.mountpoint], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", self.mountpoint], capture_output=True)
+            self.mounted = False
+        if self.device:
+            subprocess.run(["losetup", "-d", self.device], capture_output=True)
+            self.device = None
