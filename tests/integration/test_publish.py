@@ -313,6 +313,8 @@ class CompletedPublishStaysCompletedTest(PublishTestCase):
         for k in range(self.OLD_FILES):
             os.close(os.open(os.path.join(old, f"d{k % 100:02d}", f"f{k}"),
                              os.O_CREAT | os.O_WRONLY, 0o644))
+        # Complete (it holds its marker), so retention counts and prunes it.
+        lh.write_random(os.path.join(old, MARKER), 16, seed=3)
         self.run_dir = self.sites.path("run1")
         lh.write_random(os.path.join(self.run_dir, "step-2", "shard-0.pt"), 2 * MIB, seed=1)
         lh.write_random(os.path.join(self.run_dir, "step-2", MARKER), 1024, seed=2)
