@@ -96,29 +96,4 @@ absl::StatusOr<std::vector<std::string>> ListDirAt(int dir_fd, std::string_view 
   return names;
 }
 
-absl::Status RemoveTreeAt(int dir_fd, const std::string& name, const std::string& desc) {
-  struct stat st;
-  if (fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    if (errno == ENOENT) return absl::OkStatus();
-    return ErrnoError(errno, "cannot stat", desc);
-  }
-  if (S_ISDIR(st.st_mode)) {
-    ScopedFd fd(openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!fd.valid()) return ErrnoError(errno, "cannot open directory", desc);
-    absl::StatusOr<std::vector<std::string>> names = ListDirAt(fd.get(), desc);
-    if (!names.ok()) return names.status();
-    for (const std::string& n : *names) {
-      if (absl::Status status = RemoveTreeAt(fd.get(), n, JoinPath(desc, n)); !status.ok()) return status;
-    }
-    if (unlinkat(dir_fd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
-      return ErrnoError(errno, "cannot remove directory", desc);
-    }
-    return absl::OkStatus();
-  }
-  if (unlinkat(dir_fd, name.c_str(), 0) != 0 && errno != ENOENT) {
-    return ErrnoError(errno, "cannot remove", desc);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace longhaul::storage::internal

@@ -57,10 +57,6 @@ absl::Status FsyncFd(int fd, std::string_view desc);
 // fd stays the caller's. `desc` names the directory in errors.
 absl::StatusOr<std::vector<std::string>> ListDirAt(int dir_fd, std::string_view desc);
 
-// Removes `name` in `dir_fd` and everything below it, never following a
-// symlink. A missing entry is not an error. `desc` names it in errors.
-absl::Status RemoveTreeAt(int dir_fd, const std::string& name, const std::string& desc);
-
 }  // namespace longhaul::storage::internal
 
 #endif  // LONGHAUL_STORAGE_POSIX_UTIL_H_

@@ -98,6 +98,13 @@ absl::Status Finalize(FileSystem& fs, Directory& dir, const std::string& name,
   absl::StatusOr<std::unique_ptr<File>> file = fs.OpenFile(dir, name, OpenMode::kReadWrite);
   if (!file.ok()) return file.status();
   if (absl::Status s = (*file)->SetMtime(f.mtime_ns()); !s.ok()) return s;
+  // What the file system stored is what later comparisons see.
+  absl::StatusOr<FileInfo> stored = (*file)->Stat();
+  if (!stored.ok()) return stored.status();
+  if (!StoredMtimeMatches(stored->mtime_ns, f.mtime_ns())) {
+    spdlog::warn("{} kept mtime {} ns for {} ns; sync will not recognise it as unchanged",
+                 (*file)->path(), stored->mtime_ns, f.mtime_ns());
+  }
   if (absl::Status s = (*file)->SetMode(mode); !s.ok()) return s;
   return (*file)->Sync();
 }
