@@ -459,33 +459,27 @@ absl::Status FaultInjectionFileSystem::Link(Directory& from_dir, const std::stri
 }
 
 absl::Status FaultInjectionFileSystem::Unlink(Directory& dir, const std::string& name) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Node*> parent = DirOf(dir);
-  if (!parent.ok()) return parent.status();
-  auto it = (*parent)->entries.find(name);
-  if (it == (*parent)->entries.end()) {
-    return absl::NotFoundError(Join(dir.path(), name) + " does not exist");
-  }
-  if (nodes_[it->second].kind == Kind::kDir) {
-    return absl::FailedPreconditionError(Join(dir.path(), name) + " is a directory");
-  }
-  if (absl::Status s = Step("unlink " + Join(dir.path(), name)); !s.ok()) return s;
-  (*parent)->entries.erase(name);
-  return absl::OkStatus();
+  return Remove(dir, name, /*directory=*/false);
 }
 
 absl::Status FaultInjectionFileSystem::RemoveDir(Directory& dir, const std::string& name) {
+  return Remove(dir, name, /*directory=*/true);
+}
+
+absl::Status FaultInjectionFileSystem::Remove(Directory& dir, const std::string& name,
+                                              bool directory) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Node*> parent = DirOf(dir);
   if (!parent.ok()) return parent.status();
+  const std::string path = Join(dir.path(), name);
   auto it = (*parent)->entries.find(name);
-  if (it == (*parent)->entries.end()) {
-    return absl::NotFoundError(Join(dir.path(), name) + " does not exist");
-  }
+  if (it == (*parent)->entries.end()) return absl::NotFoundError(path + " does not exist");
   const Node& n = nodes_[it->second];
-  if (n.kind != Kind::kDir) return absl::FailedPreconditionError(name + " is not a directory");
-  if (!n.entries.empty()) return absl::FailedPreconditionError(name + " is not empty");
-  if (absl::Status s = Step("rmdir " + Join(dir.path(), name)); !s.ok()) return s;
+  if ((n.kind == Kind::kDir) != directory) {
+    return absl::FailedPreconditionError(path + (directory ? " is not a directory" : " is a directory"));
+  }
+  if (directory && !n.entries.empty()) return absl::FailedPreconditionError(path + " is not empty");
+  if (absl::Status s = Step((directory ? "rmdir " : "unlink ") + path); !s.ok()) return s;
   (*parent)->entries.erase(name);
   return absl::OkStatus();
 }

@@ -96,6 +96,7 @@ class FaultInjectionFileSystem : public FileSystem {
 
   // Counts a mutating step; an error when the crash fires here or fired.
   absl::Status Step(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Remove(Directory& dir, const std::string& name, bool directory);
   absl::Status Live(uint64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CommitMetadata() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t NewNode(Kind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
