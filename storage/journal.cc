@@ -164,6 +164,7 @@ class SpdlogLogger final : public rocksdb::Logger {
       line.resize(static_cast<size_t>(n));
     }
     while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.pop_back();
+    std::replace(line.begin(), line.end(), '\n', ' ');  // one message, one line
     spdlog::log(to, "rocksdb: {}", line);
   }
 };
