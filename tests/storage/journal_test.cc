@@ -450,6 +450,28 @@ TEST_F(JournalTest, FullDiskRefusesWritesServesReadsAndReopensWhenSpaceIsBack) {
   EXPECT_EQ((*all)[1].id(), "t3");
 }
 
+TEST_F(JournalTest, FullDiskWithEmptyMemtablesRecoversToo) {
+  // The case where RocksDB 7.8's DB::Resume keeps the failed log writer and
+  // the next write asserts: nothing written since the open.
+  auto fs = std::make_shared<FillableFileSystem>();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  JournalOptions options;
+  options.clock = &clock_;
+  options.env = env.get();
+  auto opened = Journal::Open(dir_.Sub("journal"), options);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Journal& j = **opened;
+  fs->set_full(true);
+  EXPECT_TRUE(IsJournalUnwritable(j.PutIncoming(Incoming("i1"))));
+  fs->set_full(false);
+  ASSERT_TRUE(j.PutIncoming(Incoming("i2")).ok());
+  ASSERT_TRUE(j.PutIncoming(Incoming("i3")).ok());
+  auto all = j.ListIncoming();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].id(), "i2");
+}
+
 TEST_F(JournalTest, FailedReopenLeavesTheJournalClosedUntilOneSucceeds) {
   auto fs = std::make_shared<FillableFileSystem>();
   std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
