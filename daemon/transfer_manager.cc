@@ -30,6 +30,16 @@ std::string NewTransferId() {
   return absl::StrFormat("t-%016x", absl::Uniform<uint64_t>(gen));
 }
 
+// What a transfer stopped by an unwritable journal shows: the journal's
+// error and the operator's way out.
+std::string JournalPauseError(const absl::Status& journal_error, const std::string& id) {
+  return absl::StrCat(journal_error.message(), ": ",
+                      journal_error.code() == absl::StatusCode::kResourceExhausted
+                          ? "free space"
+                          : "repair the state disk",
+                      ", then `longhaul resume ", id, "`");
+}
+
 }  // namespace
 
 bool IsEndState(v1::TransferState state) {
@@ -211,29 +221,56 @@ void TransferManager::ScheduleLocked() {
   });
   for (Transfer* t : queued) {
     if (running >= static_cast<int>(config_.transfer.max_active)) break;
-    StartLocked(*t);
-    ++running;
+    if (StartLocked(*t)) ++running;
   }
 }
 
-void TransferManager::StartLocked(Transfer& t) {
+bool TransferManager::StartLocked(Transfer& t) {
   t.record.set_state(v1::RUNNING);
   t.stop_reason = StopReason::kNone;
+  t.journal_error.clear();
+  if (absl::Status s = PersistLocked(t); storage::IsJournalUnwritable(s)) {
+    PauseForJournalLocked(t, s);
+    return false;
+  }
   t.running_since = absl::Now();
   t.run_start_bytes = t.progress.Get().bytes_done;
-  PersistLocked(t);
   std::string site = t.record.spec().dest_site();
   transport::Transport* data = transport::FindTransport(transports_, t.record.spec().transport());
   if (data == nullptr) data = &control_transport_;  // journaled before that transport was removed
   t.sender = std::make_unique<peer::TransferSender>(
       config_, control_transport_, *data, gate_, journal_, t.record, t.progress,
-      [this](const std::string& peer_site, const transport::LinkStats& stats) {
+      [this, tp = &t](const std::string& peer_site, const transport::LinkStats& stats) {
         absl::MutexLock lock(&mu_);
         link_stats_[peer_site] = stats;
+        // Called after every chunk acknowledged durable. The sender journals
+        // its counters before each chunk and carries on when that fails, so
+        // this is where a journal gone unwritable stops the transfer.
+        if (absl::Status journal = journal_.writable(); !journal.ok()) {
+          PauseForJournalLocked(*tp, journal);
+        }
       });
   t.sender->set_rate_limiter(rate_limiter_);
   ++running_threads_;
   std::thread([this, tp = &t] { RunTransfer(tp); }).detach();
+  return true;
+}
+
+void TransferManager::PauseForJournalLocked(Transfer& t, const absl::Status& error) {
+  if (!t.journal_error.empty()) return;  // already pausing for it
+  t.journal_error = JournalPauseError(error, t.record.id());
+  spdlog::error("pausing transfer {}: {}", t.record.id(), t.journal_error);
+  if (t.sender) {
+    // RunTransfer records PAUSED once the chunks in flight are answered.
+    if (t.stop_reason == StopReason::kNone) {
+      t.stop_reason = StopReason::kPause;
+      t.sender->Drain();
+    }
+    return;
+  }
+  t.record.set_state(v1::PAUSED);
+  t.progress.Update([&](peer::TransferProgress::Snapshot& s) { s.error = t.journal_error; });
+  PersistLocked(t).IgnoreError();  // logged; the journal cannot take it yet
 }
 
 void TransferManager::RunTransfer(Transfer* t) {
@@ -260,13 +297,22 @@ void TransferManager::RunTransfer(Transfer* t) {
           // Shutdown: stays RUNNING in the journal, resumed on start.
           break;
       }
+    } else if (storage::IsJournalUnwritable(result)) {
+      t->record.set_state(v1::PAUSED);
+      if (t->journal_error.empty()) {
+        t->journal_error = JournalPauseError(result, t->record.id());
+        spdlog::error("transfer {} paused: {}", t->record.id(), t->journal_error);
+      }
     } else {
       t->record.set_state(v1::FAILED);
       t->record.set_error(std::string(result.message()));
       spdlog::error("transfer {} failed: {}", t->record.id(), result.message());
     }
+    if (t->record.state() == v1::PAUSED && !t->journal_error.empty()) {
+      t->progress.Update([&](peer::TransferProgress::Snapshot& s) { s.error = t->journal_error; });
+    }
     if (IsEndState(t->record.state())) t->record.set_finished_unix_ms(absl::ToUnixMillis(absl::Now()));
-    PersistLocked(*t);
+    PersistLocked(*t).IgnoreError();  // logged
     t->sender.reset();
   }
   absl::MutexLock lock(&mu_);
@@ -274,7 +320,7 @@ void TransferManager::RunTransfer(Transfer* t) {
   ScheduleLocked();
 }
 
-void TransferManager::PersistLocked(Transfer& t) {
+absl::Status TransferManager::PersistLocked(Transfer& t) {
   peer::TransferProgress::Snapshot s = t.progress.Get();
   t.record.set_bytes_done(s.bytes_done);
   t.record.set_chunks_done(s.chunks_done);
@@ -288,9 +334,9 @@ void TransferManager::PersistLocked(Transfer& t) {
   // here and lost in an OS crash only makes the transfer run again after
   // reboot, which is safe (the destination answers from its own synced
   // journal and publishing is idempotent). Submit's own write is synced.
-  if (absl::Status st = journal_.PutOutgoing(t.record, /*sync=*/false); !st.ok()) {
-    spdlog::error("cannot journal transfer {}: {}", t.record.id(), st.message());
-  }
+  absl::Status st = journal_.PutOutgoing(t.record, /*sync=*/false);
+  if (!st.ok()) spdlog::error("cannot journal transfer {}: {}", t.record.id(), st.message());
+  return st;
 }
 
 v1::TransferStatus TransferManager::StatusOf(const Transfer& t) const {
@@ -400,7 +446,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Cancel(const std::string& id
     t->record.set_state(v1::COMPLETED);
     t->record.clear_error();
     t->progress.Update([](peer::TransferProgress::Snapshot& s) { s.error.clear(); });
-    PersistLocked(*t);
+    PersistLocked(*t).IgnoreError();  // logged
     spdlog::info("transfer {} completed: {} had published it before the cancel arrived", id,
                  record.spec().dest_site());
     return absl::FailedPreconditionError(
@@ -412,7 +458,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Cancel(const std::string& id
                  published.status().message());
   }
   t->record.set_state(v1::CANCELLED);
-  PersistLocked(*t);
+  PersistLocked(*t).IgnoreError();  // logged
   return StatusOf(*t);
 }
 
@@ -428,7 +474,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Pause(const std::string& id)
     StopLocked(t, StopReason::kPause);
   } else if (t.record.state() == v1::QUEUED) {
     t.record.set_state(v1::PAUSED);
-    PersistLocked(t);
+    PersistLocked(t).IgnoreError();  // logged
   } else if (t.record.state() != v1::PAUSED) {
     return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is ",
                                                       v1::TransferState_Name(t.record.state()),
@@ -447,10 +493,23 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Resume(const std::string& id
   }
   // A failed transfer can be resumed too, once the operator fixed the cause.
   if (t.record.state() == v1::PAUSED || t.record.state() == v1::FAILED) {
+    const v1::TransferState state = t.record.state();
+    const std::string record_error = t.record.error();
+    const std::string shown_error = t.progress.Get().error;
     t.record.set_state(v1::QUEUED);
     t.record.clear_error();
     t.progress.Update([](peer::TransferProgress::Snapshot& s) { s.error.clear(); });
-    PersistLocked(t);
+    // Only once the journal can record it: a resume it loses would leave
+    // the transfer paused after a restart.
+    if (absl::Status s = PersistLocked(t); storage::IsJournalUnwritable(s)) {
+      t.record.set_state(state);
+      t.record.set_error(record_error);
+      t.journal_error = JournalPauseError(s, id);
+      t.progress.Update([&](peer::TransferProgress::Snapshot& p) {
+        p.error = state == v1::PAUSED ? t.journal_error : shown_error;
+      });
+      return absl::Status(s.code(), t.journal_error);
+    }
     ScheduleLocked();
   } else if (t.record.state() == v1::COMPLETED || t.record.state() == v1::CANCELLED) {
     return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " has ended (",

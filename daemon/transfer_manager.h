@@ -26,6 +26,13 @@ namespace longhaul::daemon {
 // cancel act at chunk boundaries. After a restart, Start() picks up every
 // transfer that was queued or running.
 //
+// When the journal becomes unwritable (a full state disk), running
+// transfers are paused at their next acknowledged chunk and queued ones as
+// they would start, each with an error naming the state directory and the
+// `longhaul resume` to run once it is fixed; Resume refuses while the
+// journal still cannot record it. Status and listing keep answering from
+// memory.
+//
 // Thread-safe.
 class TransferManager {
  public:
@@ -74,16 +81,27 @@ class TransferManager {
     bool cancelling = false;
     absl::Time running_since = absl::InfinitePast();
     uint64_t run_start_bytes = 0;
+    // Set when the transfer is paused because the journal cannot be written:
+    // what happened and what to do, shown as its error while PAUSED.
+    std::string journal_error;
   };
 
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartLocked(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // False if the transfer could not start: its journal write failed, and it
+  // is PAUSED with that error.
+  bool StartLocked(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunTransfer(Transfer* t);
+  // Pauses a transfer that stopped for, or whose writes would fail on, an
+  // unwritable journal (`error`, IsJournalUnwritable), with an error that
+  // says what to do. Running transfers are drained, not waited for.
+  void PauseForJournalLocked(Transfer& t, const absl::Status& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops a running transfer and waits (bounded) until it has stopped.
   void StopLocked(Transfer& t, StopReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::TransferStatus StatusOf(const Transfer& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Transfer*> FindLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PersistLocked(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the record (unsynced); failures are logged and returned.
+  absl::Status PersistLocked(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the destination to drop the staging of `record`. True when it
   // answered that it had published the transfer already (so nothing was
   // dropped); an error when it could not be asked or refused.

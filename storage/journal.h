@@ -23,6 +23,8 @@
 namespace rocksdb {
 class ColumnFamilyHandle;
 class DB;
+class Env;
+class Status;
 class WriteBatch;
 }  // namespace rocksdb
 
@@ -61,6 +63,43 @@ struct ChunkDurability {
   v1::DurableChunk chunk;
 };
 
+struct JournalOptions {
+  // Times synced writes; nullptr means RealClock::Get(). Must outlive the
+  // Journal.
+  const Clock* clock = nullptr;
+  // Every file the journal touches goes through this Env (tests inject a
+  // file system that fails); nullptr means rocksdb::Env::Default(). Must
+  // outlive the Journal.
+  rocksdb::Env* env = nullptr;
+};
+
+// What opening the journal dropped from one write-ahead log file: a torn or
+// damaged record and, after damage, the records RocksDB's point-in-time
+// recovery no longer replays. See "Journal failure modes" in README.md.
+struct WalRecovery {
+  std::string path;
+  uint64_t records_recovered = 0;       // replayed from this file
+  uint64_t intact_records_dropped = 0;  // checksums fine, not replayed
+  uint64_t bytes_dropped = 0;           // from the end of the last replayed record
+  // The first damaged byte and why it is damaged, in RocksDB's words
+  // ("truncated record body", "checksum mismatch"...); unset when the file
+  // is intact and only lost records after damage in an earlier file.
+  std::optional<uint64_t> damage_offset;
+  std::string damage;
+  // The damage is the file's last record and nothing intact was dropped:
+  // what a crash, a power loss or a full disk leaves of a write that did not
+  // complete. A synced write is never torn.
+  bool torn_tail = false;
+};
+
+// Bytes the state file system must have free before a journal that ran out
+// of space tries to reopen (RocksDB flushes the replayed log on open).
+inline constexpr uint64_t kJournalMinFreeBytesToReopen = 4u << 20;
+
+// True if `status` is the error of a write refused because the journal is
+// unwritable (Journal::writable()), as opposed to bad arguments or data.
+bool IsJournalUnwritable(const absl::Status& status);
+
 // Durable record of transfers: one RocksDB instance under a directory.
 //
 // Contract: a write that returns OK with sync (every Put* except
@@ -70,18 +109,40 @@ struct ChunkDurability {
 // naming the key. Transfer ids are non-empty and contain no NUL
 // (InvalidArgument otherwise).
 //
+// A write that fails on the file system (disk full, I/O error) makes the
+// journal unwritable: that write and every later one return the error of
+// writable() (ResourceExhausted "state disk full at DIR (...)" or
+// Unavailable "state disk error at DIR (...)"; IsJournalUnwritable() holds)
+// while reads go on. A write on an unwritable journal first reopens the
+// database if the file system has kJournalMinFreeBytesToReopen free (a
+// disk-full error) or at once (any other error); reopening replays the log,
+// so a write that failed may or may not be found afterwards. A reopen that
+// fails leaves the journal closed and every call failing until one succeeds.
+// Opening reports what the log's recovery dropped (wal_recoveries(), and a
+// warning or error in the log naming the file); it never drops silently.
+//
 // Thread-safe: any method may be called from any thread concurrently.
 // Returned protos are copies owned by the caller.
 class Journal {
  public:
   // Opens (creating if missing) the database under `dir` and its column
-  // families. `clock` times synced writes; nullptr means RealClock::Get().
-  // The clock, if given, must outlive the Journal.
+  // families.
+  static absl::StatusOr<std::unique_ptr<Journal>> Open(const std::string& dir,
+                                                       const JournalOptions& options);
+  // Same, with default options but `clock`.
   static absl::StatusOr<std::unique_ptr<Journal>> Open(const std::string& dir,
                                                        const Clock* clock = nullptr);
   ~Journal();
   Journal(const Journal&) = delete;
   Journal& operator=(const Journal&) = delete;
+
+  // OK while writes can succeed; otherwise the error every write returns
+  // (see the class comment) until a reopen succeeds.
+  absl::Status writable() const;
+
+  // What the last open or reopen dropped from the write-ahead log, one entry
+  // per file that lost anything; empty after a clean start.
+  std::vector<WalRecovery> wal_recoveries() const;
 
   // --- Source side ---------------------------------------------------------
   absl::Status PutOutgoing(const v1::OutgoingTransfer& transfer, bool sync);
@@ -123,24 +184,50 @@ class Journal {
   JournalStats stats() const;
 
  private:
-  Journal(std::unique_ptr<rocksdb::DB> db, std::vector<rocksdb::ColumnFamilyHandle*> handles,
-          const Clock& clock, std::string dir);
+  class WalReplay;
+  Journal(std::string dir, const JournalOptions& options);
+
+  // Opens db_ and the handles, scanning the write-ahead log first to report
+  // what recovery drops.
+  absl::Status OpenDbLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
+  void CloseDbLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(db_mu_);
+  // On an unwritable journal, reopens it when that can help (see the class
+  // comment). Reads (`writing` false) reopen only a closed journal.
+  void MaybeRecover(bool writing) ABSL_LOCKS_EXCLUDED(db_mu_);
+  // OK, or writable()'s error when db_ is closed.
+  absl::Status OpenedLocked() const ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  // Records `cause` as what makes the journal unwritable (the first cause
+  // stays) and returns writable()'s error.
+  absl::Status MarkUnwritable(const rocksdb::Status& cause, std::string_view what);
   // Writes `batch`; when `sync`, with WriteOptions.sync and timed into stats.
-  absl::Status Write(rocksdb::WriteBatch& batch, bool sync, std::string_view what);
-  absl::StatusOr<std::optional<std::string>> GetRaw(rocksdb::ColumnFamilyHandle* cf,
-                                                    std::string_view key);
+  // This and GetRawLocked need db_ open (OpenedLocked() OK).
+  absl::Status WriteLocked(rocksdb::WriteBatch& batch, bool sync, std::string_view what)
+      ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
+  absl::StatusOr<std::optional<std::string>> GetRawLocked(rocksdb::ColumnFamilyHandle* cf,
+                                                          std::string_view key)
+      ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
 
   const std::string dir_;
   const Clock& clock_;
-  std::unique_ptr<rocksdb::DB> db_;
+  rocksdb::Env* const env_;
+
+  // Shared by every call, exclusive to (re)open and close.
+  mutable absl::Mutex db_mu_;
+  std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(db_mu_);
   // All opened handles (ours and any unknown ones found on disk); owned,
   // destroyed before db_.
-  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
-  rocksdb::ColumnFamilyHandle* outgoing_ = nullptr;
-  rocksdb::ColumnFamilyHandle* incoming_ = nullptr;
-  rocksdb::ColumnFamilyHandle* chunks_ = nullptr;
-  rocksdb::ColumnFamilyHandle* requests_ = nullptr;
-  rocksdb::ColumnFamilyHandle* counters_ = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_ ABSL_GUARDED_BY(db_mu_);
+  rocksdb::ColumnFamilyHandle* outgoing_ ABSL_GUARDED_BY(db_mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* incoming_ ABSL_GUARDED_BY(db_mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* chunks_ ABSL_GUARDED_BY(db_mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* requests_ ABSL_GUARDED_BY(db_mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* counters_ ABSL_GUARDED_BY(db_mu_) = nullptr;
+  // Lives as long as the options that point at it.
+  std::unique_ptr<WalReplay> wal_replay_ ABSL_GUARDED_BY(db_mu_);
+  std::vector<WalRecovery> wal_recoveries_ ABSL_GUARDED_BY(db_mu_);
+
+  mutable absl::Mutex error_mu_;
+  absl::Status error_ ABSL_GUARDED_BY(error_mu_);
 
   mutable absl::Mutex stats_mu_;
   JournalStats stats_ ABSL_GUARDED_BY(stats_mu_);

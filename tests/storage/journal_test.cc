@@ -1,16 +1,118 @@
 #include "storage/journal.h"
 
-#include <memory>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
+#include "spdlog/sinks/ringbuffer_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/storage/test_util.h"
 
 namespace longhaul::storage {
 namespace {
 
 using testing::TempDir;
+
+bool Contains(absl::string_view text, absl::string_view part) {
+  return text.find(part) != absl::string_view::npos;
+}
+
+// A file system on the real one that runs out of space on demand. While
+// full, an append writes half of its bytes and fails with NoSpace, as
+// write(2) does when the disk fills in the middle of a write, and free space
+// reads 0 unless `reports_free` says otherwise.
+class FillableFileSystem final : public rocksdb::FileSystemWrapper {
+ public:
+  FillableFileSystem() : FileSystemWrapper(rocksdb::FileSystem::Default()) {}
+  const char* Name() const override { return "FillableFileSystem"; }
+
+  void set_full(bool full, bool reports_free = false) {
+    full_.store(full);
+    reports_free_.store(reports_free);
+  }
+
+  rocksdb::IOStatus NewWritableFile(const std::string& name, const rocksdb::FileOptions& options,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* file,
+                                    rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = target()->NewWritableFile(name, options, file, dbg);
+    if (s.ok()) *file = std::make_unique<File>(std::move(*file), full_);
+    return s;
+  }
+
+  rocksdb::IOStatus GetFreeSpace(const std::string& path, const rocksdb::IOOptions& options,
+                                 uint64_t* free_bytes, rocksdb::IODebugContext* dbg) override {
+    if (full_.load() && !reports_free_.load()) {
+      *free_bytes = 0;
+      return rocksdb::IOStatus::OK();
+    }
+    return target()->GetFreeSpace(path, options, free_bytes, dbg);
+  }
+
+ private:
+  class File final : public rocksdb::FSWritableFileOwnerWrapper {
+   public:
+    File(std::unique_ptr<rocksdb::FSWritableFile> file, const std::atomic<bool>& full)
+        : FSWritableFileOwnerWrapper(std::move(file)), full_(full) {}
+    rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
+                             rocksdb::IODebugContext* dbg) override {
+      if (!full_.load()) return target()->Append(data, options, dbg);
+      target()
+          ->Append(rocksdb::Slice(data.data(), data.size() / 2), options, dbg)
+          .PermitUncheckedError();
+      return rocksdb::IOStatus::NoSpace("While appending", "No space left on device");
+    }
+    rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
+                             const rocksdb::DataVerificationInfo&,
+                             rocksdb::IODebugContext* dbg) override {
+      return Append(data, options, dbg);
+    }
+
+   private:
+    const std::atomic<bool>& full_;
+  };
+
+  std::atomic<bool> full_{false};
+  std::atomic<bool> reports_free_{false};
+};
+
+// Routes spdlog's default logger into a ring buffer for the test's lifetime.
+class LogCapture {
+ public:
+  LogCapture()
+      : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(256)),
+        previous_(spdlog::default_logger()) {
+    sink_->set_pattern("%l %v");
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink_));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+
+  // Lines at warning level or above that contain `part`.
+  std::vector<std::string> Problems(absl::string_view part) const {
+    std::vector<std::string> out;
+    for (const std::string& line : sink_->last_formatted()) {
+      if ((line.rfind("warning ", 0) == 0 || line.rfind("error ", 0) == 0) &&
+          Contains(line, part)) {
+        out.push_back(line);
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
 
 class JournalTest : public ::testing::Test {
  protected:
@@ -54,6 +156,19 @@ class JournalTest : public ::testing::Test {
     c.chunk.set_generation(1);
     return c;
   }
+
+  // The journal's write-ahead log with the highest number (the live one).
+  std::string NewestWal() const {
+    std::string newest;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_.Sub("journal"))) {
+      const std::string path = entry.path().string();
+      if (entry.path().extension() == ".log" && path > newest) newest = path;
+    }
+    EXPECT_FALSE(newest.empty()) << "no WAL in " << dir_.Sub("journal");
+    return newest;
+  }
+
+  static uint64_t FileSize(const std::string& path) { return std::filesystem::file_size(path); }
 
   TempDir dir_;
   FakeClock clock_;
@@ -261,6 +376,272 @@ TEST_F(JournalTest, CorruptValueIsDataLossNamingTheKey) {
   auto chunks = j->ListDurableChunks("bad-chunk");
   EXPECT_EQ(chunks.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(chunks.status().message().find("bad-chunk"), absl::string_view::npos);
+}
+
+TEST_F(JournalTest, FullDiskRefusesWritesServesReadsAndReopensWhenSpaceIsBack) {
+  auto fs = std::make_shared<FillableFileSystem>();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  JournalOptions options;
+  options.clock = &clock_;
+  options.env = env.get();
+  const std::string dir = dir_.Sub("journal");
+  LogCapture logs;
+  {
+    auto opened = Journal::Open(dir, options);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    Journal& j = **opened;
+    ASSERT_TRUE(j.PutOutgoing(Outgoing("t1"), /*sync=*/true).ok());
+    EXPECT_TRUE(j.writable().ok());
+    // RocksDB's own info log would be a file on the full disk; it goes to
+    // the daemon's log instead.
+    EXPECT_FALSE(testing::Exists(dir + "/LOG"));
+
+    fs->set_full(true);
+    absl::Status failed = j.PutOutgoing(Outgoing("t2"), /*sync=*/true);
+    EXPECT_EQ(failed.code(), absl::StatusCode::kResourceExhausted) << failed;
+    EXPECT_TRUE(Contains(failed.message(), "state disk full at " + dir)) << failed;
+    EXPECT_TRUE(Contains(failed.message(), "No space left on device")) << failed;
+    EXPECT_TRUE(IsJournalUnwritable(failed));
+    EXPECT_EQ(j.writable(), failed);
+    EXPECT_FALSE(IsJournalUnwritable(absl::ResourceExhaustedError("the peer's disk is full")));
+
+    // Every later write is refused the same way (and none reaches the
+    // stopped database, whose next log append would assert in RocksDB 7.8).
+    v1::OutgoingCounters counters;
+    counters.set_bytes_sent(1);
+    EXPECT_EQ(j.PutOutgoingCounters("t1", counters), failed);
+    EXPECT_EQ(j.PutIncoming(Incoming("i1")), failed);
+    const ChunkDurability chunk = Chunk(0, 0, 100);
+    EXPECT_EQ(j.RecordDurableChunks("i1", absl::MakeConstSpan(&chunk, 1)), failed);
+    EXPECT_EQ(j.DeleteChunks("i1"), failed);
+    EXPECT_EQ(j.DeleteOutgoing("t1"), failed);
+
+    // Reads go on.
+    auto t1 = j.GetOutgoing("t1");
+    ASSERT_TRUE(t1.ok()) << t1.status();
+    EXPECT_TRUE(t1->has_value());
+    auto all = j.ListOutgoing();
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_EQ(all->size(), 1u);
+
+    fs->set_full(false);
+    ASSERT_TRUE(j.PutOutgoing(Outgoing("t3"), /*sync=*/true).ok());
+    EXPECT_TRUE(j.writable().ok());
+    EXPECT_TRUE(j.PutOutgoingCounters("t1", counters).ok());
+    auto t3 = j.GetOutgoing("t3");
+    ASSERT_TRUE(t3.ok() && t3->has_value()) << t3.status();
+    // The half-written record of the failed write was a torn tail: dropped
+    // at the reopen, and said so.
+    auto t2 = j.GetOutgoing("t2");
+    ASSERT_TRUE(t2.ok()) << t2.status();
+    EXPECT_FALSE(t2->has_value());
+    std::vector<WalRecovery> dropped = j.wal_recoveries();
+    ASSERT_EQ(dropped.size(), 1u);
+    EXPECT_TRUE(dropped[0].torn_tail);
+    EXPECT_EQ(dropped[0].records_recovered, 1u);
+    EXPECT_EQ(logs.Problems("journal: WAL " + dropped[0].path).size(), 1u);
+  }
+  auto reopened = Journal::Open(dir, options);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  auto all = (*reopened)->ListOutgoing();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].id(), "t1");
+  EXPECT_EQ((*all)[1].id(), "t3");
+}
+
+TEST_F(JournalTest, FullDiskWithEmptyMemtablesRecoversToo) {
+  // The case where RocksDB 7.8's DB::Resume keeps the failed log writer and
+  // the next write asserts: nothing written since the open.
+  auto fs = std::make_shared<FillableFileSystem>();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  JournalOptions options;
+  options.clock = &clock_;
+  options.env = env.get();
+  auto opened = Journal::Open(dir_.Sub("journal"), options);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Journal& j = **opened;
+  fs->set_full(true);
+  EXPECT_TRUE(IsJournalUnwritable(j.PutIncoming(Incoming("i1"))));
+  fs->set_full(false);
+  ASSERT_TRUE(j.PutIncoming(Incoming("i2")).ok());
+  ASSERT_TRUE(j.PutIncoming(Incoming("i3")).ok());
+  auto all = j.ListIncoming();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].id(), "i2");
+}
+
+TEST_F(JournalTest, FailedReopenLeavesTheJournalClosedUntilOneSucceeds) {
+  auto fs = std::make_shared<FillableFileSystem>();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  JournalOptions options;
+  options.clock = &clock_;
+  options.env = env.get();
+  auto opened = Journal::Open(dir_.Sub("journal"), options);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Journal& j = **opened;
+  ASSERT_TRUE(j.PutOutgoing(Outgoing("t1"), /*sync=*/true).ok());
+
+  fs->set_full(true);
+  ASSERT_FALSE(j.PutOutgoing(Outgoing("t2"), /*sync=*/true).ok());
+  // The disk claims space, so the next write reopens, which fails too.
+  fs->set_full(true, /*reports_free=*/true);
+  absl::Status failed = j.PutOutgoing(Outgoing("t2"), /*sync=*/true);
+  EXPECT_TRUE(IsJournalUnwritable(failed)) << failed;
+  auto read = j.GetOutgoing("t1");
+  EXPECT_EQ(read.status(), j.writable());
+  EXPECT_FALSE(j.writable().ok());
+
+  fs->set_full(false);
+  read = j.GetOutgoing("t1");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->has_value());
+  EXPECT_TRUE(j.writable().ok());
+  EXPECT_TRUE(j.PutOutgoing(Outgoing("t2"), /*sync=*/true).ok());
+}
+
+TEST_F(JournalTest, CleanReopenReportsNothingDropped) {
+  LogCapture logs;
+  {
+    auto j = OpenJournal();
+    ASSERT_TRUE(j);
+    for (int i = 0; i < 5; ++i)
+      ASSERT_TRUE(j->PutOutgoing(Outgoing(absl::StrCat("t", i)), true).ok());
+  }
+  auto j = OpenJournal();
+  ASSERT_TRUE(j);
+  EXPECT_TRUE(j->wal_recoveries().empty());
+  EXPECT_TRUE(logs.Problems("").empty()) << logs.Problems("")[0];
+}
+
+TEST_F(JournalTest, WalTruncatedInItsLastRecordRecoversTheRestAndSaysSo) {
+  uint64_t before_last = 0;
+  uint64_t after_last = 0;
+  std::string wal;
+  {
+    auto j = OpenJournal();
+    ASSERT_TRUE(j);
+    for (int i = 0; i < 5; ++i)
+      ASSERT_TRUE(j->PutOutgoing(Outgoing(absl::StrCat("t", i)), true).ok());
+    wal = NewestWal();
+    before_last = FileSize(wal);
+    ASSERT_TRUE(j->PutOutgoing(Outgoing("t5"), /*sync=*/true).ok());
+    after_last = FileSize(wal);
+  }
+  const uint64_t cut = (before_last + after_last) / 2;
+  ASSERT_EQ(::truncate(wal.c_str(), static_cast<off_t>(cut)), 0);
+
+  LogCapture logs;
+  auto j = OpenJournal();
+  ASSERT_TRUE(j);
+  auto all = j->ListOutgoing();
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->size(), 5u);
+  std::vector<WalRecovery> dropped = j->wal_recoveries();
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].path, wal);
+  EXPECT_TRUE(dropped[0].torn_tail);
+  EXPECT_EQ(dropped[0].records_recovered, 5u);
+  EXPECT_EQ(dropped[0].intact_records_dropped, 0u);
+  EXPECT_EQ(dropped[0].damage_offset, before_last);
+  EXPECT_EQ(dropped[0].damage, "truncated record body");
+  EXPECT_EQ(dropped[0].bytes_dropped, cut - before_last);
+  std::vector<std::string> lines = logs.Problems("journal: WAL " + wal);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind("warning ", 0), 0u) << lines[0];
+  EXPECT_TRUE(Contains(lines[0], "torn record")) << lines[0];
+  EXPECT_TRUE(Contains(lines[0], "recovered the 5 records before it")) << lines[0];
+  // RocksDB's own report comes through too.
+  EXPECT_EQ(logs.Problems("rocksdb: ").size(), 1u);
+  EXPECT_TRUE(Contains(logs.Problems("rocksdb: ")[0], "dropping")) << logs.Problems("rocksdb: ")[0];
+}
+
+TEST_F(JournalTest, WalCorruptedInTheMiddleDropsTheRestWithAnErrorNamingIt) {
+  uint64_t damaged_start = 0;
+  uint64_t damaged_end = 0;
+  std::string wal;
+  {
+    auto j = OpenJournal();
+    ASSERT_TRUE(j);
+    for (int i = 0; i < 6; ++i) {
+      if (i == 3) {
+        wal = NewestWal();
+        damaged_start = FileSize(wal);
+      }
+      ASSERT_TRUE(j->PutOutgoing(Outgoing(absl::StrCat("t", i)), /*sync=*/true).ok());
+      if (i == 3) damaged_end = FileSize(wal);
+    }
+  }
+  {
+    int fd = ::open(wal.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const off_t at = static_cast<off_t>((damaged_start + damaged_end) / 2);
+    char byte = 0;
+    ASSERT_EQ(::pread(fd, &byte, 1, at), 1);
+    byte = static_cast<char>(byte ^ 0x5a);
+    ASSERT_EQ(::pwrite(fd, &byte, 1, at), 1);
+    ::close(fd);
+  }
+
+  LogCapture logs;
+  auto j = OpenJournal();
+  ASSERT_TRUE(j);
+  auto all = j->ListOutgoing();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ(all->back().id(), "t2");
+  std::vector<WalRecovery> dropped = j->wal_recoveries();
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_FALSE(dropped[0].torn_tail);
+  EXPECT_EQ(dropped[0].records_recovered, 3u);
+  EXPECT_EQ(dropped[0].intact_records_dropped, 2u);
+  EXPECT_EQ(dropped[0].damage_offset, damaged_start);
+  EXPECT_EQ(dropped[0].damage, "checksum mismatch");
+  std::vector<std::string> lines = logs.Problems("journal: WAL " + wal);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0].rfind("error ", 0), 0u) << lines[0];
+  EXPECT_TRUE(Contains(lines[0], absl::StrCat("damaged at byte ", damaged_start))) << lines[0];
+  EXPECT_TRUE(Contains(lines[0], "the 2 intact records after it")) << lines[0];
+}
+
+TEST_F(JournalTest, WalRecordsSpanningBlocksAreCountedWhole) {
+  // A record larger than a 32 KiB log block is written in fragments.
+  auto big = [](const std::string& id) {
+    v1::OutgoingTransfer t = Outgoing(id);
+    for (int i = 0; i < 1500; ++i) {
+      v1::ManifestFile* f = t.mutable_manifest()->add_files();
+      f->set_path(absl::StrCat("shard/", std::string(40, 'x'), "/", i, ".distcp"));
+      f->set_size(i);
+    }
+    return t;
+  };
+  uint64_t before_last = 0;
+  uint64_t after_last = 0;
+  std::string wal;
+  {
+    auto j = OpenJournal();
+    ASSERT_TRUE(j);
+    ASSERT_TRUE(j->PutOutgoing(big("a"), /*sync=*/true).ok());
+    ASSERT_TRUE(j->PutOutgoing(Outgoing("b"), /*sync=*/true).ok());
+    wal = NewestWal();
+    before_last = FileSize(wal);
+    ASSERT_TRUE(j->PutOutgoing(big("c"), /*sync=*/true).ok());
+    after_last = FileSize(wal);
+    ASSERT_GT(after_last - before_last, 2u * 32768);
+  }
+  ASSERT_EQ(::truncate(wal.c_str(), static_cast<off_t>(before_last + 40000)), 0);
+
+  auto j = OpenJournal();
+  ASSERT_TRUE(j);
+  auto all = j->ListOutgoing();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  std::vector<WalRecovery> dropped = j->wal_recoveries();
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_TRUE(dropped[0].torn_tail);
+  EXPECT_EQ(dropped[0].records_recovered, 2u);
+  EXPECT_EQ(dropped[0].damage_offset, before_last);
 }
 
 }  // namespace

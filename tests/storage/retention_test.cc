@@ -18,6 +18,14 @@ using testing::MakeDirs;
 using testing::TempDir;
 using testing::WriteFile;
 
+RetentionPolicy Policy(uint32_t keep, std::string marker, std::vector<std::string> globs = {}) {
+  RetentionPolicy policy;
+  policy.keep = keep;
+  policy.complete_marker = std::move(marker);
+  policy.marker_globs = std::move(globs);
+  return policy;
+}
+
 class RetentionTest : public ::testing::Test {
  protected:
   // A checkpoint directory run1/NAME, complete (with its marker) or not.
@@ -31,7 +39,7 @@ class RetentionTest : public ::testing::Test {
 
 TEST_F(RetentionTest, KeepsTheNewestInNaturalOrder) {
   for (const char* n : {"step-9", "step-10", "step-100", "step-1000"}) Checkpoint(n, true);
-  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 2, .complete_marker = "model.index.json"});
+  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(2, "model.index.json"));
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_EQ(*removed, (std::vector<std::string>{"step-9", "step-10"}));
   EXPECT_FALSE(Exists(dir_.Sub("run1/step-9")));
@@ -39,7 +47,7 @@ TEST_F(RetentionTest, KeepsTheNewestInNaturalOrder) {
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-100/shards/0.pt")));
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-1000/model.index.json")));
   // The trash is emptied.
-  auto again = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 2, .complete_marker = "model.index.json"});
+  auto again = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(2, "model.index.json"));
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->empty());
 }
@@ -48,7 +56,7 @@ TEST_F(RetentionTest, IncompleteDirectoriesAreNeitherCountedNorRemoved) {
   Checkpoint("step-1", true);
   Checkpoint("step-2", false);  // still being written by someone
   Checkpoint("step-3", true);
-  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 1, .complete_marker = "model.index.json"});
+  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(1, "model.index.json"));
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_EQ(*removed, std::vector<std::string>{"step-1"});
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-2/shards/0.pt")));
@@ -62,7 +70,7 @@ TEST_F(RetentionTest, FilesSymlinksAndDotDirectoriesAreLeftAlone) {
   MakeDirs(dir_.Sub("run1/.hidden"));
   MakeDirs(dir_.Sub("elsewhere"));
   ASSERT_EQ(symlink(dir_.Sub("elsewhere").c_str(), dir_.Sub("run1/step-0").c_str()), 0);
-  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 1, .marker_globs = {"*.index.json"}});
+  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(1, "", {"*.index.json"}));
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_EQ(*removed, std::vector<std::string>{"step-1"});
   EXPECT_TRUE(Exists(dir_.Sub("run1/README")));
@@ -73,7 +81,7 @@ TEST_F(RetentionTest, FilesSymlinksAndDotDirectoriesAreLeftAlone) {
 
 TEST_F(RetentionTest, KeepZeroKeepsEverything) {
   Checkpoint("step-1", true);
-  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 0});
+  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(0, ""));
   ASSERT_TRUE(removed.ok());
   EXPECT_TRUE(removed->empty());
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-1")));
@@ -83,8 +91,8 @@ TEST_F(RetentionTest, RefusesASymlinkedParentAndAnEscapingMarker) {
   Checkpoint("step-1", true);
   MakeDirs(dir_.Sub("real"));
   ASSERT_EQ(symlink(dir_.Sub("real").c_str(), dir_.Sub("link").c_str()), 0);
-  EXPECT_FALSE(PruneCheckpoints(PosixFileSystem(), dir_.path(), "link", {.keep = 1, .marker_globs = {"*.index.json"}}).ok());
-  auto bad = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 1, .complete_marker = "../x"});
+  EXPECT_FALSE(PruneCheckpoints(PosixFileSystem(), dir_.path(), "link", Policy(1, "", {"*.index.json"})).ok());
+  auto bad = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(1, "../x"));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -93,7 +101,7 @@ TEST_F(RetentionTest, CountsOnlyCheckpointsThatHoldACommitMarker) {
   Checkpoint("step-2", true);
   Checkpoint("step-3", false);  // being written: no marker yet
   auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1",
-                                  {.keep = 1, .marker_globs = {".metadata", "*.index.json"}});
+                                  Policy(1, "", {".metadata", "*.index.json"}));
   ASSERT_TRUE(removed.ok()) << removed.status();
   // The newest complete checkpoint stays; the partial one is neither counted
   // nor removed.
@@ -105,7 +113,7 @@ TEST_F(RetentionTest, CountsOnlyCheckpointsThatHoldACommitMarker) {
 TEST_F(RetentionTest, RefusesWithoutAnyWayToTellACompleteCheckpoint) {
   Checkpoint("step-1", true);
   Checkpoint("step-2", true);
-  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", {.keep = 1});
+  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(1, ""));
   EXPECT_EQ(removed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-1")));
 }
