@@ -597,11 +597,8 @@ absl::Status TransferSender::RefreshChangedFile(uint32_t file_index) {
           absl::StrCat("source ", path, " is no longer a regular file"));
     }
     v1::ManifestFile* file = record_.mutable_manifest()->mutable_files(file_index);
-    file->set_size(st.st_size);
-    file->set_mtime_ns(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
-    file->set_mode(st.st_mode & 07777);
-    file->set_inode(st.st_ino);
-    file->set_device(st.st_dev);
+    storage::RecordSourceIdentity(st, *file);
+    file->clear_content_xxh128();
     file->set_generation(file->generation() + 1);
     copy = record_;
   }
