@@ -17,6 +17,7 @@
 #include "daemon/peer/messaging.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
+#include "storage/content_check.h"
 #include "storage/manifest.h"
 #include "storage/retention.h"
 #include "storage/staging.h"
@@ -248,7 +249,9 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
 
   if (open.skip_unchanged()) {
     for (int f = 0; f < open.manifest().files_size(); ++f) {
-      auto same = storage::PublishedFileMatches(*dest, open.single_file(), open.manifest().files(f));
+      auto same = open.compare_content()
+                      ? storage::PublishedContentMatches(*dest, open.single_file(), open.manifest().files(f))
+                      : storage::PublishedFileMatches(*dest, open.single_file(), open.manifest().files(f));
       if (!same.ok()) return fail(same.status());
       if (*same) record.add_unchanged_files(f);
     }

@@ -10,10 +10,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/fmt_absl.h"
 #include "daemon/peer/messaging.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
+#include "storage/content_check.h"
 #include "storage/file_io.h"
 #include "storage/manifest.h"
 
@@ -26,6 +28,8 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
 constexpr size_t kMaxPipelinedChunks = 64;
 // Per stream, the most bytes sent and not yet acknowledged, in chunk sizes (see StreamLoop).
 constexpr uint64_t kMaxUnackedChunkSizes = 2;
+// Read size when hashing whole source files for sync --checksum.
+constexpr size_t kDigestReadSize = size_t{8} << 20;
 // The share of the configured link a transfer's streams pace at, together
 // (see StreamPacingLimit).
 constexpr double kBulkLinkShare = 0.95;
@@ -149,6 +153,9 @@ absl::Status TransferSender::Run() {
 }
 
 absl::Status TransferSender::RunAttempt() {
+  if (this->record().spec().checksum()) {
+    if (absl::Status s = DigestSources(); !s.ok()) return s;
+  }
   const v1::OutgoingTransfer record = this->record();
   const v1::TransferSpec& spec = record.spec();
   const daemon::PeerConfig* peer = config_.FindPeer(spec.dest_site());
@@ -211,6 +218,7 @@ absl::Status TransferSender::RunAttempt() {
   open->set_single_file(record.single_file());
   open->set_keep_checkpoints(spec.keep_checkpoints());
   open->set_checkpoint_marker(spec.checkpoint_marker());
+  open->set_compare_content(spec.sync() && spec.checksum());
   auto opened = Call(**control, session_id, request);
   if (!opened.ok()) return opened.status();
   const v1::OpenReply& reply = opened->open_reply();
@@ -563,6 +571,68 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     while (!unacked.empty() && !next_fits()) {
       if (absl::Status s = await_ack(); !s.ok()) return s;
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TransferSender::DigestSources() {
+  const v1::OutgoingTransfer record = this->record();
+  const v1::Manifest& manifest = record.manifest();
+  std::unique_ptr<storage::FileIo> io;
+  std::vector<uint8_t> buffer;
+  const Timestamp start = RealClock::Get().Now();
+  uint64_t files = 0, bytes = 0;
+  for (int f = 0; f < manifest.files_size(); ++f) {
+    const v1::ManifestFile& file = manifest.files(f);
+    if (!file.content_xxh128().empty()) continue;
+    if (stopping()) return absl::CancelledError("stopped");
+    if (io == nullptr) {
+      io = storage::MakeFileIo();
+      buffer.resize(kDigestReadSize);
+    }
+    const std::string& path = record.source_paths(f);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("source file ", path, " was removed during the transfer"));
+      }
+      return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+    }
+    // The identity is checked before and after the read, so the digest
+    // belongs to the file the manifest describes.
+    auto read_digest = [&]() -> absl::StatusOr<storage::Xxh128> {
+      if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) return s;
+      absl::StatusOr<storage::Xxh128> d = storage::HashFileContent(
+          *io, fd, file.size(), absl::MakeSpan(buffer), [this] { return stopping(); });
+      if (!d.ok()) return d;
+      if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) return s;
+      return d;
+    };
+    const absl::StatusOr<storage::Xxh128> digest = read_digest();
+    ::close(fd);
+    if (absl::IsAborted(digest.status())) {
+      spdlog::info("transfer {}: {}; it will be hashed again", record.id(), digest.status().message());
+      absl::MutexLock lock(&mu_);
+      changed_file_ = f;
+      return digest.status();
+    }
+    if (!digest.ok()) return digest.status();
+    const std::array<uint8_t, 16> digest_bytes = digest->ToBytes();
+    {
+      absl::MutexLock lock(&mu_);
+      record_.mutable_manifest()->mutable_files(f)->set_content_xxh128(digest_bytes.data(),
+                                                                       digest_bytes.size());
+    }
+    ++files;
+    bytes += file.size();
+  }
+  if (files == 0) return absl::OkStatus();
+  spdlog::info("transfer {}: hashed {} files ({} bytes) for --checksum in {:.2f} s", record.id(),
+               files, bytes, (RealClock::Get().Now() - start).ToSecondsF());
+  // Unsynced: digests lost in a power loss are only computed again.
+  if (absl::Status s = journal_.PutOutgoing(this->record(), /*sync=*/false); !s.ok()) {
+    spdlog::warn("transfer {}: cannot journal content digests: {}", record.id(), s.message());
   }
   return absl::OkStatus();
 }
