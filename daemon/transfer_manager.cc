@@ -124,6 +124,15 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
   if (absl::Status s = ValidateCheckpointMarker(spec.checkpoint_marker()); !s.ok()) {
     return s;
   }
+  if (spec.keep_checkpoints() > 0 && spec.checkpoint_marker().empty()) {
+    return absl::InvalidArgumentError(
+        "keep_checkpoints needs checkpoint_marker, the file a finished checkpoint holds: only "
+        "checkpoints holding it are counted and pruned at the destination");
+  }
+  if (spec.checksum() && !spec.sync()) {
+    return absl::InvalidArgumentError(
+        "checksum compares files already at the destination, so it applies to sync only");
+  }
   for (const std::string& source : spec.sources()) {
     if (source.empty() || source[0] != '/') {
       return absl::InvalidArgumentError(absl::StrCat("source '", source, "' must be an absolute path"));
