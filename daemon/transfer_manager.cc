@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "daemon/peer/messaging.h"
 #include "common/checkpoints.h"
+#include "common/clock.h"
 #include "common/fmt_absl.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
@@ -228,7 +229,7 @@ void TransferManager::ScheduleLocked() {
 void TransferManager::StartLocked(Transfer& t) {
   t.record.set_state(v1::RUNNING);
   t.stop_reason = StopReason::kNone;
-  t.running_since = absl::Now();
+  t.running_since = RealClock::Get().Now();
   t.run_start_bytes = t.progress.Get().bytes_done;
   PersistLocked(t);
   std::string site = t.record.spec().dest_site();
@@ -254,8 +255,8 @@ void TransferManager::RunTransfer(Transfer* t) {
     t->record.mutable_manifest()->Swap(updated.mutable_manifest());
     t->record.set_attempts(updated.attempts());
     t->record.set_active_seconds(t->record.active_seconds() +
-                                 absl::ToDoubleSeconds(absl::Now() - t->running_since));
-    t->running_since = absl::InfinitePast();
+                                 (RealClock::Get().Now() - *t->running_since).ToSecondsF());
+    t->running_since.reset();
     if (result.ok()) {
       t->record.set_state(v1::COMPLETED);
       t->record.clear_error();
@@ -323,8 +324,8 @@ v1::TransferStatus TransferManager::StatusOf(const Transfer& t) const {
   status.set_files_unchanged(s.files_unchanged);
   status.set_attempts(s.attempts);
   double seconds = t.record.active_seconds();
-  if (t.running_since != absl::InfinitePast()) {
-    double run = absl::ToDoubleSeconds(absl::Now() - t.running_since);
+  if (t.running_since) {
+    double run = (RealClock::Get().Now() - *t.running_since).ToSecondsF();
     seconds += run;
     if (run > 0) status.set_rate_bytes_per_sec((s.bytes_done - t.run_start_bytes) / run);
   } else if (seconds > 0) {
@@ -547,11 +548,11 @@ v1::PeersResponse TransferManager::Peers(bool probe) {
     if (probe) {
       v1::Hello hello;
       hello.set_role(v1::Hello::PROBE);
-      absl::Time start = absl::Now();
+      const Timestamp start = RealClock::Get().Now();
       auto channel = peer::DialSession(control_transport_, peer.site, peer.address, hello);
       status->set_reachable(channel.ok());
       if (channel.ok()) {
-        status->set_handshake_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+        status->set_handshake_ms((RealClock::Get().Now() - start).ToMillisecondsF());
         transport::LinkStats stats = (*channel)->Stats();
         status->set_congestion_control(stats.congestion_control);
         status->set_rtt_ms(stats.rtt_ms);

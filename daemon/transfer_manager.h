@@ -2,6 +2,7 @@
 #define LONGHAUL_DAEMON_TRANSFER_MANAGER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/units.h"
 #include "daemon/config.h"
 #include "daemon/peer/sender.h"
 #include "daemon/transport/transport.h"
@@ -63,7 +65,8 @@ class TransferManager {
     peer::TransferProgress progress;
     std::unique_ptr<peer::TransferSender> sender;
     StopReason stop_reason = StopReason::kNone;
-    absl::Time running_since = absl::InfinitePast();
+    // Monotonic start of the current run (RealClock); unset while not running.
+    std::optional<Timestamp> running_since;
     uint64_t run_start_bytes = 0;
   };
 

@@ -98,7 +98,10 @@ void TransferSender::AbortChannels() {
 
 absl::Status TransferSender::Run() {
   int failures = 0;
-  absl::Time last_progress = absl::Now();
+  // The give-up deadline is on the monotonic clock: a wall-clock step
+  // neither fails a transfer early nor keeps a dead one going.
+  const Clock& clock = RealClock::Get();
+  Timestamp last_progress = clock.Now();
   uint64_t best_done = progress_.Get().bytes_done;
   while (true) {
     if (stopping()) return absl::CancelledError("stopped");
@@ -136,12 +139,13 @@ absl::Status TransferSender::Run() {
     if (done > best_done) {
       best_done = done;
       failures = 0;
-      last_progress = absl::Now();
+      last_progress = clock.Now();
     }
+    const TimeDelta stalled = clock.Now() - last_progress;
     if (config_.transfer.give_up_after_us > 0 &&
-        absl::Now() - last_progress > absl::Microseconds(config_.transfer.give_up_after_us)) {
+        stalled > TimeDelta::Microseconds(static_cast<int64_t>(config_.transfer.give_up_after_us))) {
       return absl::DeadlineExceededError(
-          absl::StrCat("no progress for ", absl::FormatDuration(absl::Now() - last_progress),
+          absl::StrCat("no progress for ", absl::FormatDuration(absl::Nanoseconds(stalled.ToNanoseconds())),
                        "; last error: ", status.message()));
     }
     absl::Duration backoff = std::min(kMaxBackoff, kMinBackoff * (1 << std::min(failures, 6)));
