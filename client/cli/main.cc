@@ -116,7 +116,7 @@ struct CopyOptions {
   std::string transport;
   std::string priority;
   std::string request_id;
-  // sync only: SRC is a directory of checkpoints (see SelectCheckpoints).
+  // sync only: SRC is a directory of checkpoints (see ListCheckpoints).
   uint32_t keep = 0;
   std::string only_complete;
   bool checksum = false;
