@@ -1,9 +1,9 @@
-#include "absl/strings/string_view.h"
 #include "longhaul/client.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "client/deadline.h"
 #include "longhaul/v1/control.grpc.pb.h"
 

@@ -29,9 +29,10 @@ inline absl::Time MonotonicNow() {
 // expires.
 inline gpr_timespec GrpcDeadlineIn(absl::Duration timeout) {
   if (timeout == absl::InfiniteDuration()) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
-  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                      gpr_time_from_nanos(absl::ToInt64Nanoseconds(std::max(timeout, absl::ZeroDuration())),
-                                          GPR_TIMESPAN));
+  return gpr_time_add(
+      gpr_now(GPR_CLOCK_MONOTONIC),
+      gpr_time_from_nanos(absl::ToInt64Nanoseconds(std::max(timeout, absl::ZeroDuration())),
+                          GPR_TIMESPAN));
 }
 
 // The same for a deadline `at` on the MonotonicNow() time line.

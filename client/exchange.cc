@@ -212,7 +212,9 @@ class Work final : public ExchangeWork {
   // caller's thread (the blocking helpers: no thread to start and schedule).
   Work(std::shared_ptr<ExchangeGroup::Impl> group, std::string op_id, std::unique_ptr<Segment> seg,
        Rpc rpc, std::function<void(const v1::OpResponse&, Segment&)> finish, bool on_caller = false)
-      : group_(std::move(group)), op_id_(std::move(op_id)), start_(client_internal::MonotonicNow()) {
+      : group_(std::move(group)),
+        op_id_(std::move(op_id)),
+        start_(client_internal::MonotonicNow()) {
     auto body = [this, seg = std::move(seg), rpc = std::move(rpc),
                  finish = std::move(finish)]() mutable {
       grpc::ClientContext context;
@@ -337,7 +339,8 @@ absl::StatusOr<v1::OpResponse> CallOpWorking(ExchangeGroup::Impl& g, Prepare pre
   void* tag;
   bool ok;
   while (true) {
-    const gpr_timespec next = client_internal::GrpcDeadlineIn(step ? period : absl::InfiniteDuration());
+    const gpr_timespec next =
+        client_internal::GrpcDeadlineIn(step ? period : absl::InfiniteDuration());
     if (cq.AsyncNext(&tag, &ok, next) != grpc::CompletionQueue::TIMEOUT) break;
     step();
   }
@@ -389,15 +392,16 @@ absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(const std::st
   args.SetMaxReceiveMessageSize(64 << 20);
   impl->channel = grpc::CreateCustomChannel(daemon_address, grpc::InsecureChannelCredentials(), args);
   const absl::Time until = client_internal::MonotonicNow() + deadline;
-  if (!impl->channel->WaitForConnected(
-          client_internal::GrpcDeadlineAt(std::min(until, client_internal::MonotonicNow() + absl::Seconds(10))))) {
+  if (!impl->channel->WaitForConnected(client_internal::GrpcDeadlineAt(
+          std::min(until, client_internal::MonotonicNow() + absl::Seconds(10))))) {
     return absl::UnavailableError(absl::StrCat("cannot reach longhauld at ", daemon_address));
   }
   impl->stub = v1::Exchange::NewStub(impl->channel);
   v1::JoinRequest request;
   request.set_group(name);
   for (const auto& s : sites) request.add_sites(s);
-  request.set_timeout_ms(Millis(std::max(until - client_internal::MonotonicNow(), absl::Milliseconds(1))));
+  request.set_timeout_ms(
+      Millis(std::max(until - client_internal::MonotonicNow(), absl::Milliseconds(1))));
   grpc::ClientContext context;
   context.set_deadline(client_internal::GrpcDeadlineAt(until + kRpcSlack));
   v1::JoinResponse response;

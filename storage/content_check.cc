@@ -39,11 +39,10 @@ absl::StatusOr<Xxh128> HashFileContent(FileIo& io, int fd, uint64_t size,
   for (uint64_t offset = 0; offset < size;) {
     if (cancelled()) return absl::CancelledError("stopped");
     const size_t want = static_cast<size_t>(std::min<uint64_t>(buffer.size(), size - offset));
-    absl::StatusOr<size_t> n =
-        io.ReadAtStreaming(fd, offset, buffer.subspan(0, want),
-                           [&state](absl::Span<const uint8_t> block) {
-                             XXH3_128bits_update(&state, block.data(), block.size());
-                           });
+    absl::StatusOr<size_t> n = io.ReadAtStreaming(
+        fd, offset, buffer.subspan(0, want), [&state](absl::Span<const uint8_t> block) {
+          XXH3_128bits_update(&state, block.data(), block.size());
+        });
     if (!n.ok()) return n.status();
     if (*n != want) {
       return absl::AbortedError(absl::StrCat("file ", internal::FdPath(fd), " shrank: expected ",
@@ -89,9 +88,8 @@ absl::StatusOr<bool> PublishedContentMatches(const ResolvedDestination& dest, bo
   PosixFileIo io;
   const size_t buffer_size = static_cast<size_t>(std::clamp<uint64_t>(file.size(), 1, kReadSize));
   std::unique_ptr<uint8_t[]> buffer(new uint8_t[buffer_size]);
-  absl::StatusOr<Xxh128> actual = HashFileContent(io, fd.get(), file.size(),
-                                                  absl::MakeSpan(buffer.get(), buffer_size),
-                                                  [] { return false; });
+  absl::StatusOr<Xxh128> actual = HashFileContent(
+      io, fd.get(), file.size(), absl::MakeSpan(buffer.get(), buffer_size), [] { return false; });
   if (absl::IsAborted(actual.status())) return false;  // shrank while being read
   if (!actual.ok()) return actual.status();
   return *actual == *expected;

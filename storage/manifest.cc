@@ -220,8 +220,7 @@ absl::Status ValidateManifest(const v1::Manifest& m, const ManifestLimits& limit
       return bad(absl::StrFormat("mode 0%o has bits beyond 07777", f.mode()));
     }
     if (!f.content_xxh128().empty() && f.content_xxh128().size() != 16) {
-      return bad(absl::StrCat("content digest is ", f.content_xxh128().size(),
-                              " bytes, not 16"));
+      return bad(absl::StrCat("content digest is ", f.content_xxh128().size(), " bytes, not 16"));
     }
   }
   // A path may not be both a file and a directory on the way to another.

@@ -2,7 +2,6 @@
 // socket. Exit codes: 0 ok, 1 transfer failed (or verify found a mismatch),
 // 2 usage error, 3 daemon unreachable.
 
-#include "absl/strings/string_view.h"
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "client/cli/output.h"
 #include "common/checkpoints.h"
 #include "common/units_parse.h"
@@ -132,7 +132,8 @@ struct Checkpoint {
 // natural name order, each with the marker files it holds. With
 // `only_complete` that is the one file it names; otherwise every regular
 // file whose path is a commit marker by `globs`. Symlinks are never followed.
-std::vector<Checkpoint> ListCheckpoints(const std::filesystem::path& dir, const std::string& only_complete,
+std::vector<Checkpoint> ListCheckpoints(const std::filesystem::path& dir,
+                                        const std::string& only_complete,
                                         const std::vector<std::string>& globs) {
   namespace fs = std::filesystem;
   std::vector<Checkpoint> checkpoints;
@@ -146,8 +147,8 @@ std::vector<Checkpoint> ListCheckpoints(const std::filesystem::path& dir, const 
         c.markers.push_back(only_complete);
       }
     } else {
-      for (auto it = fs::recursive_directory_iterator(entry.path(), ec); !ec && it != fs::recursive_directory_iterator();
-           it.increment(ec)) {
+      for (auto it = fs::recursive_directory_iterator(entry.path(), ec);
+           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
         if (!fs::is_regular_file(it->symlink_status(ec))) continue;
         const std::string rel = it->path().lexically_relative(entry.path()).string();
         if (IsCommitMarker(globs, rel)) c.markers.push_back(rel);
@@ -286,8 +287,8 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
   }
   for (const Checkpoint& c : all) {
     if (c.markers.empty()) {
-      std::fprintf(stderr, "longhaul: skipping %s: no %s yet (still being written?)\n", c.name.c_str(),
-                   marker_desc.c_str());
+      std::fprintf(stderr, "longhaul: skipping %s: no %s yet (still being written?)\n",
+                   c.name.c_str(), marker_desc.c_str());
     }
   }
   if (complete.empty()) {
@@ -295,7 +296,8 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
     return kExitOk;
   }
   std::vector<Checkpoint> selected = complete;
-  if (o.keep > 0 && selected.size() > o.keep) selected.erase(selected.begin(), selected.end() - o.keep);
+  if (o.keep > 0 && selected.size() > o.keep)
+    selected.erase(selected.begin(), selected.end() - o.keep);
   const std::string dest_marker = DestinationMarker(complete, complete.back());
   std::vector<v1::TransferSpec> specs;
   std::vector<std::string> request_ids;
@@ -507,10 +509,11 @@ int Main(int argc, char** argv) {
   sync->add_flag("--checksum", copy.checksum,
                  "compare files by the XXH3-128 of their content, not by size and mtime "
                  "(reads every file at both ends)");
-  sync->add_option("--keep", copy.keep,
-                   "SRC holds checkpoints: send the newest K finished ones (holding --only-complete's "
-                   "MARKER, else a commit marker: .metadata, *.index.json, COMPLETE, --commit-last), "
-                   "and keep only the newest K finished ones at the destination");
+  sync->add_option(
+      "--keep", copy.keep,
+      "SRC holds checkpoints: send the newest K finished ones (holding --only-complete's "
+      "MARKER, else a commit marker: .metadata, *.index.json, COMPLETE, --commit-last), "
+      "and keep only the newest K finished ones at the destination");
   sync->add_option("--only-complete", copy.only_complete,
                    "SRC holds checkpoints: send only those holding MARKER (e.g. model.index.json), "
                    "published last");

@@ -1098,9 +1098,8 @@ OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> b
   } else {
     op->stop = true;
   }
-  senders.Finish(std::max(deadline, MonotonicNow()) + kSenderGrace, [&](const std::string& site) {
-    PeerLost(site, "it stopped taking data");
-  });
+  senders.Finish(std::max(deadline, MonotonicNow()) + kSenderGrace,
+                 [&](const std::string& site) { PeerLost(site, "it stopped taking data"); });
   uint64_t sent = 0;
   for (size_t i = 0; i < peers.size(); ++i) {
     const absl::Status& s = senders.statuses()[i];

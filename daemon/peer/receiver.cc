@@ -249,9 +249,10 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
 
   if (open.skip_unchanged()) {
     for (int f = 0; f < open.manifest().files_size(); ++f) {
+      const v1::ManifestFile& file = open.manifest().files(f);
       auto same = open.compare_content()
-                      ? storage::PublishedContentMatches(*dest, open.single_file(), open.manifest().files(f))
-                      : storage::PublishedFileMatches(*dest, open.single_file(), open.manifest().files(f));
+                      ? storage::PublishedContentMatches(*dest, open.single_file(), file)
+                      : storage::PublishedFileMatches(*dest, open.single_file(), file);
       if (!same.ok()) return fail(same.status());
       if (*same) record.add_unchanged_files(f);
     }

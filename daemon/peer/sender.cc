@@ -143,10 +143,11 @@ absl::Status TransferSender::Run() {
     }
     const TimeDelta stalled = clock.Now() - last_progress;
     if (config_.transfer.give_up_after_us > 0 &&
-        stalled > TimeDelta::Microseconds(static_cast<int64_t>(config_.transfer.give_up_after_us))) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("no progress for ", absl::FormatDuration(absl::Nanoseconds(stalled.ToNanoseconds())),
-                       "; last error: ", status.message()));
+        stalled >
+            TimeDelta::Microseconds(static_cast<int64_t>(config_.transfer.give_up_after_us))) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no progress for ", absl::FormatDuration(absl::Nanoseconds(stalled.ToNanoseconds())),
+          "; last error: ", status.message()));
     }
     absl::Duration backoff = std::min(kMaxBackoff, kMinBackoff * (1 << std::min(failures, 6)));
     ++failures;
@@ -616,7 +617,8 @@ absl::Status TransferSender::DigestSources() {
     const absl::StatusOr<storage::Xxh128> digest = read_digest();
     ::close(fd);
     if (absl::IsAborted(digest.status())) {
-      spdlog::info("transfer {}: {}; it will be hashed again", record.id(), digest.status().message());
+      spdlog::info("transfer {}: {}; it will be hashed again", record.id(),
+                   digest.status().message());
       absl::MutexLock lock(&mu_);
       changed_file_ = f;
       return digest.status();

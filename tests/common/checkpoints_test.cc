@@ -50,12 +50,14 @@ TEST(CheckpointMarkerTest, RefusesPathsThatLeaveTheCheckpoint) {
 }
 
 TEST(CommitMarkerTest, TheDefaultsMatchTheUsualCheckpointFormats) {
-  const std::vector<std::string> defaults(kDefaultCommitMarkers.begin(), kDefaultCommitMarkers.end());
+  const std::vector<std::string> defaults(kDefaultCommitMarkers.begin(),
+                                          kDefaultCommitMarkers.end());
   for (const char* marker : {".metadata", "model.safetensors.index.json", "COMPLETE",
                              "sub/pytorch_model.bin.index.json"}) {
     EXPECT_TRUE(IsCommitMarker(defaults, marker)) << marker;
   }
-  for (const char* other : {"__0_0.distcp", "metadata", "index.json.tmp", "COMPLETE/x", "model.pt"}) {
+  for (const char* other :
+       {"__0_0.distcp", "metadata", "index.json.tmp", "COMPLETE/x", "model.pt"}) {
     EXPECT_FALSE(IsCommitMarker(defaults, other)) << other;
   }
 }

@@ -49,10 +49,12 @@ TEST(HashFileContentTest, AShorterFileIsAbortedAndCancellingStops) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(fd, 0);
   std::vector<uint8_t> buffer(1 << 20);
-  auto shrank = HashFileContent(io, fd, (3 << 20) + 1, absl::MakeSpan(buffer), [] { return false; });
+  auto shrank =
+      HashFileContent(io, fd, (3 << 20) + 1, absl::MakeSpan(buffer), [] { return false; });
   EXPECT_EQ(shrank.status().code(), absl::StatusCode::kAborted) << shrank.status();
   int asked = 0;
-  auto cancelled = HashFileContent(io, fd, 3 << 20, absl::MakeSpan(buffer), [&] { return ++asked > 1; });
+  auto cancelled =
+      HashFileContent(io, fd, 3 << 20, absl::MakeSpan(buffer), [&] { return ++asked > 1; });
   EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
   EXPECT_EQ(asked, 2);
   close(fd);
@@ -117,7 +119,8 @@ TEST_F(PublishedContentMatchesTest, OtherSizeMissingFileOrNoDigestDoNotMatch) {
 TEST_F(PublishedContentMatchesTest, NoSymlinkIsFollowed) {
   // A symlink in the file's place, to a file with the right content.
   WriteFile(dir_.Sub("elsewhere.bin"), content_);
-  ASSERT_EQ(symlink(dir_.Sub("elsewhere.bin").c_str(), (dest_.absolute + "/sub/link.bin").c_str()), 0);
+  ASSERT_EQ(symlink(dir_.Sub("elsewhere.bin").c_str(), (dest_.absolute + "/sub/link.bin").c_str()),
+            0);
   v1::ManifestFile link = file_;
   link.set_path("sub/link.bin");
   auto same = Matches(link);
