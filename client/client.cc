@@ -1,9 +1,10 @@
-#include "absl/strings/string_view.h"
 #include "longhaul/client.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "client/deadline.h"
 #include "longhaul/v1/control.grpc.pb.h"
 
 namespace longhaul {
@@ -84,7 +85,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
   impl->address = address;
   impl->token = options.token;
   impl->channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  if (!impl->channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.timeout))) {
+  if (!impl->channel->WaitForConnected(client_internal::GrpcDeadlineIn(options.timeout))) {
     return absl::UnavailableError(absl::StrCat(
         "cannot reach longhauld at ", address, " (is it running? check --daemon or $LONGHAUL_DAEMON)"));
   }
@@ -183,17 +184,18 @@ absl::StatusOr<v1::TransferStatus> Client::Watch(
 absl::StatusOr<v1::TransferStatus> Client::Wait(
     const std::string& id, absl::Duration timeout,
     const std::function<void(const v1::TransferStatus&)>& on_progress) {
-  absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = client_internal::MonotonicNow() + timeout;
   while (true) {
     auto status = Get(id);
     if (!status.ok()) return status.status();
     if (on_progress) on_progress(*status);
     if (IsEndState(status->state())) return status;
-    if (absl::Now() >= deadline) {
+    const absl::Time now = client_internal::MonotonicNow();
+    if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("transfer ", id, " still ",
                                                       v1::TransferState_Name(status->state())));
     }
-    absl::SleepFor(std::min(absl::Milliseconds(200), deadline - absl::Now()));
+    absl::SleepFor(std::min(absl::Milliseconds(200), deadline - now));
   }
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "client/deadline.h"
 #include "longhaul/shm_progress.h"
 #include "longhaul/v1/exchange.grpc.pb.h"
 
@@ -211,7 +212,9 @@ class Work final : public ExchangeWork {
   // caller's thread (the blocking helpers: no thread to start and schedule).
   Work(std::shared_ptr<ExchangeGroup::Impl> group, std::string op_id, std::unique_ptr<Segment> seg,
        Rpc rpc, std::function<void(const v1::OpResponse&, Segment&)> finish, bool on_caller = false)
-      : group_(std::move(group)), op_id_(std::move(op_id)), start_(absl::Now()) {
+      : group_(std::move(group)),
+        op_id_(std::move(op_id)),
+        start_(client_internal::MonotonicNow()) {
     auto body = [this, seg = std::move(seg), rpc = std::move(rpc),
                  finish = std::move(finish)]() mutable {
       grpc::ClientContext context;
@@ -229,7 +232,7 @@ class Work final : public ExchangeWork {
         stats_.peers = s.peers();
         stats_.generation = s.generation();
       }
-      stats_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+      stats_.seconds = absl::ToDoubleSeconds(client_internal::MonotonicNow() - start_);
       done_ = true;
     };
     if (on_caller) {
@@ -240,7 +243,7 @@ class Work final : public ExchangeWork {
   }
 
   // A work that failed before it started.
-  Work(absl::Status failed) : start_(absl::Now()) {
+  Work(absl::Status failed) : start_(client_internal::MonotonicNow()) {
     status_ = std::move(failed);
     done_ = true;
   }
@@ -269,7 +272,7 @@ class Work final : public ExchangeWork {
     // The daemon may not have registered the call yet: try for a while.
     for (int attempt = 0; attempt < 100 && !Test(); ++attempt) {
       grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      context.set_deadline(client_internal::GrpcDeadlineIn(absl::Seconds(5)));
       v1::CancelOpRequest request;
       request.set_op_id(op_id_);
       v1::CancelOpResponse response;
@@ -289,7 +292,7 @@ class Work final : public ExchangeWork {
  private:
   std::shared_ptr<ExchangeGroup::Impl> group_;
   std::string op_id_;
-  absl::Time start_;
+  absl::Time start_;  // on the client_internal::MonotonicNow() time line
   std::thread thread_;
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
@@ -300,7 +303,7 @@ class Work final : public ExchangeWork {
 // The RPC's deadline: the operation's timeout plus headroom for the daemon's answer.
 void SetOpDeadline(grpc::ClientContext* context, absl::Duration timeout) {
   if (timeout != absl::InfiniteDuration()) {
-    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout + kRpcSlack));
+    context->set_deadline(client_internal::GrpcDeadlineIn(timeout + kRpcSlack));
   }
 }
 
@@ -336,8 +339,8 @@ absl::StatusOr<v1::OpResponse> CallOpWorking(ExchangeGroup::Impl& g, Prepare pre
   void* tag;
   bool ok;
   while (true) {
-    const auto next = step ? absl::ToChronoTime(absl::Now() + period)
-                           : std::chrono::system_clock::time_point::max();
+    const gpr_timespec next =
+        client_internal::GrpcDeadlineIn(step ? period : absl::InfiniteDuration());
     if (cq.AsyncNext(&tag, &ok, next) != grpc::CompletionQueue::TIMEOUT) break;
     step();
   }
@@ -371,7 +374,7 @@ ExchangeGroup::ExchangeGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)
 
 ExchangeGroup::~ExchangeGroup() {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  context.set_deadline(client_internal::GrpcDeadlineIn(absl::Seconds(5)));
   v1::LeaveRequest request;
   request.set_group(impl_->name);
   v1::LeaveResponse response;
@@ -388,17 +391,19 @@ absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(const std::st
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   impl->channel = grpc::CreateCustomChannel(daemon_address, grpc::InsecureChannelCredentials(), args);
-  const absl::Time until = absl::Now() + deadline;
-  if (!impl->channel->WaitForConnected(absl::ToChronoTime(std::min(until, absl::Now() + absl::Seconds(10))))) {
+  const absl::Time until = client_internal::MonotonicNow() + deadline;
+  if (!impl->channel->WaitForConnected(client_internal::GrpcDeadlineAt(
+          std::min(until, client_internal::MonotonicNow() + absl::Seconds(10))))) {
     return absl::UnavailableError(absl::StrCat("cannot reach longhauld at ", daemon_address));
   }
   impl->stub = v1::Exchange::NewStub(impl->channel);
   v1::JoinRequest request;
   request.set_group(name);
   for (const auto& s : sites) request.add_sites(s);
-  request.set_timeout_ms(Millis(std::max(until - absl::Now(), absl::Milliseconds(1))));
+  request.set_timeout_ms(
+      Millis(std::max(until - client_internal::MonotonicNow(), absl::Milliseconds(1))));
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(until + kRpcSlack));
+  context.set_deadline(client_internal::GrpcDeadlineAt(until + kRpcSlack));
   v1::JoinResponse response;
   if (absl::Status s = FromGrpc(impl->stub->Join(&context, request, &response), daemon_address);
       !s.ok()) {

@@ -1,5 +1,7 @@
 #include "common/checkpoints.h"
 
+#include <fnmatch.h>
+
 #include <cctype>
 #include <cstddef>
 #include <string>
@@ -51,6 +53,27 @@ absl::Status ValidateCheckpointMarker(std::string_view marker) {
       absl::StrCat("checkpoint marker '", absl::CHexEscape(m),
                    "' must be a file path inside the checkpoint: relative, without '.' or '..' "
                    "(e.g. model.index.json)"));
+}
+
+bool IsCommitMarker(const std::vector<std::string>& globs, std::string_view path) {
+  const std::string full(path);
+  const size_t slash = path.rfind('/');
+  const std::string base(slash == std::string_view::npos ? path : path.substr(slash + 1));
+  for (const std::string& g : globs) {
+    if (fnmatch(g.c_str(), base.c_str(), 0) == 0) return true;
+    if (fnmatch(g.c_str(), full.c_str(), FNM_PATHNAME) == 0) return true;
+  }
+  return false;
+}
+
+std::string GlobMatchingOnly(std::string_view path) {
+  std::string glob;
+  glob.reserve(path.size());
+  for (char c : path) {
+    if (c == '*' || c == '?' || c == '[' || c == '\\') glob.push_back('\\');
+    glob.push_back(c);
+  }
+  return glob;
 }
 
 }  // namespace longhaul

@@ -1,13 +1,33 @@
-// Naming rules for checkpoint directories, shared by the CLI (which picks
-// the checkpoints to send) and the destination (which prunes old ones).
+// Naming rules for checkpoint directories and their commit markers, shared
+// by the CLI (which picks the checkpoints to send) and the daemons (which
+// publish markers last and prune old checkpoints).
 #ifndef LONGHAUL_COMMON_CHECKPOINTS_H_
 #define LONGHAUL_COMMON_CHECKPOINTS_H_
 
+#include <array>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 
 namespace longhaul {
+
+// The commit-marker globs a daemon publishes last unless its configuration
+// names others (transfer.commit_last): PyTorch DCP's `.metadata`, the index
+// of sharded safetensors/Hugging Face checkpoints, and a plain `COMPLETE`.
+// `longhaul sync --keep` also uses them to tell a finished checkpoint.
+inline constexpr std::array<std::string_view, 3> kDefaultCommitMarkers = {
+    ".metadata", "*.index.json", "COMPLETE"};
+
+// True when `path` (a '/'-separated file path inside a checkpoint or a
+// transfer) is a commit marker by one of the fnmatch(3) `globs`: a glob
+// matches its base name, or its whole path with '/' matched only by '/'.
+bool IsCommitMarker(const std::vector<std::string>& globs, std::string_view path);
+
+// A glob that matches `path` and nothing else: fnmatch's special characters
+// (`*`, `?`, `[`, `\`) are escaped with a backslash.
+std::string GlobMatchingOnly(std::string_view path);
 
 // Natural order of checkpoint names: runs of digits compare as numbers, so
 // "step-9" < "step-10" < "step-100". A strict weak order. Digit runs compare by value (leading zeros ignored,

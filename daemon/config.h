@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/checkpoints.h"
 
 namespace longhaul::daemon {
 
@@ -52,7 +53,8 @@ struct DaemonConfig {
   struct Transfer {
     uint64_t chunk_size = 16ull << 20;
     uint32_t streams = 8;
-    std::vector<std::string> commit_last = {".metadata", "*.index.json", "COMPLETE"};
+    std::vector<std::string> commit_last{kDefaultCommitMarkers.begin(),
+                                         kDefaultCommitMarkers.end()};
     uint32_t max_active = 4;  // transfers moving data at once
     // A transfer that cannot reach its peer for this long fails (0: never).
     int64_t give_up_after_us = 3600ll * 1000000;

@@ -255,8 +255,11 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
 
   if (metrics_server) metrics_server->Stop();
   exchange_hub.Shutdown();  // ends exchange calls so the server can drain
-  if (tcp_server) tcp_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // On gRPC's monotonic clock, so a wall-clock step cannot cut the drain short.
+  const gpr_timespec drained_by =
+      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_seconds(2, GPR_TIMESPAN));
+  if (tcp_server) tcp_server->Shutdown(drained_by);
+  server->Shutdown(drained_by);
   manager.Shutdown();
   receiver.Shutdown();
   (*udp)->Shutdown();

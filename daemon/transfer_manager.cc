@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "daemon/peer/messaging.h"
 #include "common/checkpoints.h"
+#include "common/clock.h"
 #include "common/fmt_absl.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
@@ -134,6 +135,15 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
   if (absl::Status s = ValidateCheckpointMarker(spec.checkpoint_marker()); !s.ok()) {
     return s;
   }
+  if (spec.keep_checkpoints() > 0 && spec.checkpoint_marker().empty()) {
+    return absl::InvalidArgumentError(
+        "keep_checkpoints needs checkpoint_marker, the file a finished checkpoint holds: only "
+        "checkpoints holding it are counted and pruned at the destination");
+  }
+  if (spec.checksum() && !spec.sync()) {
+    return absl::InvalidArgumentError(
+        "checksum compares files already at the destination, so it applies to sync only");
+  }
   for (const std::string& source : spec.sources()) {
     if (source.empty() || source[0] != '/') {
       return absl::InvalidArgumentError(absl::StrCat("source '", source, "' must be an absolute path"));
@@ -233,7 +243,7 @@ bool TransferManager::StartLocked(Transfer& t) {
     PauseForJournalLocked(t, s);
     return false;
   }
-  t.running_since = absl::Now();
+  t.running_since = RealClock::Get().Now();
   t.run_start_bytes = t.progress.Get().bytes_done;
   std::string site = t.record.spec().dest_site();
   transport::Transport* data = transport::FindTransport(transports_, t.record.spec().transport());
@@ -281,8 +291,8 @@ void TransferManager::RunTransfer(Transfer* t) {
     t->record.mutable_manifest()->Swap(updated.mutable_manifest());
     t->record.set_attempts(updated.attempts());
     t->record.set_active_seconds(t->record.active_seconds() +
-                                 absl::ToDoubleSeconds(absl::Now() - t->running_since));
-    t->running_since = absl::InfinitePast();
+                                 (RealClock::Get().Now() - *t->running_since).ToSecondsF());
+    t->running_since.reset();
     if (result.ok()) {
       t->record.set_state(v1::COMPLETED);
       t->record.clear_error();
@@ -356,8 +366,8 @@ v1::TransferStatus TransferManager::StatusOf(const Transfer& t) const {
   status.set_files_unchanged(s.files_unchanged);
   status.set_attempts(s.attempts);
   double seconds = t.record.active_seconds();
-  if (t.running_since != absl::InfinitePast()) {
-    double run = absl::ToDoubleSeconds(absl::Now() - t.running_since);
+  if (t.running_since) {
+    double run = (RealClock::Get().Now() - *t.running_since).ToSecondsF();
     seconds += run;
     if (run > 0) status.set_rate_bytes_per_sec((s.bytes_done - t.run_start_bytes) / run);
   } else if (seconds > 0) {
@@ -621,11 +631,11 @@ v1::PeersResponse TransferManager::Peers(bool probe) {
     if (probe) {
       v1::Hello hello;
       hello.set_role(v1::Hello::PROBE);
-      absl::Time start = absl::Now();
+      const Timestamp start = RealClock::Get().Now();
       auto channel = peer::DialSession(control_transport_, peer.site, peer.address, hello);
       status->set_reachable(channel.ok());
       if (channel.ok()) {
-        status->set_handshake_ms(absl::ToDoubleMilliseconds(absl::Now() - start));
+        status->set_handshake_ms((RealClock::Get().Now() - start).ToMillisecondsF());
         transport::LinkStats stats = (*channel)->Stats();
         status->set_congestion_control(stats.congestion_control);
         status->set_rtt_ms(stats.rtt_ms);

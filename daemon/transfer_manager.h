@@ -2,6 +2,7 @@
 #define LONGHAUL_DAEMON_TRANSFER_MANAGER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/units.h"
 #include "daemon/config.h"
 #include "daemon/peer/sender.h"
 #include "daemon/transport/transport.h"
@@ -79,7 +81,8 @@ class TransferManager {
     // Cancel is waiting for the destination's answer: nothing else may
     // start, pause or resume the transfer meanwhile.
     bool cancelling = false;
-    absl::Time running_since = absl::InfinitePast();
+    // Monotonic start of the current run (RealClock); unset while not running.
+    std::optional<Timestamp> running_since;
     uint64_t run_start_bytes = 0;
     // Set when the transfer is paused because the journal cannot be written:
     // what happened and what to do, shown as its error while PAUSED.

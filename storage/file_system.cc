@@ -185,7 +185,7 @@ class Posix : public FileSystem {
     int flags = O_NOFOLLOW | O_CLOEXEC;
     switch (mode) {
       case OpenMode::kRead:
-        flags |= O_RDONLY;
+        flags |= O_RDONLY | O_NONBLOCK;  // a FIFO in a file's place must not block
         break;
       case OpenMode::kReadWrite:
         flags |= O_RDWR;

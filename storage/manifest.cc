@@ -23,8 +23,8 @@ using internal::JoinPath;
 
 namespace {
 
-int64_t MtimeNs(const struct stat& st) {
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+int64_t Nanoseconds(const struct timespec& t) {
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
 }
 
 std::string_view Basename(std::string_view path) {
@@ -40,11 +40,7 @@ class Builder {
   void AddFile(std::string rel, const std::string& abs, const struct stat& st) {
     v1::ManifestFile* f = out_.manifest.add_files();
     f->set_path(std::move(rel));
-    f->set_size(static_cast<uint64_t>(st.st_size));
-    f->set_mtime_ns(MtimeNs(st));
-    f->set_mode(st.st_mode & 07777);
-    f->set_inode(st.st_ino);
-    f->set_device(st.st_dev);
+    RecordSourceIdentity(st, *f);
     f->set_generation(0);
     out_.source_paths.push_back(abs);
   }
@@ -145,6 +141,15 @@ absl::StatusOr<ManifestBuild> BuildManifest(const std::vector<std::string>& sour
   return out;
 }
 
+void RecordSourceIdentity(const struct stat& st, v1::ManifestFile& file) {
+  file.set_size(static_cast<uint64_t>(st.st_size));
+  file.set_mtime_ns(Nanoseconds(st.st_mtim));
+  file.set_ctime_ns(Nanoseconds(st.st_ctim));
+  file.set_mode(st.st_mode & 07777);
+  file.set_inode(st.st_ino);
+  file.set_device(st.st_dev);
+}
+
 uint64_t ChunkCount(const v1::ManifestFile& file, uint64_t chunk_size) {
   return file.size() / chunk_size + (file.size() % chunk_size != 0 ? 1 : 0);
 }
@@ -214,6 +219,9 @@ absl::Status ValidateManifest(const v1::Manifest& m, const ManifestLimits& limit
     if ((f.mode() & ~07777u) != 0) {
       return bad(absl::StrFormat("mode 0%o has bits beyond 07777", f.mode()));
     }
+    if (!f.content_xxh128().empty() && f.content_xxh128().size() != 16) {
+      return bad(absl::StrCat("content digest is ", f.content_xxh128().size(), " bytes, not 16"));
+    }
   }
   // A path may not be both a file and a directory on the way to another.
   auto check_prefixes = [&](std::string_view path, std::string_view kind,
@@ -257,10 +265,13 @@ absl::Status CheckSourceUnchanged(const v1::ManifestFile& file, int fd) {
   std::string why;
   if (static_cast<uint64_t>(st.st_size) != file.size()) {
     why = absl::StrCat("size is ", st.st_size, ", was ", file.size());
-  } else if (MtimeNs(st) != file.mtime_ns()) {
-    why = absl::StrCat("mtime is ", MtimeNs(st), " ns, was ", file.mtime_ns());
+  } else if (Nanoseconds(st.st_mtim) != file.mtime_ns()) {
+    why = absl::StrCat("mtime is ", Nanoseconds(st.st_mtim), " ns, was ", file.mtime_ns());
   } else if (st.st_ino != file.inode() || st.st_dev != file.device()) {
     why = "it was replaced by another file (inode or device differs)";
+  } else if (file.ctime_ns() != 0 && Nanoseconds(st.st_ctim) != file.ctime_ns()) {
+    why = absl::StrCat("ctime is ", Nanoseconds(st.st_ctim), " ns, was ", file.ctime_ns(),
+                       " (rewritten with its mtime put back?)");
   } else {
     return absl::OkStatus();
   }

@@ -3,6 +3,8 @@
 #ifndef LONGHAUL_STORAGE_MANIFEST_H_
 #define LONGHAUL_STORAGE_MANIFEST_H_
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,10 +34,15 @@ struct ManifestBuild {
 // the same manifest. Only regular files are sent; symlinks and special files
 // found inside a directory are skipped with a warning. A source named
 // explicitly that is a symlink is followed. Directories with no file or
-// subdirectory are listed in empty_dirs. Files get generation 0.
-// Errors name the offending path.
+// subdirectory are listed in empty_dirs. Files get generation 0 and their
+// source identity (RecordSourceIdentity). Errors name the offending path.
 absl::StatusOr<ManifestBuild> BuildManifest(const std::vector<std::string>& sources,
                                             uint64_t chunk_size);
+
+// Sets the size, mode and source identity (mtime, ctime, inode, device) of
+// `file` from `st`, a stat of its source. Path, generation and
+// content_xxh128 are left as they are.
+void RecordSourceIdentity(const struct stat& st, v1::ManifestFile& file);
 
 // Number of chunks of `file` (0 for an empty file). chunk_size > 0.
 uint64_t ChunkCount(const v1::ManifestFile& file, uint64_t chunk_size);
@@ -56,13 +63,17 @@ struct ManifestLimits {
 // than the limit, has an empty, "." or ".." component or a NUL; duplicate
 // paths; a path that is both a file and a directory prefix of another file
 // (or of an empty dir); a size beyond the limit or needing more than 2^32-1
-// chunks; mode bits beyond 07777. empty_dirs follow the same path rules.
+// chunks; mode bits beyond 07777; a content_xxh128 that is neither empty
+// nor 16 bytes. empty_dirs follow the same path rules.
 absl::Status ValidateManifest(const v1::Manifest& manifest, const ManifestLimits& limits = {});
 
 // Checks that the open source file `fd` is still the one in `file`: same
-// size, mtime, inode and device. Returns absl::AbortedError("source file
-// changed since its manifest: <why>") when it is not — distinct from I/O
-// errors so the caller re-sends the file whole with a new generation.
+// size, mtime, ctime, inode and device. The ctime catches a rewrite in place
+// whose writer put the size and mtime back; a file.ctime_ns() of 0 (a
+// manifest journaled before ctimes were recorded) is not compared. Returns
+// absl::AbortedError("source file changed since its manifest: <why>") when
+// it is not the same — distinct from I/O errors so the caller re-sends the
+// file whole with a new generation.
 absl::Status CheckSourceUnchanged(const v1::ManifestFile& file, int fd);
 
 }  // namespace longhaul::storage

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "spdlog/spdlog.h"
+#include "storage/content_check.h"
 #include "storage/markers.h"
 #include "storage/posix_util.h"
 
@@ -388,8 +389,15 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
           if (from.ok()) {
             absl::StatusOr<std::optional<FileInfo>> old = fs.Stat(**from, fname);
             if (!old.ok()) return old.status();
-            if (old->has_value() && (*old)->is_regular() && (*old)->size == f.size() &&
-                StoredMtimeMatches((*old)->mtime_ns, f.mtime_ns())) {
+            bool same = old->has_value() && (*old)->is_regular() && (*old)->size == f.size();
+            if (same && options.compare_content) {
+              absl::StatusOr<bool> content = ContentMatches(fs, **from, fname, f);
+              if (!content.ok()) return content.status();
+              same = *content;
+            } else if (same) {
+              same = StoredMtimeMatches((*old)->mtime_ns, f.mtime_ns());
+            }
+            if (same) {
               absl::Status l = fs.Link(**from, fname, **dir, fname);
               if (!l.ok() && !absl::IsAlreadyExists(l)) return l;
               linked = true;

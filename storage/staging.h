@@ -32,6 +32,9 @@ struct PublishOptions {
   // Files not staged: the current destination already holds them
   // (sync: unchanged). They are hard-linked into the new version.
   absl::flat_hash_set<uint32_t> skip_files;
+  // sync --checksum: skip_files were found unchanged by content digest, so
+  // before one is linked its content is checked again (not its mtime).
+  bool compare_content = false;
   // Test hook: called once the new version is complete and durable beside
   // the destination, right before the point of no return.
   std::function<void()> before_install;

@@ -2,7 +2,6 @@
 // socket. Exit codes: 0 ok, 1 transfer failed (or verify found a mismatch),
 // 2 usage error, 3 daemon unreachable.
 
-#include "absl/strings/string_view.h"
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -19,6 +18,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "client/cli/output.h"
 #include "common/checkpoints.h"
 #include "common/units_parse.h"
@@ -115,28 +116,67 @@ struct CopyOptions {
   std::string transport;
   std::string priority;
   std::string request_id;
-  // sync only: SRC is a directory of checkpoints (see SelectCheckpoints).
+  // sync only: SRC is a directory of checkpoints (see ListCheckpoints).
   uint32_t keep = 0;
   std::string only_complete;
+  bool checksum = false;
 };
 
-// The checkpoints of `dir` (its subdirectories, not symlinks, not hidden) in
-// natural name order, without those lacking `marker` (when set): they are
-// still being written, and are reported on stderr.
-std::vector<std::string> ListCompleteCheckpoints(const std::filesystem::path& dir, const std::string& marker) {
-  std::vector<std::string> names;
+// A checkpoint directory of a sync SRC and the commit markers it holds.
+struct Checkpoint {
+  std::string name;
+  std::vector<std::string> markers;  // relative paths, sorted; empty: still being written
+};
+
+// The checkpoints of `dir`: its subdirectories (not symlinks, not hidden), in
+// natural name order, each with the marker files it holds. With
+// `only_complete` that is the one file it names; otherwise every regular
+// file whose path is a commit marker by `globs`. Symlinks are never followed.
+std::vector<Checkpoint> ListCheckpoints(const std::filesystem::path& dir,
+                                        const std::string& only_complete,
+                                        const std::vector<std::string>& globs) {
+  namespace fs = std::filesystem;
+  std::vector<Checkpoint> checkpoints;
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.empty() || name[0] == '.' || !entry.is_directory(ec) || entry.is_symlink(ec)) continue;
-    if (!marker.empty() && !std::filesystem::is_regular_file(std::filesystem::symlink_status(entry.path() / marker, ec))) {
-      std::fprintf(stderr, "longhaul: skipping %s: no %s yet (still being written?)\n", name.c_str(), marker.c_str());
-      continue;
+    if (name.empty() || name[0] == '.' || entry.is_symlink(ec) || !entry.is_directory(ec)) continue;
+    Checkpoint c{name, {}};
+    if (!only_complete.empty()) {
+      if (fs::is_regular_file(fs::symlink_status(entry.path() / only_complete, ec))) {
+        c.markers.push_back(only_complete);
+      }
+    } else {
+      for (auto it = fs::recursive_directory_iterator(entry.path(), ec);
+           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        if (!fs::is_regular_file(it->symlink_status(ec))) continue;
+        const std::string rel = it->path().lexically_relative(entry.path()).string();
+        if (IsCommitMarker(globs, rel)) c.markers.push_back(rel);
+      }
+      ec.clear();
+      std::sort(c.markers.begin(), c.markers.end());
     }
-    names.push_back(name);
+    checkpoints.push_back(std::move(c));
   }
-  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) { return NaturalLess(a, b); });
-  return names;
+  std::sort(checkpoints.begin(), checkpoints.end(),
+            [](const Checkpoint& a, const Checkpoint& b) { return NaturalLess(a.name, b.name); });
+  return checkpoints;
+}
+
+// The marker the destination counts checkpoints by when it prunes (it holds
+// no glob, one path): the first marker of `newest` that every checkpoint in
+// `complete` holds too, so that older checkpoints of the same run still
+// count; else newest's first, which keeps checkpoints marked otherwise out of
+// the count (never removed) rather than counting unfinished directories.
+std::string DestinationMarker(const std::vector<Checkpoint>& complete, const Checkpoint& newest) {
+  for (const std::string& marker : newest.markers) {
+    if (std::all_of(complete.begin(), complete.end(), [&](const Checkpoint& c) {
+          return std::binary_search(c.markers.begin(), c.markers.end(), marker);
+        })) {
+      return marker;
+    }
+  }
+  return newest.markers.front();
 }
 
 // Submits every spec, then prints their ids or (with --wait) follows them in
@@ -150,6 +190,12 @@ int SubmitAll(const std::vector<v1::TransferSpec>& specs, const std::vector<std:
     auto submitted = (*client)->Submit(specs[i], request_ids[i]);
     if (!submitted.ok()) return Report(submitted.status());
     ids.push_back(submitted->id());
+    if (specs[i].checksum() && !submitted->spec().checksum()) {
+      std::fprintf(stderr,
+                   "longhaul: attached to sync %s, which is still running without --checksum; "
+                   "run again once it has ended to compare checksums\n",
+                   submitted->id().c_str());
+    }
     if (!wait) std::cout << (g.json ? TransferJson(*submitted).str() : submitted->id()) << std::endl;
   }
   int worst = kExitOk;
@@ -199,6 +245,7 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
   }
   for (const std::string& glob : o.commit_last) spec.add_commit_last(glob);
   spec.set_sync(sync);
+  spec.set_checksum(o.checksum);
   spec.set_transport(o.transport);
   if (o.priority == "exchange") spec.set_priority(v1::EXCHANGE);
   if (o.priority == "background") spec.set_priority(v1::BACKGROUND);
@@ -214,23 +261,56 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
     return kExitUsage;
   }
   if (absl::Status s = ValidateCheckpointMarker(o.only_complete); !s.ok()) return Report(s);
-  std::vector<std::string> names = ListCompleteCheckpoints(spec.sources(0), o.only_complete);
-  if (o.keep > 0 && names.size() > o.keep) names.erase(names.begin(), names.end() - o.keep);
-  if (names.empty()) {
+  // A checkpoint counts once it holds its marker: --only-complete's, else
+  // a commit marker (the defaults and --commit-last), which is what marks a
+  // checkpoint finished when it is published too.
+  std::vector<std::string> globs;
+  std::string marker_desc = o.only_complete;
+  if (o.only_complete.empty()) {
+    globs.assign(kDefaultCommitMarkers.begin(), kDefaultCommitMarkers.end());
+    globs.insert(globs.end(), o.commit_last.begin(), o.commit_last.end());
+    marker_desc = absl::StrCat("commit marker (", absl::StrJoin(globs, ", "), ")");
+  }
+  const std::vector<Checkpoint> all = ListCheckpoints(spec.sources(0), o.only_complete, globs);
+  std::vector<Checkpoint> complete;
+  for (const Checkpoint& c : all) {
+    if (!c.markers.empty()) complete.push_back(c);
+  }
+  if (complete.empty() && !all.empty() && o.only_complete.empty()) {
+    std::fprintf(stderr,
+                 "longhaul: --keep sends and keeps only finished checkpoints, but none of the %zu "
+                 "directories in %s holds a %s, so none can be told finished; name the file a "
+                 "finished checkpoint holds with --only-complete FILE, or add its glob with "
+                 "--commit-last GLOB\n",
+                 all.size(), spec.sources(0).c_str(), marker_desc.c_str());
+    return kExitUsage;
+  }
+  for (const Checkpoint& c : all) {
+    if (c.markers.empty()) {
+      std::fprintf(stderr, "longhaul: skipping %s: no %s yet (still being written?)\n",
+                   c.name.c_str(), marker_desc.c_str());
+    }
+  }
+  if (complete.empty()) {
     std::fprintf(stderr, "longhaul: no complete checkpoint in %s; nothing to send\n", spec.sources(0).c_str());
     return kExitOk;
   }
+  std::vector<Checkpoint> selected = complete;
+  if (o.keep > 0 && selected.size() > o.keep)
+    selected.erase(selected.begin(), selected.end() - o.keep);
+  const std::string dest_marker = DestinationMarker(complete, complete.back());
   std::vector<v1::TransferSpec> specs;
   std::vector<std::string> request_ids;
-  for (const std::string& name : names) {
+  for (const Checkpoint& c : selected) {
     v1::TransferSpec one = spec;
-    one.set_sources(0, absl::StrCat(spec.sources(0), "/", name));
-    one.set_dest_path(absl::StrCat(spec.dest_path(), "/", name));
+    one.set_sources(0, absl::StrCat(spec.sources(0), "/", c.name));
+    one.set_dest_path(absl::StrCat(spec.dest_path(), "/", c.name));
     one.set_keep_checkpoints(o.keep);
-    one.set_checkpoint_marker(o.only_complete);
-    if (!o.only_complete.empty()) one.add_commit_last(o.only_complete);
+    one.set_checkpoint_marker(dest_marker);
+    // The markers are published last, whatever the daemon's own defaults.
+    for (const std::string& m : c.markers) one.add_commit_last(GlobMatchingOnly(m));
     specs.push_back(std::move(one));
-    request_ids.push_back(absl::StrCat(request_id, "/", name));
+    request_ids.push_back(absl::StrCat(request_id, "/", c.name));
   }
   return SubmitAll(specs, request_ids, o.wait, g);
 }
@@ -426,8 +506,14 @@ int Main(int argc, char** argv) {
   add_copy_options(cp, true);
   CLI::App* sync = app.add_subcommand("sync", "send only what changed (idempotent; for cron)");
   add_copy_options(sync, true);
-  sync->add_option("--keep", copy.keep,
-                   "SRC holds checkpoints: send the newest K, and keep only the newest K at the destination");
+  sync->add_flag("--checksum", copy.checksum,
+                 "compare files by the XXH3-128 of their content, not by size and mtime "
+                 "(reads every file at both ends)");
+  sync->add_option(
+      "--keep", copy.keep,
+      "SRC holds checkpoints: send the newest K finished ones (holding --only-complete's "
+      "MARKER, else a commit marker: .metadata, *.index.json, COMPLETE, --commit-last), "
+      "and keep only the newest K finished ones at the destination");
   sync->add_option("--only-complete", copy.only_complete,
                    "SRC holds checkpoints: send only those holding MARKER (e.g. model.index.json), "
                    "published last");

@@ -10,6 +10,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/clock.h"
 #include "common/fmt_absl.h"
 #include "daemon/exchange/reduce.h"
 #include "daemon/peer/messaging.h"
@@ -19,6 +20,14 @@ namespace longhaul::exchange {
 namespace {
 
 using Msg = v1::ExchangePeerMessage;
+
+// Every deadline and elapsed time in the hub is on the monotonic clock, as an
+// absl::Time counted from the Unix epoch but never read as a date, so a step
+// of the wall clock neither fires nor postpones one. Mutex waits are given
+// the remaining time (AwaitWithTimeout), never such a deadline.
+absl::Time MonotonicNow() {
+  return absl::UnixEpoch() + absl::Nanoseconds(RealClock::Get().Now().ToNanoseconds());
+}
 
 // How often a waiting op looks at things no mutex guards (its client).
 constexpr absl::Duration kPoll = absl::Milliseconds(50);
@@ -59,12 +68,12 @@ absl::Status WaitFilled(const shm::ProgressWord& word, uint64_t end, uint64_t to
                         absl::Time deadline, const std::atomic<bool>& stop,
                         const std::function<bool()>& client_gone) {
   absl::Duration nap = absl::Microseconds(20);
-  absl::Time next_look = absl::Now() + kPoll;
+  absl::Time next_look = MonotonicNow() + kPoll;
   while (true) {
     const uint64_t ready = word.Ready();
     if (ready >= end) return absl::OkStatus();
     if (stop.load()) return absl::CancelledError("stopped");
-    const absl::Time now = absl::Now();
+    const absl::Time now = MonotonicNow();
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "its client had written only ", ready, " of the ", total, " bytes of the buffer"));
@@ -191,7 +200,7 @@ class SenderSet {
     {
       absl::MutexLock lock(&mu_);
       auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ == threads_.size(); };
-      mu_.AwaitWithDeadline(absl::Condition(&all), deadline);
+      mu_.AwaitWithTimeout(absl::Condition(&all), deadline - MonotonicNow());
     }
     for (size_t i = 0; i < threads_.size(); ++i) {
       if (!done_[i]) cut(sites_[i]);
@@ -235,7 +244,7 @@ void ExchangeHub::HoldUntilSent(const std::string& site, peer::PriorityGate::Sco
   }
   absl::MutexLock lock(&drain_mu_);
   if (drain_stop_) return;
-  draining_.push_back({std::move(link), std::move(scope), absl::Now() + kDrainLimit});
+  draining_.push_back({std::move(link), std::move(scope), MonotonicNow() + kDrainLimit});
 }
 
 void ExchangeHub::DrainLoop() {
@@ -246,7 +255,7 @@ void ExchangeHub::DrainLoop() {
   while (true) {
     drain_mu_.Await(absl::Condition(&has_work));
     if (drain_stop_) break;
-    const absl::Time now = absl::Now();
+    const absl::Time now = MonotonicNow();
     for (auto it = draining_.begin(); it != draining_.end();) {
       const bool done = it->link->broken.load() || now >= it->until ||
                         it->link->channel->UnsentBytes() == 0;
@@ -314,7 +323,7 @@ absl::Status ExchangeHub::SendMessage(const std::string& site, Msg header,
   header.set_total_bytes(payload.size());
   auto stopped = [&] {
     return (stop != nullptr && stop->load()) ||
-           (deadline != absl::InfiniteFuture() && absl::Now() >= deadline);
+           (deadline != absl::InfiniteFuture() && MonotonicNow() >= deadline);
   };
   uint64_t offset = 0;
   do {
@@ -754,7 +763,7 @@ absl::StatusOr<v1::GroupView> ExchangeHub::Join(const std::string& group,
     }
     others.push_back(s);
   }
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = MonotonicNow() + timeout;
   uint64_t proposal;
   {
     absl::MutexLock lock(&mu_);
@@ -775,7 +784,7 @@ absl::StatusOr<v1::GroupView> ExchangeHub::Join(const std::string& group,
     while (true) {
       absl::Status s = SendMessage(p, join, {}, nullptr);
       if (s.ok()) break;
-      if (absl::Now() + absl::Milliseconds(100) >= deadline) {
+      if (MonotonicNow() + absl::Milliseconds(100) >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat("joining group ", group, ": ", s.message()));
       }
       absl::SleepFor(absl::Milliseconds(100));
@@ -790,7 +799,7 @@ absl::StatusOr<v1::GroupView> ExchangeHub::Join(const std::string& group,
     }
     return true;
   };
-  mu_.AwaitWithDeadline(absl::Condition(&joined), deadline);
+  mu_.AwaitWithTimeout(absl::Condition(&joined), deadline - MonotonicNow());
   if (shutdown_) return absl::UnavailableError("the daemon is shutting down");
   std::vector<std::string> missing;
   uint64_t generation = proposal;
@@ -877,7 +886,7 @@ absl::Status ExchangeHub::Commit(const AllReduceArgs& args, const std::string& w
   // Committed: a cancel or the deadline no longer ends the op (a peer may
   // already have finished it); only an abort, a lost peer or shutdown does,
   // or a peer silent long past the deadline.
-  const absl::Time give_up = absl::Now() + args.timeout + kSenderGrace;
+  const absl::Time give_up = MonotonicNow() + args.timeout + kSenderGrace;
   absl::MutexLock lock(&mu_);
   auto has = [&](const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = mailbox_.find(key);
@@ -896,7 +905,7 @@ absl::Status ExchangeHub::Commit(const AllReduceArgs& args, const std::string& w
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return shutdown_ || has(abort_key) || all_done() || group_moved();
   };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), give_up);
+  mu_.AwaitWithTimeout(absl::Condition(&ready), give_up - MonotonicNow());
   if (has(abort_key)) {
     const Message& m = mailbox_[abort_key].front();
     return absl::AbortedError(absl::StrCat(what, ": ", m.from, " gave up on it (", m.header.reason(), ")"));
@@ -919,7 +928,7 @@ absl::Status ExchangeHub::Commit(const AllReduceArgs& args, const std::string& w
 }
 
 OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicNow();
   const absl::Time deadline = start + args.timeout;
   OpResult result;
   const size_t es = ElementSize(args.dtype);
@@ -1013,8 +1022,8 @@ OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> b
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return shutdown_ || op->cancelled || has(abort_key) || all_here() || group_moved();
     };
-    while (!ready() && absl::Now() < deadline) {
-      mu_.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, absl::Now() + kPoll));
+    while (!ready() && MonotonicNow() < deadline) {
+      mu_.AwaitWithTimeout(absl::Condition(&ready), std::min(deadline - MonotonicNow(), kPoll));
       if (!op->cancelled && args.client_gone && args.client_gone()) op->cancelled = true;
     }
     if (has(abort_key)) {
@@ -1089,9 +1098,8 @@ OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> b
   } else {
     op->stop = true;
   }
-  senders.Finish(std::max(deadline, absl::Now()) + kSenderGrace, [&](const std::string& site) {
-    PeerLost(site, "it stopped taking data");
-  });
+  senders.Finish(std::max(deadline, MonotonicNow()) + kSenderGrace,
+                 [&](const std::string& site) { PeerLost(site, "it stopped taking data"); });
   uint64_t sent = 0;
   for (size_t i = 0; i < peers.size(); ++i) {
     const absl::Status& s = senders.statuses()[i];
@@ -1143,13 +1151,13 @@ OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> b
   result.stats.set_bytes_sent(sent);
   result.stats.set_bytes_received(received);
   result.stats.set_peers(peers.size());
-  result.stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  result.stats.set_seconds(absl::ToDoubleSeconds(MonotonicNow() - start));
   result.stats.set_generation(generation);
   return result;
 }
 
 OpResult ExchangeHub::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicNow();
   OpResult result;
   const std::string what = absl::StrCat("send to ", args.peer, " tag '", args.tag, "' in group ", args.group);
   std::shared_ptr<Op> op;
@@ -1230,7 +1238,7 @@ OpResult ExchangeHub::Send(const P2PArgs& args, absl::Span<const uint8_t> data) 
   }
   result.stats.set_bytes_sent(data.size());
   result.stats.set_peers(1);
-  result.stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  result.stats.set_seconds(absl::ToDoubleSeconds(MonotonicNow() - start));
   result.stats.set_generation(generation);
   result.bytes = data.size();
   return result;
@@ -1268,7 +1276,7 @@ bool ExchangeHub::Withdraw(Landing& l) {
   }
   l.state = State::kHandingOver;
   auto idle = [&l]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !l.writing; };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&idle), absl::Now() + kSenderGrace)) {
+  if (!mu_.AwaitWithTimeout(absl::Condition(&idle), kSenderGrace)) {
     // The peer stalled inside a segment: cut its link so the read fails.
     // Abort only stops the socket, and the channel lives while its reader
     // is writing, so this is safe under mu_ (as in Shutdown).
@@ -1307,7 +1315,7 @@ bool ExchangeHub::Withdraw(Landing& l) {
 
 OpResult ExchangeHub::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
   using State = Landing::State;
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicNow();
   const absl::Time deadline = start + args.timeout;
   OpResult result;
   const std::string what =
@@ -1365,8 +1373,8 @@ OpResult ExchangeHub::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
     if (landing && landing->state == State::kFilling) return false;
     return queued();
   };
-  while (!ready() && absl::Now() < deadline) {
-    mu_.AwaitWithDeadline(absl::Condition(&ready), std::min(deadline, absl::Now() + kPoll));
+  while (!ready() && MonotonicNow() < deadline) {
+    mu_.AwaitWithTimeout(absl::Condition(&ready), std::min(deadline - MonotonicNow(), kPoll));
     if (!op->cancelled && args.client_gone && args.client_gone()) op->cancelled = true;
   }
   EndOp(args.op_id);
@@ -1379,7 +1387,7 @@ OpResult ExchangeHub::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
     result.bytes = bytes;
     result.stats.set_bytes_received(bytes);
     result.stats.set_peers(1);
-    result.stats.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+    result.stats.set_seconds(absl::ToDoubleSeconds(MonotonicNow() - start));
     result.stats.set_generation(generation);
   };
   if (landed) {

@@ -223,7 +223,8 @@ class ExchangeHub {
   using ReadyFn = std::function<absl::Status(uint64_t end)>;
   // Sends one message (header + payload in segments) on the calling thread.
   // Stops between segments (and while waiting for a rate cap) once `stop` is
-  // set or `deadline` has passed, or when `ready` (if set) fails, which it is
+  // set or `deadline` (on the hub's monotonic time line, see MonotonicNow in
+  // exchange_hub.cc) has passed, or when `ready` (if set) fails, which it is
   // asked before each segment. A failed write breaks the link and loses the
   // peer.
   absl::Status SendMessage(const std::string& site, v1::ExchangePeerMessage header,

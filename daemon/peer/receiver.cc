@@ -17,6 +17,7 @@
 #include "daemon/peer/messaging.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
+#include "storage/content_check.h"
 #include "storage/manifest.h"
 #include "storage/retention.h"
 #include "storage/staging.h"
@@ -55,6 +56,7 @@ storage::PublishOptions PublishOptionsOf(const v1::IncomingTransfer& record) {
   options.single_file = record.single_file();
   options.commit_last.assign(record.commit_last().begin(), record.commit_last().end());
   for (uint32_t f : record.unchanged_files()) options.skip_files.insert(f);
+  options.compare_content = record.compare_content();
   return options;
 }
 
@@ -228,6 +230,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   *record.mutable_manifest() = open.manifest();
   *record.mutable_commit_last() = open.commit_last();
   record.set_skip_unchanged(open.skip_unchanged());
+  record.set_compare_content(open.compare_content());
   record.set_single_file(open.single_file());
   record.set_keep_checkpoints(open.keep_checkpoints());
   record.set_checkpoint_marker(open.checkpoint_marker());
@@ -265,8 +268,10 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
 
   if (open.skip_unchanged()) {
     for (int f = 0; f < open.manifest().files_size(); ++f) {
-      auto same = storage::PublishedFileMatches(fs_, *dest, open.single_file(),
-                                                open.manifest().files(f));
+      const v1::ManifestFile& file = open.manifest().files(f);
+      auto same = open.compare_content()
+                      ? storage::PublishedContentMatches(fs_, *dest, open.single_file(), file)
+                      : storage::PublishedFileMatches(fs_, *dest, open.single_file(), file);
       if (!same.ok()) return fail(same.status());
       if (*same) record.add_unchanged_files(f);
     }

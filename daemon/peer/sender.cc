@@ -10,10 +10,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/fmt_absl.h"
 #include "daemon/peer/messaging.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
+#include "storage/content_check.h"
 #include "storage/file_io.h"
 #include "storage/manifest.h"
 
@@ -26,6 +28,8 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
 constexpr size_t kMaxPipelinedChunks = 64;
 // Per stream, the most bytes sent and not yet acknowledged, in chunk sizes (see StreamLoop).
 constexpr uint64_t kMaxUnackedChunkSizes = 2;
+// Read size when hashing whole source files for sync --checksum.
+constexpr size_t kDigestReadSize = size_t{8} << 20;
 // The share of the configured link a transfer's streams pace at, together
 // (see StreamPacingLimit).
 constexpr double kBulkLinkShare = 0.95;
@@ -94,7 +98,10 @@ void TransferSender::AbortChannels() {
 
 absl::Status TransferSender::Run() {
   int failures = 0;
-  absl::Time last_progress = absl::Now();
+  // The give-up deadline is on the monotonic clock: a wall-clock step
+  // neither fails a transfer early nor keeps a dead one going.
+  const Clock& clock = RealClock::Get();
+  Timestamp last_progress = clock.Now();
   uint64_t best_done = progress_.Get().bytes_done;
   while (true) {
     if (stopping()) return absl::CancelledError("stopped");
@@ -132,13 +139,15 @@ absl::Status TransferSender::Run() {
     if (done > best_done) {
       best_done = done;
       failures = 0;
-      last_progress = absl::Now();
+      last_progress = clock.Now();
     }
+    const TimeDelta stalled = clock.Now() - last_progress;
     if (config_.transfer.give_up_after_us > 0 &&
-        absl::Now() - last_progress > absl::Microseconds(config_.transfer.give_up_after_us)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("no progress for ", absl::FormatDuration(absl::Now() - last_progress),
-                       "; last error: ", status.message()));
+        stalled >
+            TimeDelta::Microseconds(static_cast<int64_t>(config_.transfer.give_up_after_us))) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no progress for ", absl::FormatDuration(absl::Nanoseconds(stalled.ToNanoseconds())),
+          "; last error: ", status.message()));
     }
     absl::Duration backoff = std::min(kMaxBackoff, kMinBackoff * (1 << std::min(failures, 6)));
     ++failures;
@@ -149,6 +158,9 @@ absl::Status TransferSender::Run() {
 }
 
 absl::Status TransferSender::RunAttempt() {
+  if (this->record().spec().checksum()) {
+    if (absl::Status s = DigestSources(); !s.ok()) return s;
+  }
   const v1::OutgoingTransfer record = this->record();
   const v1::TransferSpec& spec = record.spec();
   const daemon::PeerConfig* peer = config_.FindPeer(spec.dest_site());
@@ -211,6 +223,7 @@ absl::Status TransferSender::RunAttempt() {
   open->set_single_file(record.single_file());
   open->set_keep_checkpoints(spec.keep_checkpoints());
   open->set_checkpoint_marker(spec.checkpoint_marker());
+  open->set_compare_content(spec.sync() && spec.checksum());
   auto opened = Call(**control, session_id, request);
   if (!opened.ok()) return opened.status();
   const v1::OpenReply& reply = opened->open_reply();
@@ -567,6 +580,69 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
   return absl::OkStatus();
 }
 
+absl::Status TransferSender::DigestSources() {
+  const v1::OutgoingTransfer record = this->record();
+  const v1::Manifest& manifest = record.manifest();
+  std::unique_ptr<storage::FileIo> io;
+  std::vector<uint8_t> buffer;
+  const Timestamp start = RealClock::Get().Now();
+  uint64_t files = 0, bytes = 0;
+  for (int f = 0; f < manifest.files_size(); ++f) {
+    const v1::ManifestFile& file = manifest.files(f);
+    if (!file.content_xxh128().empty()) continue;
+    if (stopping()) return absl::CancelledError("stopped");
+    if (io == nullptr) {
+      io = storage::MakeFileIo();
+      buffer.resize(kDigestReadSize);
+    }
+    const std::string& path = record.source_paths(f);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("source file ", path, " was removed during the transfer"));
+      }
+      return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+    }
+    // The identity is checked before and after the read, so the digest
+    // belongs to the file the manifest describes.
+    auto read_digest = [&]() -> absl::StatusOr<storage::Xxh128> {
+      if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) return s;
+      absl::StatusOr<storage::Xxh128> d = storage::HashFileContent(
+          *io, fd, file.size(), absl::MakeSpan(buffer), [this] { return stopping(); });
+      if (!d.ok()) return d;
+      if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) return s;
+      return d;
+    };
+    const absl::StatusOr<storage::Xxh128> digest = read_digest();
+    ::close(fd);
+    if (absl::IsAborted(digest.status())) {
+      spdlog::info("transfer {}: {}; it will be hashed again", record.id(),
+                   digest.status().message());
+      absl::MutexLock lock(&mu_);
+      changed_file_ = f;
+      return digest.status();
+    }
+    if (!digest.ok()) return digest.status();
+    const std::array<uint8_t, 16> digest_bytes = digest->ToBytes();
+    {
+      absl::MutexLock lock(&mu_);
+      record_.mutable_manifest()->mutable_files(f)->set_content_xxh128(digest_bytes.data(),
+                                                                       digest_bytes.size());
+    }
+    ++files;
+    bytes += file.size();
+  }
+  if (files == 0) return absl::OkStatus();
+  spdlog::info("transfer {}: hashed {} files ({} bytes) for --checksum in {:.2f} s", record.id(),
+               files, bytes, (RealClock::Get().Now() - start).ToSecondsF());
+  // Unsynced: digests lost in a power loss are only computed again.
+  if (absl::Status s = journal_.PutOutgoing(this->record(), /*sync=*/false); !s.ok()) {
+    spdlog::warn("transfer {}: cannot journal content digests: {}", record.id(), s.message());
+  }
+  return absl::OkStatus();
+}
+
 std::optional<uint32_t> TransferSender::FindChangedSource() {
   const v1::OutgoingTransfer record = this->record();
   for (int f = 0; f < record.manifest().files_size(); ++f) {
@@ -597,11 +673,8 @@ absl::Status TransferSender::RefreshChangedFile(uint32_t file_index) {
           absl::StrCat("source ", path, " is no longer a regular file"));
     }
     v1::ManifestFile* file = record_.mutable_manifest()->mutable_files(file_index);
-    file->set_size(st.st_size);
-    file->set_mtime_ns(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
-    file->set_mode(st.st_mode & 07777);
-    file->set_inode(st.st_ino);
-    file->set_device(st.st_dev);
+    storage::RecordSourceIdentity(st, *file);
+    file->clear_content_xxh128();
     file->set_generation(file->generation() + 1);
     copy = record_;
   }

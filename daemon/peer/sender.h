@@ -115,7 +115,12 @@ class TransferSender {
   // A stream starts (+1) or stops (-1) sending chunks: every stream's pacing
   // cap becomes StreamPacingLimit(link, streams still sending).
   void ChangeSendingStreams(int delta);
-  // Re-reads the source file's identity and bumps its generation.
+  // sync --checksum: gives each file without a content digest the XXH3-128
+  // of its content, read between two identity checks. Aborted, with
+  // changed_file_ set, when a file changed meanwhile.
+  absl::Status DigestSources();
+  // Re-reads the source file's identity, drops its content digest and bumps
+  // its generation.
   absl::Status RefreshChangedFile(uint32_t file_index);
   // Any source file whose identity differs from the manifest, or nullopt.
   std::optional<uint32_t> FindChangedSource();

@@ -75,10 +75,14 @@ UdpConnection::~UdpConnection() {
   {
     absl::MutexLock lock(&mu_);
     // Linger until what we wrote is acknowledged, like a TCP close.
-    const absl::Time deadline = absl::Now() + absl::Milliseconds(kLinger.ToMilliseconds());
+    const Timestamp deadline = clock_.Now() + kLinger;
     while (!aborted_.load() && status_.ok() && !peer_closed_ && !io_done_ &&
            send_acked_ < send_written_) {
-      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+      const TimeDelta left = deadline - clock_.Now();
+      if (left <= TimeDelta::Zero() ||
+          cv_.WaitWithTimeout(&mu_, absl::Nanoseconds(left.ToNanoseconds()))) {
+        break;
+      }
     }
     stop_ = true;
   }

@@ -49,5 +49,34 @@ TEST(CheckpointMarkerTest, RefusesPathsThatLeaveTheCheckpoint) {
   EXPECT_FALSE(ValidateCheckpointMarker(std::string_view("a\0b", 3)).ok());
 }
 
+TEST(CommitMarkerTest, TheDefaultsMatchTheUsualCheckpointFormats) {
+  const std::vector<std::string> defaults(kDefaultCommitMarkers.begin(),
+                                          kDefaultCommitMarkers.end());
+  for (const char* marker : {".metadata", "model.safetensors.index.json", "COMPLETE",
+                             "sub/pytorch_model.bin.index.json"}) {
+    EXPECT_TRUE(IsCommitMarker(defaults, marker)) << marker;
+  }
+  for (const char* other :
+       {"__0_0.distcp", "metadata", "index.json.tmp", "COMPLETE/x", "model.pt"}) {
+    EXPECT_FALSE(IsCommitMarker(defaults, other)) << other;
+  }
+}
+
+TEST(CommitMarkerTest, AGlobWithASlashMatchesTheWholePathOnly) {
+  EXPECT_TRUE(IsCommitMarker({"meta/*.done"}, "meta/run.done"));
+  EXPECT_FALSE(IsCommitMarker({"meta/*.done"}, "meta/deeper/run.done"));
+  EXPECT_FALSE(IsCommitMarker({"meta/*.done"}, "run.done"));
+  EXPECT_FALSE(IsCommitMarker({}, ".metadata"));
+}
+
+TEST(CommitMarkerTest, GlobMatchingOnlyMatchesThatPathAlone) {
+  for (const char* path : {".metadata", "step[1]*.json", "a?b\\c", "meta/DONE"}) {
+    const std::string glob = GlobMatchingOnly(path);
+    EXPECT_TRUE(IsCommitMarker({glob}, path)) << glob;
+  }
+  EXPECT_FALSE(IsCommitMarker({GlobMatchingOnly("step[1]*.json")}, "step1x.json"));
+  EXPECT_FALSE(IsCommitMarker({GlobMatchingOnly("a?b")}, "axb"));
+}
+
 }  // namespace
 }  // namespace longhaul

@@ -1,5 +1,6 @@
-"""Cron replication: `longhaul sync --keep K --only-complete MARKER`, and
-overlapping sync runs that attach to each other instead of racing."""
+"""Cron replication: `longhaul sync --keep K [--only-complete MARKER]`,
+overlapping sync runs that attach to each other instead of racing, and
+`sync --checksum`, which compares destination content by digest."""
 
 import json
 import os
@@ -12,13 +13,23 @@ MIB = 1 << 20
 MARKER = "model.index.json"
 
 
-def make_checkpoint(run_dir, name, seed, complete=True, shard_size=256 * 1024):
-    """RUN/NAME with two shards and, when complete, the index (commit marker)."""
-    for i in range(2):
+def make_checkpoint(run_dir, name, seed, complete=True, shard_size=256 * 1024, marker=MARKER,
+                    shards=2):
+    """RUN/NAME with `shards` shards and, when complete, the commit marker."""
+    for i in range(shards):
         lh.write_random(os.path.join(run_dir, name, f"shard-{i}.pt"), shard_size, seed=seed * 10 + i)
     if complete:
-        with open(os.path.join(run_dir, name, MARKER), "w") as f:
-            json.dump({"step": name, "shards": 2}, f)
+        with open(os.path.join(run_dir, name, marker), "w") as f:
+            json.dump({"step": name, "shards": shards}, f)
+
+
+def make_dcp_checkpoint(run_dir, name, seed, shards_written=4):
+    """A PyTorch DCP checkpoint of 4 shards; `.metadata` is written last, so
+    with fewer than 4 shards written it is still in progress."""
+    for i in range(shards_written):
+        lh.write_random(os.path.join(run_dir, name, f"__{i}_0.distcp"), 128 * 1024, seed=seed * 10 + i)
+    if shards_written == 4:
+        lh.write_random(os.path.join(run_dir, name, ".metadata"), 4096, seed=seed * 10 + 9)
 
 
 class CronSyncTest(lh.SitesTestCase):
@@ -111,6 +122,110 @@ class CronSyncTest(lh.SitesTestCase):
         # Once it has ended, a new run starts a new (empty) sync.
         third = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
         self.assertNotEqual(third["id"], a["id"])
+
+
+class KeepWithoutOnlyCompleteTest(lh.SitesTestCase):
+    """`sync --keep` without `--only-complete`: a checkpoint counts once it
+    holds a commit marker (.metadata, *.index.json, COMPLETE, --commit-last)."""
+
+    def dest(self, *parts):
+        return os.path.join(self.sites.export("site-b"), "run1", *parts)
+
+    def sync(self, run_dir, *flags, check=True):
+        return self.sites.cli("a", "sync", run_dir, "site-b:/ckpt/run1", "--wait", "--json", *flags,
+                              check=check)
+
+    def test_a_half_written_newest_checkpoint_is_not_sent_and_the_complete_one_stays(self):
+        run = self.sites.path("run1")
+        make_dcp_checkpoint(run, "step-100", seed=1)
+        self.sync(run, "--keep", "1")
+        self.assertEqual(os.listdir(self.dest()), ["step-100"])
+        complete = lh.tree_digest(os.path.join(run, "step-100"))
+
+        make_dcp_checkpoint(run, "step-200", seed=2, shards_written=2)  # 2 of 4, no .metadata
+        second = self.sync(run, "--keep", "1")
+        self.assertIn("skipping step-200", second.stderr)
+        self.assertEqual(os.listdir(self.dest()), ["step-100"])
+        self.assertEqual(lh.tree_digest(self.dest("step-100")), complete)
+
+        make_dcp_checkpoint(run, "step-200", seed=2)  # now finished
+        self.sync(run, "--keep", "1")
+        self.assertEqual(os.listdir(self.dest()), ["step-200"])
+        self.assertEqual(lh.tree_digest(self.dest("step-200")),
+                         lh.tree_digest(os.path.join(run, "step-200")))
+
+    def test_a_commit_last_glob_names_the_marker(self):
+        run = self.sites.path("run1")
+        make_checkpoint(run, "a-1", seed=1, marker="DONE")
+        make_checkpoint(run, "a-2", seed=2, marker="DONE")
+        make_checkpoint(run, "a-3", seed=3, complete=False)
+        proc = self.sync(run, "--keep", "1", "--commit-last", "DON?")
+        self.assertIn("skipping a-3", proc.stderr)
+        self.assertEqual(os.listdir(self.dest()), ["a-2"])
+        self.assertEqual(lh.tree_digest(self.dest("a-2")), lh.tree_digest(os.path.join(run, "a-2")))
+
+    def test_an_unfinished_directory_at_the_destination_does_not_push_out_a_complete_one(self):
+        run = self.sites.path("run1")
+        make_dcp_checkpoint(run, "step-1", seed=1)
+        # Something newer by name, without a marker, already at the destination.
+        lh.write_random(self.dest("step-5", "__0_0.distcp"), 4096, seed=5)
+        self.sync(run, "--keep", "1")
+        self.assertEqual(sorted(os.listdir(self.dest())), ["step-1", "step-5"])
+        self.assertEqual(lh.tree_digest(self.dest("step-1")), lh.tree_digest(os.path.join(run, "step-1")))
+
+    def test_keep_without_any_marker_is_a_usage_error_that_says_what_to_add(self):
+        run = self.sites.path("run1")
+        make_checkpoint(run, "step-1", seed=1, complete=False)
+        make_checkpoint(run, "step-2", seed=2, complete=False)
+        proc = self.sync(run, "--keep", "1", check=False)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("--only-complete", proc.stderr)
+        self.assertIn("--commit-last", proc.stderr)
+        self.assertFalse(os.path.exists(self.dest()))
+
+
+class ChecksumSyncTest(lh.SitesTestCase):
+
+    def sync(self, *flags):
+        proc = self.sites.cli("a", "sync", self.src, "site-b:/ckpt/s", "--wait", "--json", *flags,
+                              check=True)
+        return json.loads(proc.stdout)
+
+    def test_checksum_repairs_a_destination_file_changed_with_the_same_size_and_mtime(self):
+        self.src = self.sites.path("src")
+        lh.write_random(os.path.join(self.src, "a.bin"), 3 * MIB, seed=1)
+        lh.write_random(os.path.join(self.src, "sub", "b.bin"), MIB, seed=2)
+        first = self.sync()
+        self.assertEqual(first["state"], "COMPLETED")
+        dest = os.path.join(self.sites.export("site-b"), "s")
+        expected = lh.tree_digest(self.src)
+        self.assertEqual(lh.tree_digest(dest), expected)
+
+        # Bit rot (or a stray writer) at the destination: one byte differs,
+        # size and mtime are as before.
+        damaged = os.path.join(dest, "a.bin")
+        st = os.stat(damaged)
+        with open(damaged, "r+b") as f:
+            f.seek(MIB + 7)
+            byte = f.read(1)
+            f.seek(MIB + 7)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        os.utime(damaged, ns=(st.st_atime_ns, st.st_mtime_ns))
+        self.assertNotEqual(lh.tree_digest(dest), expected)
+
+        plain = self.sync()
+        self.assertEqual((plain["state"], plain["files_unchanged"], plain["bytes_sent"]),
+                         ("COMPLETED", 2, 0))
+        self.assertNotEqual(lh.tree_digest(dest), expected)
+
+        checked = self.sync("--checksum")
+        self.assertEqual(checked["state"], "COMPLETED", checked.get("error"))
+        self.assertEqual(checked["files_unchanged"], 1)  # sub/b.bin
+        self.assertEqual(checked["bytes"], 3 * MIB)
+        self.assertEqual(lh.tree_digest(dest), expected)
+
+        again = self.sync("--checksum")
+        self.assertEqual((again["files_unchanged"], again["bytes_sent"]), (2, 0))
 
 
 if __name__ == "__main__":

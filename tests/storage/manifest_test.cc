@@ -62,7 +62,9 @@ TEST_F(BuildManifestTest, DirectoryTreeIsSortedRegularFilesOnly) {
   EXPECT_EQ(one.inode(), st.st_ino);
   EXPECT_EQ(one.device(), st.st_dev);
   EXPECT_EQ(one.mtime_ns(), st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec);
+  EXPECT_EQ(one.ctime_ns(), st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec);
   EXPECT_EQ(one.generation(), 0u);
+  EXPECT_TRUE(one.content_xxh128().empty());
 
   EXPECT_EQ(ChunkCount(m.files(0), kChunk), 3u);
   EXPECT_EQ(ChunkSize(m.files(0), 0, kChunk), kChunk);
@@ -132,6 +134,50 @@ TEST_F(BuildManifestTest, SourceChangeIsDetected) {
   other_inode.set_mtime_ns(st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec);
   fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   EXPECT_EQ(CheckSourceUnchanged(other_inode, fd).code(), absl::StatusCode::kAborted);
+  close(fd);
+}
+
+TEST_F(BuildManifestTest, CtimeAloneTellsARewriteWithTheMtimePutBack) {
+  const std::string path = dir_.Sub("src/big.bin");
+  auto b = BuildManifest({path}, kChunk);
+  ASSERT_TRUE(b.ok());
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(CheckSourceUnchanged(b->manifest.files(0), fd).ok());
+
+  // What the manifest holds when the file was rewritten in place after it
+  // was built, and `touch -r` put the size and mtime back: only the ctime
+  // differs from the file's.
+  v1::ManifestFile before = b->manifest.files(0);
+  before.set_ctime_ns(before.ctime_ns() - 1);
+  absl::Status s = CheckSourceUnchanged(before, fd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_NE(s.message().find("ctime is"), absl::string_view::npos) << s;
+
+  // Manifests journaled before ctimes were recorded: not compared.
+  before.set_ctime_ns(0);
+  EXPECT_TRUE(CheckSourceUnchanged(before, fd).ok());
+  close(fd);
+}
+
+TEST_F(BuildManifestTest, RecordSourceIdentityKeepsPathGenerationAndDigest) {
+  const std::string path = dir_.Sub("src/one.bin");
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  v1::ManifestFile f;
+  f.set_path("kept");
+  f.set_generation(4);
+  f.set_content_xxh128(std::string(16, 'x'));
+  RecordSourceIdentity(st, f);
+  EXPECT_EQ(f.path(), "kept");
+  EXPECT_EQ(f.generation(), 4u);
+  EXPECT_EQ(f.content_xxh128(), std::string(16, 'x'));
+  EXPECT_EQ(f.size(), 1u);
+  EXPECT_EQ(f.mode(), 0640u);
+  EXPECT_EQ(f.ctime_ns(), st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec);
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(CheckSourceUnchanged(f, fd).ok());
   close(fd);
 }
 
@@ -221,6 +267,16 @@ TEST(ValidateManifestTest, RejectsHugeSizesAndBadModes) {
   absl::Status s = ValidateManifest(mode);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("mode"), absl::string_view::npos) << s;
+}
+
+TEST(ValidateManifestTest, ContentDigestIsEmptyOrSixteenBytes) {
+  v1::Manifest digest = Good();
+  digest.mutable_files(1)->set_content_xxh128(std::string(16, '\0'));
+  EXPECT_TRUE(ValidateManifest(digest).ok());
+  digest.mutable_files(1)->set_content_xxh128(std::string(15, '\0'));
+  absl::Status s = ValidateManifest(digest);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("content digest"), absl::string_view::npos) << s;
 }
 
 }  // namespace

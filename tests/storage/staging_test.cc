@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "storage/chunk_io.h"
 #include "storage/file_system.h"
 #include "tests/storage/test_util.h"
 
@@ -214,6 +215,38 @@ TEST_F(StagingTest, AnUnchangedFileThatChangedMeanwhileIsAskedForAgain) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
   EXPECT_EQ(resend, std::vector<uint32_t>{0});
   EXPECT_EQ(ReadFile(dest + "/.metadata"), "old marker");  // not touched
+}
+
+// sync --checksum: an unchanged file is linked when its content still has
+// the manifest's digest, whatever its mtime, and asked for again otherwise.
+TEST_F(StagingTest, ContentComparedUnchangedFilesAreLinkedByDigest) {
+  const std::string dest = dir_.Sub("export/ckpt");
+  MakeDirs(dest);
+  auto same = Bytes(70000, 0);
+  WriteFile(dest + "/shard-0.distcp", same);  // today's mtime, not the manifest's
+  auto digest = HashBytes(same).ToBytes();
+  m_.mutable_files(0)->set_content_xxh128(digest.data(), digest.size());
+  opts_.skip_files = {0};
+  opts_.compare_content = true;
+  {
+    auto s = Open("ckpt", "c1");
+    ASSERT_TRUE(s.ok());
+    StageAll(*s);
+    absl::Status st = s->Publish(m_, opts_);
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(ReadFile(dest + "/shard-0.distcp"), std::string(same.begin(), same.end()));
+    ASSERT_TRUE(s->Remove().ok());
+  }
+  // Same size, one byte different: not the same content any more.
+  same[100] ^= 1;
+  WriteFile(dest + "/shard-0.distcp", same);
+  auto s = Open("ckpt", "c2");
+  ASSERT_TRUE(s.ok());
+  StageAll(*s);
+  std::vector<uint32_t> resend;
+  absl::Status st = s->Publish(m_, opts_, &resend);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(resend, std::vector<uint32_t>{0});
 }
 
 TEST_F(StagingTest, PublishesASingleFile) {
