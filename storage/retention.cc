@@ -23,7 +23,7 @@ absl::StatusOr<bool> IsCheckpoint(FileSystem& fs, Directory& parent, const std::
   absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(parent, name);
   if (!st.ok()) return st.status();
   if (!st->has_value() || !(*st)->is_directory()) return false;
-  absl::StatusOr<std::unique_ptr<Directory>> checkpoint = fs.OpenDir(parent, name, false);
+  absl::StatusOr<std::unique_ptr<Directory>> checkpoint = fs.OpenDir(parent, name, /*create=*/false, kDirMode);
   if (!checkpoint.ok()) return false;  // replaced meanwhile: not ours to judge
   if (!policy.complete_marker.empty()) {
     // The marker must be reached without following symlinks.
