@@ -312,7 +312,10 @@ TEST_P(RetentionCrashTest, EveryStepKeepsCheckpointsWholeAndConverges) {
       {"step-4", WithDirs({{"COMPLETE", ""}, {"shards/0", "four"}})},
       {"step-5", WithDirs({{"shards/0", "five, still being written"}})},
   };
-  const RetentionPolicy policy{.keep = 2, .marker_globs = kMarkers};
+  RetentionPolicy policy;
+  policy.keep = 2;
+  policy.marker_globs = kMarkers;
+  policy.owned = {"step-1", "step-2", "step-3", "step-4", "step-5"};
   uint64_t crash_points = 0;
   for (uint64_t step = 1;; ++step) {
     SCOPED_TRACE("crash at mutating step " + std::to_string(step));
@@ -334,7 +337,9 @@ TEST_P(RetentionCrashTest, EveryStepKeepsCheckpointsWholeAndConverges) {
       for (const auto& [name, tree] : checkpoints) {
         std::optional<Tree> seen = fs.Tree("/export/run/" + name);
         const bool keep = name >= "step-3";
-        if (keep || seen) EXPECT_EQ(seen, std::optional<Tree>(tree)) << name;
+        if (keep || seen) {
+          EXPECT_EQ(seen, std::optional<Tree>(tree)) << name;
+        }
       }
     };
     check();
