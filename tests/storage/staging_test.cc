@@ -236,6 +236,8 @@ TEST_F(StagingTest, PublishedModesAreMaskedAndNeverSetuid) {
   }
   PublishOptions opts;
   opts.mode_mask = 0750;
+  // A setgid export: Linux gives new directories in it the setgid bit too.
+  ASSERT_EQ(chmod(dir_.Sub("export").c_str(), 02775), 0);
   // Directories get exactly 0777 & mode_mask whatever the process umask.
   const mode_t old_umask = umask(077);
   absl::Status st = s->Publish(m, opts);
