@@ -101,8 +101,8 @@ bool Receiver::DestinationExists(const std::string& export_name, const std::stri
 
 void Receiver::CountRefusal(const std::string& peer_site, const std::string& export_name) {
   if (config_.FindExport(export_name) == nullptr) return;
-  absl::MutexLock lock(&mu_);
-  ++stats_.access_refused[{peer_site, export_name}];
+  absl::MutexLock lock(&refused_mu_);
+  ++access_refused_[{peer_site, export_name}];
 }
 
 absl::Status Receiver::CheckWriter(const std::string& peer_site, const std::string& export_name) {
@@ -173,9 +173,14 @@ void Receiver::Shutdown() {
 }
 
 ReceiverStats Receiver::stats() const {
-  absl::MutexLock lock(&mu_);
-  ReceiverStats stats = stats_;
+  ReceiverStats stats;
+  {
+    absl::MutexLock lock(&mu_);
+    stats = stats_;
+  }
   stats.staged_corruptions = staged_corruptions_.load();
+  absl::MutexLock lock(&refused_mu_);
+  stats.access_refused = access_refused_;
   return stats;
 }
 
@@ -798,6 +803,11 @@ v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site, const v1::Pe
   answer.set_request_id(request.request_id());
   v1::AbortReply* reply = answer.mutable_abort_reply();
   if (!*record) {
+    // A site that may write nowhere could never open it: nothing to note.
+    const bool writer = std::any_of(
+        config_.exports.begin(), config_.exports.end(),
+        [&](const daemon::ExportConfig& e) { return e.IsWriter(peer_site); });
+    if (!writer) return answer;
     // Not opened yet: leave a tombstone so a late open is refused.
     v1::IncomingTransfer tombstone;
     tombstone.set_id(id);

@@ -121,6 +121,11 @@ class Receiver {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> staged_corruptions_{0};
+  // Its own lock: refusals are counted while a session lock is held, and
+  // mu_ is taken before session locks elsewhere.
+  mutable absl::Mutex refused_mu_;
+  std::map<std::pair<std::string, std::string>, uint64_t> access_refused_
+      ABSL_GUARDED_BY(refused_mu_);
   absl::Mutex publish_mu_;
   // Destinations (absolute paths) with a publish running.
   absl::flat_hash_set<std::string> publishing_ ABSL_GUARDED_BY(publish_mu_);

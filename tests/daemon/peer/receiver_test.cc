@@ -161,17 +161,11 @@ class ReceiverAuthorizationTest : public ReceiverRestartTest {
     config_.exports[0].readers = {"site-c"};
   }
 
-  // Serves one control connection from `site` that asks to open `id` into
-  // ckpt:`dest`; returns the receiver's answer.
-  v1::PeerMessage OpenAs(Receiver& receiver, const std::string& site, const std::string& id,
-                         const std::string& dest) {
-    v1::PeerMessage request;
+  // Serves one control connection from `site` for transfer `id` that sends
+  // `request`; returns the receiver's answer.
+  v1::PeerMessage Call(Receiver& receiver, const std::string& site, const std::string& id,
+                       v1::PeerMessage request) {
     request.set_request_id(7);
-    v1::OpenRequest* open = request.mutable_open();
-    open->set_transfer_id(id);
-    open->set_export_name("ckpt");
-    open->set_dest_path(dest);
-    *open->mutable_manifest() = record_.manifest();
     std::vector<uint8_t> script, written;
     ScriptedChannel encoder(site, {}, &script);
     EXPECT_TRUE(SendProto(encoder, FrameType::kControl, SessionIdFor(id), request).ok());
@@ -183,6 +177,18 @@ class ReceiverAuthorizationTest : public ReceiverRestartTest {
     v1::PeerMessage answer;
     EXPECT_TRUE(ReadProto(decoder, FrameType::kControl, SessionIdFor(id), &answer).ok());
     return answer;
+  }
+
+  // Asks, as `site`, to open `id` into ckpt:`dest`.
+  v1::PeerMessage OpenAs(Receiver& receiver, const std::string& site, const std::string& id,
+                         const std::string& dest) {
+    v1::PeerMessage request;
+    v1::OpenRequest* open = request.mutable_open();
+    open->set_transfer_id(id);
+    open->set_export_name("ckpt");
+    open->set_dest_path(dest);
+    *open->mutable_manifest() = record_.manifest();
+    return Call(receiver, site, id, request);
   }
 };
 
@@ -234,6 +240,21 @@ TEST_F(ReceiverAuthorizationTest, AWriterMayNotOpenInsideAnotherSitesPublishedDe
       << answer.error();
   EXPECT_EQ(fs_->Tree(export_ + "/.longhaul"), std::nullopt);
   EXPECT_EQ(OpenAs(receiver, "site-c", "t-c2", "ckpt/other").error(), "");
+}
+
+TEST_F(ReceiverAuthorizationTest, AnAbortFromASiteThatMayWriteNowhereLeavesNoRecord) {
+  Receiver receiver(config_, *journal_, *fs_);
+  v1::PeerMessage abort;
+  abort.mutable_abort()->set_transfer_id("t-unknown");
+  EXPECT_EQ(Call(receiver, "site-c", "t-unknown", abort).error(), "");
+  auto record = journal_->GetIncoming("t-unknown");
+  ASSERT_TRUE(record.ok());
+  EXPECT_FALSE(record->has_value());
+  // A writer's abort of a transfer not opened yet leaves its tombstone.
+  EXPECT_EQ(Call(receiver, "site-a", "t-unknown", abort).error(), "");
+  record = journal_->GetIncoming("t-unknown");
+  ASSERT_TRUE(record.ok() && record->has_value());
+  EXPECT_EQ((*record)->state(), v1::IncomingTransfer::ABORTED);
 }
 
 }  // namespace
