@@ -125,7 +125,10 @@ case $cmd in
     # A port found free can be taken before the daemon binds it: pick again.
     for attempt in 1 2 3; do
       missing_config=0
-      for s in "${sites[@]}"; do [ -f "$dir/$s/longhauld.yaml" ] || missing_config=1; done
+      # A config from before exports listed their writers would refuse every peer.
+      for s in "${sites[@]}"; do
+        grep -qs '^    writers:' "$dir/$s/longhauld.yaml" || missing_config=1
+      done
       if [ "$missing_config" = 1 ]; then
         # One free port per site; every site peers with all the others.
         declare -A port=()
