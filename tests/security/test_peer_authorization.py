@@ -9,6 +9,7 @@ and the peer, nothing is written, and the refusal is logged and counted in
 import json
 import os
 import re
+import shutil
 import stat
 import sys
 import time
@@ -288,7 +289,6 @@ class SharedExportTest(AccessTestCase):
         self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
 
         # Once site-a's checkpoint is gone, the path is free again.
-        import shutil
         shutil.rmtree(self.export("run1", "step-1"))
         self.assertTrue(peer.publish("t-after", "ckpt", "run1/step-1", model).ok())
 
