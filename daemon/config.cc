@@ -3,6 +3,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -54,6 +55,52 @@ absl::Status ReadDuration(const YAML::Node& node, const char* key, absl::string_
   return absl::OkStatus();
 }
 
+// An octal permission mask such as "022" or "0027".
+absl::Status ReadUmask(const YAML::Node& node, absl::string_view section, uint32_t* out) {
+  if (!node["umask"]) return absl::OkStatus();
+  const std::string text = node["umask"].as<std::string>();
+  uint32_t value = 0;
+  bool ok = !text.empty() && text.size() <= 4;
+  for (char ch : text) {
+    ok = ok && ch >= '0' && ch <= '7';
+    value = value * 8 + static_cast<uint32_t>(ch - '0');
+  }
+  if (!ok || value > 0777) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        section, ".umask: '", text, "' is not an octal permission mask such as \"022\" (at most 0777)"));
+  }
+  *out = value;
+  return absl::OkStatus();
+}
+
+// A list of site names; each must be a configured peer, listed once.
+absl::Status ReadSites(const YAML::Node& node, const char* key, absl::string_view section,
+                       const std::vector<PeerConfig>& peers, std::vector<std::string>* out) {
+  if (!node[key]) return absl::OkStatus();
+  if (!node[key].IsSequence()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(section, ".", key, " must be a list of peer sites, e.g. [site-a]"));
+  }
+  for (const YAML::Node& n : node[key]) {
+    std::string site = n.as<std::string>();
+    const bool known = std::any_of(peers.begin(), peers.end(),
+                                   [&](const PeerConfig& p) { return p.site == site; });
+    if (!known) {
+      std::vector<std::string> names;
+      for (const PeerConfig& p : peers) names.push_back(p.site);
+      return absl::InvalidArgumentError(absl::StrCat(
+          section, ".", key, ": '", site, "' is not a configured peer (peers: ",
+          names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
+    }
+    if (std::find(out->begin(), out->end(), site) != out->end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(section, ".", key, ": '", site, "' is listed twice"));
+    }
+    out->push_back(std::move(site));
+  }
+  return absl::OkStatus();
+}
+
 #define LH_RETURN_IF_ERROR(expr)        \
   do {                                  \
     absl::Status _st = (expr);          \
@@ -92,26 +139,6 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
     LH_RETURN_IF_ERROR(Read(tls, "key", &c.tls.key));
   }
 
-  std::set<std::string> names;
-  if (YAML::Node exports = root["exports"]) {
-    if (!exports.IsSequence()) return absl::InvalidArgumentError("exports must be a list");
-    for (const YAML::Node& e : exports) {
-      LH_RETURN_IF_ERROR(CheckKeys(e, "exports[]", {"name", "path"}));
-      ExportConfig ex;
-      LH_RETURN_IF_ERROR(Read(e, "name", &ex.name));
-      LH_RETURN_IF_ERROR(Read(e, "path", &ex.path));
-      if (ex.name.empty() || ex.name.find('/') != std::string::npos || ex.path.empty() ||
-          ex.path[0] != '/') {
-        return absl::InvalidArgumentError(
-            "each export needs a name without '/' and an absolute path");
-      }
-      if (!names.insert(ex.name).second) {
-        return absl::InvalidArgumentError(absl::StrCat("export '", ex.name, "' is listed twice"));
-      }
-      c.exports.push_back(ex);
-    }
-  }
-
   if (YAML::Node peers = root["peers"]) {
     if (!peers.IsSequence()) return absl::InvalidArgumentError("peers must be a list");
     std::set<std::string> sites;
@@ -136,6 +163,31 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
         return absl::InvalidArgumentError(absl::StrCat("peer '", peer.site, "' is listed twice"));
       }
       c.peers.push_back(peer);
+    }
+  }
+
+  // After the peers: writers and readers must name configured peers.
+  std::set<std::string> names;
+  if (YAML::Node exports = root["exports"]) {
+    if (!exports.IsSequence()) return absl::InvalidArgumentError("exports must be a list");
+    for (const YAML::Node& e : exports) {
+      LH_RETURN_IF_ERROR(CheckKeys(e, "exports[]", {"name", "path", "writers", "readers", "umask"}));
+      ExportConfig ex;
+      LH_RETURN_IF_ERROR(Read(e, "name", &ex.name));
+      LH_RETURN_IF_ERROR(Read(e, "path", &ex.path));
+      if (ex.name.empty() || ex.name.find('/') != std::string::npos || ex.path.empty() ||
+          ex.path[0] != '/') {
+        return absl::InvalidArgumentError(
+            "each export needs a name without '/' and an absolute path");
+      }
+      if (!names.insert(ex.name).second) {
+        return absl::InvalidArgumentError(absl::StrCat("export '", ex.name, "' is listed twice"));
+      }
+      const std::string section = absl::StrCat("exports[", ex.name, "]");
+      LH_RETURN_IF_ERROR(ReadSites(e, "writers", section, c.peers, &ex.writers));
+      LH_RETURN_IF_ERROR(ReadSites(e, "readers", section, c.peers, &ex.readers));
+      LH_RETURN_IF_ERROR(ReadUmask(e, section, &ex.umask));
+      c.exports.push_back(ex);
     }
   }
 
@@ -238,6 +290,21 @@ const PeerConfig* DaemonConfig::FindPeer(absl::string_view site) const {
     if (p.site == site) return &p;
   }
   return nullptr;
+}
+
+const ExportConfig* DaemonConfig::FindExport(absl::string_view name) const {
+  for (const ExportConfig& e : exports) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+bool ExportConfig::IsWriter(absl::string_view site) const {
+  return std::find(writers.begin(), writers.end(), site) != writers.end();
+}
+
+bool ExportConfig::IsReader(absl::string_view site) const {
+  return std::find(readers.begin(), readers.end(), site) != readers.end();
 }
 
 absl::StatusOr<DaemonConfig> ParseConfig(absl::string_view yaml_text) {

@@ -24,9 +24,22 @@ struct PeerConfig {
   uint32_t streams = 0;           // 0: transfer.streams
 };
 
+// A directory this site accepts transfers into, and who may use it.
 struct ExportConfig {
   std::string name;
   std::string path;
+  // Peer sites that may send into this export. Empty: nobody.
+  std::vector<std::string> writers;
+  // Peer sites that may fetch from this export (pull). Empty: nobody.
+  std::vector<std::string> readers;
+  // Permission bits cleared from every file and directory published here.
+  // Setuid, setgid and sticky bits are never kept, whatever the umask.
+  uint32_t umask = 022;
+
+  bool IsWriter(absl::string_view site) const;
+  bool IsReader(absl::string_view site) const;
+  // The mode bits a published file or directory may keep: 0777 & ~umask.
+  uint32_t ModeMask() const { return 0777 & ~umask; }
 };
 
 struct DaemonConfig {
@@ -91,6 +104,7 @@ struct DaemonConfig {
   // Bytes in flight that fill the configured link: bandwidth x RTT.
   uint64_t BandwidthDelayProduct() const;
   const PeerConfig* FindPeer(absl::string_view site) const;
+  const ExportConfig* FindExport(absl::string_view name) const;
 };
 
 absl::StatusOr<DaemonConfig> ParseConfig(absl::string_view yaml_text);

@@ -12,6 +12,10 @@
 # appended to both configs), LONGHAUL_LOCAL_SITES (default "site-a site-b":
 # more sites, e.g. "site-a site-b site-c", each peered with all the others;
 # `up` then prints one export line per site, LONGHAUL_SITE_C and so on).
+# Every site lets all the others write into and read from its export, unless
+# LONGHAUL_LOCAL_WRITERS / LONGHAUL_LOCAL_READERS say otherwise for it:
+# space-separated SITE=PEER,PEER entries, e.g. "site-b=site-a" (only site-a
+# may send to site-b) or "site-b=" (nobody may).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${LONGHAUL_BIN:-$root/build/bin}
@@ -45,9 +49,26 @@ running() {
   [ -n "$state" ] && [ "$state" != Z ]
 }
 
+# access_list SITE LIST DEFAULT: the entry for SITE in LIST ("SITE=A,B ..."),
+# as a YAML flow sequence, or DEFAULT when LIST has none for SITE.
+access_list() {
+  local site=$1 list=$2 default=$3 entry
+  for entry in $list; do
+    if [ "${entry%%=*}" = "$site" ]; then
+      echo "[${entry#*=}]" | sed 's/,/, /g'
+      return
+    fi
+  done
+  echo "$default"
+}
+
 write_config() {
   local site=$1 port=$2
   shift 2
+  local others=() a
+  for ((a = 1; a <= $#; a += 2)); do others+=("${!a}"); done
+  local all_others
+  all_others="[$(IFS=,; echo "${others[*]}" | sed 's/,/, /g')]"
   cat >"$dir/$site/longhauld.yaml" <<YAML
 # Written by deploy/local-sites.sh; see deploy/CONFIG.md.
 site: $site
@@ -61,6 +82,8 @@ tls:
 exports:
   - name: ckpt
     path: $dir/$site/ckpt
+    writers: $(access_list "$site" "${LONGHAUL_LOCAL_WRITERS:-}" "$all_others")
+    readers: $(access_list "$site" "${LONGHAUL_LOCAL_READERS:-}" "$all_others")
 peers:
 $(while [ $# -gt 0 ]; do printf '  - site: %s\n    address: 127.0.0.1:%s\n' "$1" "$2"; shift 2; done)
 link:
@@ -102,7 +125,10 @@ case $cmd in
     # A port found free can be taken before the daemon binds it: pick again.
     for attempt in 1 2 3; do
       missing_config=0
-      for s in "${sites[@]}"; do [ -f "$dir/$s/longhauld.yaml" ] || missing_config=1; done
+      # A config from before exports listed their writers would refuse every peer.
+      for s in "${sites[@]}"; do
+        grep -qs '^    writers:' "$dir/$s/longhauld.yaml" || missing_config=1
+      done
       if [ "$missing_config" = 1 ]; then
         # One free port per site; every site peers with all the others.
         declare -A port=()

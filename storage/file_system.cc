@@ -153,12 +153,17 @@ class Posix : public FileSystem {
   }
 
   absl::StatusOr<std::unique_ptr<Directory>> OpenDir(Directory& dir, const std::string& name,
-                                                     bool create) override {
+                                                     bool create, uint32_t mode) override {
     const std::string path = JoinPath(dir.path(), name);
     const int dfd = FdOf(dir);
     int fd = openat(dfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    bool made = false;
     if (fd < 0 && errno == ENOENT && create) {
-      if (mkdirat(dfd, name.c_str(), 0755) != 0 && errno != EEXIST) {
+      // The process umask can only clear bits of `mode`, so until the
+      // fchmod below the directory is never more open than asked for.
+      if (mkdirat(dfd, name.c_str(), mode & 0777) == 0) {
+        made = true;
+      } else if (errno != EEXIST) {
         return ErrnoError(errno, "cannot create directory", path);
       }
       fd = openat(dfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -167,7 +172,9 @@ class Posix : public FileSystem {
       if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
       return OpenError(errno, dfd, name, path, "cannot open directory");
     }
-    return std::make_unique<PosixDirectory>(fd, path);
+    auto opened = std::make_unique<PosixDirectory>(fd, path);
+    if (made && fchmod(fd, mode & 0777) != 0) return ErrnoError(errno, "cannot chmod", path);
+    return opened;
   }
 
   absl::StatusOr<std::optional<FileInfo>> Stat(Directory& dir, const std::string& name) override {
@@ -272,7 +279,8 @@ FileSystem& PosixFileSystem() {
 }
 
 absl::StatusOr<std::unique_ptr<Directory>> OpenDirBeneath(FileSystem& fs, Directory& base,
-                                                          std::string_view relative, bool create) {
+                                                          std::string_view relative, bool create,
+                                                          uint32_t mode) {
   std::unique_ptr<Directory> cur;
   for (absl::string_view comp : absl::StrSplit(internal::Av(relative), '/', absl::SkipEmpty())) {
     if (comp == ".") continue;
@@ -288,7 +296,7 @@ absl::StatusOr<std::unique_ptr<Directory>> OpenDirBeneath(FileSystem& fs, Direct
       if (!st.ok()) return st.status();
       before = *st;
     }
-    absl::StatusOr<std::unique_ptr<Directory>> next = fs.OpenDir(parent, name, create);
+    absl::StatusOr<std::unique_ptr<Directory>> next = fs.OpenDir(parent, name, create, mode);
     if (!next.ok()) return next.status();
     // A directory made here must survive a crash once something below it is.
     if (create && !before.has_value()) {
@@ -296,7 +304,7 @@ absl::StatusOr<std::unique_ptr<Directory>> OpenDirBeneath(FileSystem& fs, Direct
     }
     cur = std::move(*next);
   }
-  if (!cur) return fs.OpenDir(base, ".", /*create=*/false);
+  if (!cur) return fs.OpenDir(base, ".", /*create=*/false, mode);
   return cur;
 }
 
@@ -308,7 +316,7 @@ absl::Status RemoveTree(FileSystem& fs, Directory& dir, const std::string& name)
     absl::Status s = fs.Unlink(dir, name);
     return absl::IsNotFound(s) ? absl::OkStatus() : s;
   }
-  absl::StatusOr<std::unique_ptr<Directory>> sub = fs.OpenDir(dir, name, /*create=*/false);
+  absl::StatusOr<std::unique_ptr<Directory>> sub = fs.OpenDir(dir, name, /*create=*/false, kDirMode);
   if (!sub.ok()) return sub.status();
   absl::StatusOr<std::vector<std::string>> names = fs.List(**sub);
   if (!names.ok()) return names.status();

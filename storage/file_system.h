@@ -66,6 +66,9 @@ class File {
   virtual int fd() const = 0;
 };
 
+// The mode of the directories longhaul makes for itself (staging, trash).
+inline constexpr uint32_t kDirMode = 0755;
+
 enum class OpenMode {
   kRead,            // existing file, read only
   kReadWrite,       // existing file
@@ -87,11 +90,13 @@ class FileSystem {
 
   // Opens the directory at an absolute path taken from the configuration.
   virtual absl::StatusOr<std::unique_ptr<Directory>> OpenRoot(const std::string& path) = 0;
-  // Opens the directory `name` in `dir`; with `create`, makes it (0755) if
-  // missing. PermissionDenied if it is a symlink, FailedPrecondition if it is
-  // something else, NotFound if missing and !create.
+  // Opens the directory `name` in `dir`; with `create`, makes it if
+  // missing, with permission bits `mode` (0777 at most) exactly, whatever
+  // the process umask. PermissionDenied if it is a symlink,
+  // FailedPrecondition if it is something else, NotFound if missing and
+  // !create. `mode` is not applied to a directory that exists.
   virtual absl::StatusOr<std::unique_ptr<Directory>> OpenDir(Directory& dir, const std::string& name,
-                                                             bool create) = 0;
+                                                             bool create, uint32_t mode) = 0;
   // lstat; nullopt when nothing has that name.
   virtual absl::StatusOr<std::optional<FileInfo>> Stat(Directory& dir, const std::string& name) = 0;
   // NotFound when missing (except kCreate*), PermissionDenied on a symlink.
@@ -121,10 +126,12 @@ FileSystem& PosixFileSystem();
 // Opens the directory `relative` ('/'-separated, clean; "" means `base`
 // itself, duplicated) beneath `base` one component at a time, so a symlink
 // anywhere is refused (PermissionDenied) rather than followed. With
-// `create`, missing components are made and their parents fsync'ed. NotFound
-// when a component is missing and !create; ".." is PermissionDenied.
+// `create`, missing components are made with permission bits `mode` and
+// their parents fsync'ed. NotFound when a component is missing and !create;
+// ".." is PermissionDenied.
 absl::StatusOr<std::unique_ptr<Directory>> OpenDirBeneath(FileSystem& fs, Directory& base,
-                                                          std::string_view relative, bool create);
+                                                          std::string_view relative, bool create,
+                                                          uint32_t mode = kDirMode);
 
 // Removes `name` in `dir` and everything below it, never following a
 // symlink. A missing name is not an error. Does not fsync.

@@ -23,7 +23,7 @@ absl::StatusOr<bool> IsCheckpoint(FileSystem& fs, Directory& parent, const std::
   absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(parent, name);
   if (!st.ok()) return st.status();
   if (!st->has_value() || !(*st)->is_directory()) return false;
-  absl::StatusOr<std::unique_ptr<Directory>> checkpoint = fs.OpenDir(parent, name, false);
+  absl::StatusOr<std::unique_ptr<Directory>> checkpoint = fs.OpenDir(parent, name, /*create=*/false, kDirMode);
   if (!checkpoint.ok()) return false;  // replaced meanwhile: not ours to judge
   if (!policy.complete_marker.empty()) {
     // The marker must be reached without following symlinks.
@@ -56,7 +56,7 @@ absl::StatusOr<std::vector<std::string>> PruneCheckpoints(FileSystem& fs,
                                                           std::string_view parent_relative,
                                                           const RetentionPolicy& policy) {
   std::vector<std::string> removed;
-  if (policy.keep == 0) return removed;
+  if (policy.keep == 0 || policy.owned.empty()) return removed;
   if (absl::Status s = ValidateCheckpointMarker(policy.complete_marker); !s.ok()) return s;
   if (policy.complete_marker.empty() && policy.marker_globs.empty()) {
     return absl::InvalidArgumentError(
@@ -82,6 +82,7 @@ absl::StatusOr<std::vector<std::string>> PruneCheckpoints(FileSystem& fs,
   if (!names.ok()) return names.status();
   std::vector<std::string> checkpoints;
   for (const std::string& n : *names) {
+    if (!policy.owned.contains(n)) continue;
     absl::StatusOr<bool> is = IsCheckpoint(fs, **parent, n, policy);
     if (!is.ok()) return is.status();
     if (*is) checkpoints.push_back(n);

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "storage/file_system.h"
 
@@ -26,13 +27,20 @@ struct RetentionPolicy {
   // are checkpoints. With neither set, PruneCheckpoints refuses: an
   // incomplete checkpoint must never be counted, and nothing could tell.
   std::vector<std::string> marker_globs;
+  // The names in the parent directory that this prune may count and remove:
+  // the checkpoints the pruning transfer's source site published there (the
+  // receiver knows them from its journal). Nothing else is ever counted or
+  // removed, so one site's --keep never takes another's checkpoints, nor
+  // anything an operator put there. Empty: nothing is pruned.
+  absl::flat_hash_set<std::string> owned;
 };
 
 // In the directory `parent_relative` ('/'-separated, clean, "" for the
 // export root itself) below `export_root`, the checkpoints are the
-// subdirectories that are not symlinks, do not start with '.', and hold
-// their marker (complete_marker, else one matching marker_globs). All but the newest `policy.keep` (by NaturalLess of
-// their names) are removed: each is first renamed into
+// subdirectories named in `policy.owned` that are not symlinks, do not start
+// with '.', and hold their marker (complete_marker, else one matching
+// marker_globs). All but the newest `policy.keep` (by NaturalLess of their
+// names) are removed: each is first renamed into
 // <export_root>/.longhaul/trash (so it disappears at once and never shows
 // half-deleted), then deleted. Leftovers of an earlier crash in the trash
 // are deleted too. Returns the names removed, oldest first. Never follows a

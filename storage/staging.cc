@@ -46,13 +46,15 @@ absl::Status CheckTransferId(std::string_view id) {
 // following symlinks, each opened once.
 class DirCache {
  public:
-  DirCache(FileSystem& fs, Directory& base) : fs_(fs), base_(base) {}
+  // Directories created get permission bits `mode`.
+  DirCache(FileSystem& fs, Directory& base, uint32_t mode) : fs_(fs), base_(base), mode_(mode) {}
 
   absl::StatusOr<Directory*> Get(std::string_view rel, bool create) {
     if (rel.empty()) return &base_;
     auto it = dirs_.find(internal::Av(rel));
     if (it != dirs_.end()) return it->second.get();
-    absl::StatusOr<std::unique_ptr<Directory>> dir = OpenDirBeneath(fs_, base_, rel, create);
+    absl::StatusOr<std::unique_ptr<Directory>> dir =
+        OpenDirBeneath(fs_, base_, rel, create, mode_);
     if (!dir.ok()) return dir.status();
     Directory* raw = dir->get();
     dirs_[std::string(rel)] = std::move(*dir);
@@ -70,6 +72,7 @@ class DirCache {
  private:
   FileSystem& fs_;
   Directory& base_;
+  const uint32_t mode_;
   absl::flat_hash_map<std::string, std::unique_ptr<Directory>> dirs_;
 };
 
@@ -89,12 +92,13 @@ absl::StatusOr<FileInfo> ParseIdentity(std::string_view text, const std::string&
   return info;
 }
 
-// Applies the manifest's mtime and mode to staged file `name` and makes
-// them durable. Done when lstat already shows both: the mode is applied
-// last, so a file whose mode forbids opening it was finalized before.
+// Applies the manifest's mtime and mode (masked by `mode_mask`) to staged
+// file `name` and makes them durable. Done when lstat already shows both:
+// the mode is applied last, so a file whose mode forbids opening it was
+// finalized before.
 absl::Status Finalize(FileSystem& fs, Directory& dir, const std::string& name,
-                      const FileInfo& st, const v1::ManifestFile& f) {
-  const uint32_t mode = f.mode() & 07777;
+                      const FileInfo& st, const v1::ManifestFile& f, uint32_t mode_mask) {
+  const uint32_t mode = f.mode() & mode_mask & 0777;
   if (st.mode == mode && StoredMtimeMatches(st.mtime_ns, f.mtime_ns())) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<File>> file = fs.OpenFile(dir, name, OpenMode::kReadWrite);
   if (!file.ok()) return file.status();
@@ -124,7 +128,7 @@ absl::Status UnlinkMarkers(FileSystem& fs, Directory& dir, const std::string& re
     if (!st.ok()) return st.status();
     if (!st->has_value()) continue;
     if ((*st)->is_directory()) {
-      absl::StatusOr<std::unique_ptr<Directory>> sub = fs.OpenDir(dir, n, /*create=*/false);
+      absl::StatusOr<std::unique_ptr<Directory>> sub = fs.OpenDir(dir, n, /*create=*/false, kDirMode);
       if (!sub.ok()) return sub.status();
       if (absl::Status s = UnlinkMarkers(fs, **sub, path, globs); !s.ok()) return s;
     } else if (IsCommitMarker(globs, path)) {
@@ -267,6 +271,8 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
   const std::string base(base_sv);
   const int n = manifest.files_size();
   auto skipped = [&](int i) { return options.skip_files.contains(static_cast<uint32_t>(i)); };
+  // Directories of the new version, and those made on the way to it.
+  const uint32_t dir_mode = 0777 & options.mode_mask;
   if (options.single_file && n != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("a single-file transfer needs exactly one file in its manifest, not ", n));
@@ -274,7 +280,7 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
 
   // The destination's parent, created if needed, with no symlink on the way.
   absl::StatusOr<std::unique_ptr<Directory>> dest_parent =
-      OpenDirBeneath(fs, *s.root, parent_rel, /*create=*/true);
+      OpenDirBeneath(fs, *s.root, parent_rel, /*create=*/true, dir_mode);
   if (!dest_parent.ok()) return dest_parent.status();
   absl::StatusOr<std::optional<FileInfo>> dest_st = fs.Stat(**dest_parent, base);
   if (!dest_st.ok()) return dest_st.status();
@@ -329,7 +335,9 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
       lost.push_back(static_cast<uint32_t>(i));
       return false;
     }
-    if (absl::Status s2 = Finalize(fs, *s.files, staged, **st, f); !s2.ok()) return s2;
+    if (absl::Status s2 = Finalize(fs, *s.files, staged, **st, f, options.mode_mask); !s2.ok()) {
+      return s2;
+    }
     if (absl::Status s2 = fs.Rename(*s.files, staged, dir, name, RenameMode::kReplace); !s2.ok()) {
       return s2;
     }
@@ -352,24 +360,27 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
     if (!st->has_value() || !(*st)->is_regular() || (*st)->size != f.size()) {
       lost.push_back(0);
     } else {
-      if (absl::Status s2 = Finalize(fs, *s.files, "0", **st, f); !s2.ok()) return s2;
+      if (absl::Status s2 = Finalize(fs, *s.files, "0", **st, f, options.mode_mask); !s2.ok()) {
+        return s2;
+      }
       absl::StatusOr<std::optional<FileInfo>> done = fs.Stat(*s.files, "0");
       if (!done.ok()) return done.status();
       target = **done;
     }
   } else if (!target) {
     absl::StatusOr<std::unique_ptr<Directory>> next =
-        OpenDirBeneath(fs, *s.staging, kNextDir, /*create=*/true);
+        OpenDirBeneath(fs, *s.staging, kNextDir, /*create=*/true, dir_mode);
     if (!next.ok()) return next.status();
-    DirCache next_dirs(fs, **next);
+    DirCache next_dirs(fs, **next, dir_mode);
     std::unique_ptr<Directory> dest_dir;
     if (current) {
-      absl::StatusOr<std::unique_ptr<Directory>> d = fs.OpenDir(**dest_parent, base, false);
+      absl::StatusOr<std::unique_ptr<Directory>> d =
+          fs.OpenDir(**dest_parent, base, /*create=*/false, kDirMode);
       if (!d.ok()) return d.status();
       dest_dir = std::move(*d);
     }
     std::optional<DirCache> dest_dirs;
-    if (dest_dir) dest_dirs.emplace(fs, *dest_dir);
+    if (dest_dir) dest_dirs.emplace(fs, *dest_dir, dir_mode);
     for (int i = 0; i < n; ++i) {
       const v1::ManifestFile& f = manifest.files(i);
       auto [prel, fname_sv] = SplitParent(f.path());
@@ -484,7 +495,8 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
       if (absl::IsUnimplemented(r)) {
         spdlog::info("staging {}: {} has no RENAME_EXCHANGE; moving the old version away first",
                      s.dir, dest_desc);
-        absl::StatusOr<std::unique_ptr<Directory>> old = fs.OpenDir(**dest_parent, base, false);
+        absl::StatusOr<std::unique_ptr<Directory>> old =
+            fs.OpenDir(**dest_parent, base, /*create=*/false, kDirMode);
         if (!old.ok()) return old.status();
         if (absl::Status st2 = UnlinkMarkers(fs, **old, "", options.commit_last); !st2.ok()) {
           return st2;

@@ -35,6 +35,11 @@ struct PublishOptions {
   // sync --checksum: skip_files were found unchanged by content digest, so
   // before one is linked its content is checked again (not its mtime).
   bool compare_content = false;
+  // The permission bits a published file may keep of its manifest mode, and
+  // the mode of every directory publish creates in the export (0777 &
+  // mode_mask): the export's 0777 & ~umask. Bits above 0777 (setuid, setgid,
+  // sticky) are never kept, whatever this says.
+  uint32_t mode_mask = 0755;
   // Test hook: called once the new version is complete and durable beside
   // the destination, right before the point of no return.
   std::function<void()> before_install;
@@ -99,7 +104,8 @@ class Staging {
   // Publishes the staged files as one whole new version of the destination.
   // Until the point of no return the destination is not touched; after it,
   // one rename installs the new version:
-  //  1. Each staged file gets its manifest mode and mtime and is fsync'ed.
+  //  1. Each staged file gets its manifest mode (masked by mode_mask) and
+  //     mtime and is fsync'ed.
   //  2. single_file: f/0 is the new version. A tree: next/ is assembled,
   //     holding every file (staged ones moved in, skip_files hard-linked
   //     from the current destination) and every empty dir; all of it fsync'ed.

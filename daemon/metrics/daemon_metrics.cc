@@ -85,6 +85,11 @@ void RegisterDaemonMetrics(Registry& registry, DaemonSources sources) {
                                         "Received chunks whose bytes did not match their digest.");
   auto& frames_refused = r->AddCounter("longhaul_frames_refused_total",
                                        "Malformed or unexpected frames refused from peers.");
+  auto& access_refused = r->AddCounter(
+      "longhaul_export_access_refused_total",
+      "Peer requests refused because the peer may not write there: not one of the export's "
+      "writers, or the destination is another site's.",
+      {"peer", "export"});
 
   auto& journal_writes = r->AddHistogram(
       "longhaul_journal_write_seconds",
@@ -103,8 +108,8 @@ void RegisterDaemonMetrics(Registry& registry, DaemonSources sources) {
   r->AddCollector([=, &transfers, &queued_bytes, &bytes_sent, &bytes_resent, &bytes_acked,
                    &chunks_acked, &peer_sent, &peer_resent, &peer_up, &peer_rtt, &peer_bw,
                    &peer_retrans, &peer_sockbuf, &peer_streams, &peer_cc, &chunks_durable,
-                   &bytes_durable, &hash_mismatches, &frames_refused, &journal_writes,
-                   &journal_max, &limits, &capped] {
+                   &bytes_durable, &hash_mismatches, &frames_refused, &access_refused,
+                   &journal_writes, &journal_max, &limits, &capped] {
     if (sources.manager != nullptr) {
       std::map<v1::TransferState, int> by_state;
       double sent = 0, resent = 0, acked = 0, chunks = 0, queued = 0;
@@ -155,6 +160,9 @@ void RegisterDaemonMetrics(Registry& registry, DaemonSources sources) {
       bytes_durable.WithLabels({}).Set(static_cast<double>(s.bytes_durable));
       hash_mismatches.WithLabels({}).Set(static_cast<double>(s.hash_mismatches));
       frames_refused.WithLabels({}).Set(static_cast<double>(s.frames_refused));
+      for (const auto& [key, n] : s.access_refused) {
+        access_refused.WithLabels({key.first, key.second}).Set(static_cast<double>(n));
+      }
     }
     if (sources.journal != nullptr) {
       storage::JournalStats s = sources.journal->stats();

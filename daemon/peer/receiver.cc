@@ -45,39 +45,9 @@ absl::Status CheckTransferId(const std::string& id) {
   return absl::OkStatus();
 }
 
-storage::RetentionPolicy RetentionOf(const v1::IncomingTransfer& record) {
-  return {.keep = record.keep_checkpoints(),
-          .complete_marker = record.checkpoint_marker(),
-          .marker_globs = {record.commit_last().begin(), record.commit_last().end()}};
-}
-
-storage::PublishOptions PublishOptionsOf(const v1::IncomingTransfer& record) {
-  storage::PublishOptions options;
-  options.single_file = record.single_file();
-  options.commit_last.assign(record.commit_last().begin(), record.commit_last().end());
-  for (uint32_t f : record.unchanged_files()) options.skip_files.insert(f);
-  options.compare_content = record.compare_content();
-  return options;
-}
-
-// `longhaul sync --keep`: after a publish, old checkpoints beside the
-// destination go. The transfer itself succeeded, so a failure here is
-// logged for the operator and does not fail it; the next sync retries.
-void PruneOldCheckpoints(storage::FileSystem& fs, const v1::IncomingTransfer& record,
-                         const storage::ResolvedDestination& dest) {
-  if (record.keep_checkpoints() == 0 || record.single_file()) return;
-  const std::string& rel = dest.relative;
-  const size_t slash = rel.rfind('/');
-  const std::string parent = slash == std::string::npos ? "" : rel.substr(0, slash);
-  auto removed = storage::PruneCheckpoints(fs, dest.export_root, parent, RetentionOf(record));
-  if (!removed.ok()) {
-    spdlog::warn("transfer {}: published, but old checkpoints beside {} were not pruned: {}", record.id(),
-                 dest.absolute, removed.status().message());
-  } else if (!removed->empty()) {
-    spdlog::info("transfer {}: kept the newest {} checkpoints in {}; removed {}", record.id(),
-                 record.keep_checkpoints(), dest.absolute.substr(0, dest.absolute.rfind('/')),
-                 absl::StrJoin(*removed, ", "));
-  }
+std::string ParentOf(const std::string& relative) {
+  const size_t slash = relative.rfind('/');
+  return slash == std::string::npos ? "" : relative.substr(0, slash);
 }
 
 }  // namespace
@@ -103,8 +73,97 @@ struct Receiver::Session {
 
 Receiver::Receiver(const daemon::DaemonConfig& config, storage::Journal& journal,
                    storage::FileSystem& fs)
-    : config_(config), journal_(journal), fs_(fs), committer_(journal) {
+    : config_(config),
+      journal_(journal),
+      fs_(fs),
+      committer_(journal),
+      owners_([this] { return journal_.ListIncoming(); },
+              [this](const std::string& export_name, const std::string& relative) {
+                return DestinationExists(export_name, relative);
+              }) {
   for (const daemon::ExportConfig& e : config.exports) exports_.push_back({e.name, e.path});
+}
+
+bool Receiver::DestinationExists(const std::string& export_name, const std::string& relative) {
+  const daemon::ExportConfig* e = config_.FindExport(export_name);
+  if (e == nullptr) return false;  // not an export any more: nothing to protect there
+  absl::StatusOr<std::unique_ptr<storage::Directory>> root = fs_.OpenRoot(e->path);
+  if (!root.ok()) return true;
+  const size_t slash = relative.rfind('/');
+  const std::string parent = ParentOf(relative);
+  const std::string base = slash == std::string::npos ? relative : relative.substr(slash + 1);
+  absl::StatusOr<std::unique_ptr<storage::Directory>> dir =
+      storage::OpenDirBeneath(fs_, **root, parent, /*create=*/false);
+  if (absl::IsNotFound(dir.status()) || absl::IsFailedPrecondition(dir.status())) return false;
+  if (!dir.ok()) return true;
+  absl::StatusOr<std::optional<storage::FileInfo>> st = fs_.Stat(**dir, base);
+  return !st.ok() || st->has_value();
+}
+
+void Receiver::CountRefusal(const std::string& peer_site, const std::string& export_name) {
+  if (config_.FindExport(export_name) == nullptr) return;
+  absl::MutexLock lock(&refused_mu_);
+  ++access_refused_[{peer_site, export_name}];
+}
+
+absl::Status Receiver::CheckWriter(const std::string& peer_site, const std::string& export_name) {
+  const daemon::ExportConfig* e = config_.FindExport(export_name);
+  if (e == nullptr || e->IsWriter(peer_site)) return absl::OkStatus();  // unknown: Resolve says so
+  spdlog::warn("export {}: refusing to let {} write; its writers are [{}]", export_name, peer_site,
+               absl::StrJoin(e->writers, ", "));
+  CountRefusal(peer_site, export_name);
+  return absl::PermissionDeniedError(
+      absl::StrCat(peer_site, " may not write into export ", export_name, " of ", config_.site,
+                   ": it is not one of the export's writers (exports[].writers in ", config_.site,
+                   "'s config)"));
+}
+
+storage::PublishOptions Receiver::PublishOptionsOf(const v1::IncomingTransfer& record) const {
+  storage::PublishOptions options;
+  options.single_file = record.single_file();
+  options.commit_last.assign(record.commit_last().begin(), record.commit_last().end());
+  for (uint32_t f : record.unchanged_files()) options.skip_files.insert(f);
+  options.compare_content = record.compare_content();
+  if (const daemon::ExportConfig* e = config_.FindExport(record.export_name())) {
+    options.mode_mask = e->ModeMask();
+  }
+  return options;
+}
+
+// After a publish, the old checkpoints beside the destination that the same
+// source site published go; nothing else of the export is counted or
+// touched. The transfer itself succeeded, so a failure here is logged for
+// the operator and does not fail it; the next sync retries.
+void Receiver::PruneOldCheckpoints(const v1::IncomingTransfer& record,
+                                   const storage::ResolvedDestination& dest) {
+  if (record.keep_checkpoints() == 0 || record.single_file()) return;
+  const std::string parent = ParentOf(dest.relative);
+  absl::StatusOr<absl::flat_hash_set<std::string>> owned =
+      owners_.OwnedBelow(record.export_name(), parent, record.source_site());
+  absl::StatusOr<std::vector<std::string>> removed;
+  if (owned.ok()) {
+    storage::RetentionPolicy policy{
+        .keep = record.keep_checkpoints(),
+        .complete_marker = record.checkpoint_marker(),
+        .marker_globs = {record.commit_last().begin(), record.commit_last().end()},
+        .owned = std::move(*owned)};
+    removed = storage::PruneCheckpoints(fs_, dest.export_root, parent, policy);
+  } else {
+    removed = owned.status();
+  }
+  if (!removed.ok()) {
+    spdlog::warn("transfer {}: published, but old checkpoints beside {} were not pruned: {}",
+                 record.id(), dest.absolute, removed.status().message());
+    return;
+  }
+  for (const std::string& name : *removed) {
+    owners_.Forget(record.export_name(), parent.empty() ? name : absl::StrCat(parent, "/", name));
+  }
+  if (!removed->empty()) {
+    spdlog::info("transfer {}: kept the newest {} checkpoints of {} in {}; removed {}", record.id(),
+                 record.keep_checkpoints(), record.source_site(),
+                 dest.absolute.substr(0, dest.absolute.rfind('/')), absl::StrJoin(*removed, ", "));
+  }
 }
 
 Receiver::~Receiver() { Shutdown(); }
@@ -116,9 +175,14 @@ void Receiver::Shutdown() {
 }
 
 ReceiverStats Receiver::stats() const {
-  absl::MutexLock lock(&mu_);
-  ReceiverStats stats = stats_;
+  ReceiverStats stats;
+  {
+    absl::MutexLock lock(&mu_);
+    stats = stats_;
+  }
   stats.staged_corruptions = staged_corruptions_.load();
+  absl::MutexLock lock(&refused_mu_);
+  stats.access_refused = access_refused_;
   return stats;
 }
 
@@ -186,6 +250,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
 
   if (absl::Status s = CheckTransferId(open.transfer_id()); !s.ok()) return fail(s);
+  if (absl::Status s = CheckWriter(peer_site, open.export_name()); !s.ok()) return fail(s);
   storage::ManifestLimits limits;
   limits.max_chunk_size = config_.transfer.max_chunk_size;
   if (absl::Status s = storage::ValidateManifest(open.manifest(), limits); !s.ok()) {
@@ -244,11 +309,18 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   v1::PeerMessage answer;
   answer.set_request_id(request.request_id());
   v1::OpenReply* reply = answer.mutable_open_reply();
+  const bool published = *existing && (*existing)->state() == v1::IncomingTransfer::PUBLISHED;
+  if (!published) {
+    if (absl::Status s = owners_.Check(open.export_name(), dest->relative, peer_site); !s.ok()) {
+      if (absl::IsPermissionDenied(s)) CountRefusal(peer_site, open.export_name());
+      return fail(s);
+    }
+  }
 
   // A transfer already published (the sender missed our commit answer, maybe
   // because this daemon restarted since): everything is durable, and the
   // session keeps the published record, so commit finds it published.
-  if (*existing && (*existing)->state() == v1::IncomingTransfer::PUBLISHED) {
+  if (published) {
     const v1::IncomingTransfer& old = **existing;
     for (uint32_t f : old.unchanged_files()) reply->add_unchanged_files(f);
     for (int f = 0; f < old.manifest().files_size(); ++f) {
@@ -629,10 +701,11 @@ absl::Status Receiver::PublishLocked(Session& session) {
                  session.staging->dir(), s.message());
   }
   session.staging.reset();
+  owners_.Published(record.export_name(), session.dest.relative, record.source_site());
   spdlog::info("transfer {} from {}: published {} files at {}", id, record.source_site(),
                record.manifest().files_size() - record.unchanged_files_size(),
                session.dest.absolute);
-  PruneOldCheckpoints(fs_, record, session.dest);
+  PruneOldCheckpoints(record, session.dest);
   return absl::OkStatus();
 }
 
@@ -700,11 +773,24 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site, const v1::P
   if (!session->staging) return fail(absl::UnavailableError("transfer is not staged here"));
   absl::StatusOr<bool> past = session->staging->PastPointOfNoReturn();
   if (!past.ok()) return fail(past.status());
-  // Past the point of no return every byte was verified already.
-  if (!*past) {
-    if (absl::Status s = VerifyStaged(*session, options.skip_files); !s.ok()) return fail(s);
+  // Past the point of no return every byte was verified already, and the
+  // destination becomes this version whoever may write now.
+  if (*past) {
+    if (absl::Status s = PublishLocked(*session); !s.ok()) return fail(s);
+  } else {
+    // Asked again: the config may have changed since the open, and another
+    // site may have published over this path meanwhile.
+    if (absl::Status s = CheckWriter(peer_site, record.export_name()); !s.ok()) return fail(s);
+    const std::string& relative = session->dest.relative;
+    if (absl::Status s = owners_.Claim(record.export_name(), relative, peer_site); !s.ok()) {
+      if (absl::IsPermissionDenied(s)) CountRefusal(peer_site, record.export_name());
+      return fail(s);
+    }
+    absl::Status s = VerifyStaged(*session, options.skip_files);
+    if (s.ok()) s = PublishLocked(*session);
+    owners_.Release(record.export_name(), relative, peer_site);
+    if (!s.ok()) return fail(s);
   }
-  if (absl::Status s = PublishLocked(*session); !s.ok()) return fail(s);
   answer.mutable_commit_reply()->set_files_published(manifest.files_size() -
                                                      record.unchanged_files_size());
   return answer;
@@ -722,6 +808,11 @@ v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site, const v1::Pe
   answer.set_request_id(request.request_id());
   v1::AbortReply* reply = answer.mutable_abort_reply();
   if (!*record) {
+    // A site that may write nowhere could never open it: nothing to note.
+    const bool writer = std::any_of(
+        config_.exports.begin(), config_.exports.end(),
+        [&](const daemon::ExportConfig& e) { return e.IsWriter(peer_site); });
+    if (!writer) return answer;
     // Not opened yet: leave a tombstone so a late open is refused.
     v1::IncomingTransfer tombstone;
     tombstone.set_id(id);

@@ -3,19 +3,23 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/config.h"
+#include "daemon/peer/destination_owners.h"
 #include "daemon/peer/durability_committer.h"
 #include "daemon/transport/transport.h"
 #include "storage/exports.h"
 #include "storage/file_system.h"
 #include "storage/journal.h"
+#include "storage/staging.h"
 
 namespace longhaul::peer {
 
@@ -26,6 +30,10 @@ struct ReceiverStats {
   uint64_t hash_mismatches = 0;
   uint64_t frames_refused = 0;
   uint64_t staged_corruptions = 0;  // staged files that failed re-verification
+  // Requests refused because the peer may not write there (not one of the
+  // export's writers, or the destination is another site's), by (peer
+  // site, export name). Only configured exports are counted.
+  std::map<std::pair<std::string, std::string>, uint64_t> access_refused;
 };
 
 // The destination side of peer sessions. The PeerRouter hands it CONTROL and
@@ -33,6 +41,13 @@ struct ReceiverStats {
 // verify) and receives chunk frames until the channel closes. Nothing is
 // written outside the transfer's staging directory before commit, and a chunk
 // is acknowledged only after DurabilityCommitter made it durable.
+//
+// Authorization: only the export's writers may open or commit a transfer
+// into it, and only where no other site's published destination is
+// (DestinationOwners); a refused open writes nothing, not even staging.
+// Commit, abort and verify act only on the asking site's own transfers.
+// Published files keep the manifest's mode masked by the export's umask;
+// `sync --keep` prunes only the checkpoints the same source site published.
 //
 // Thread-safe: Serve runs on each channel's own thread.
 class Receiver {
@@ -78,6 +93,17 @@ class Receiver {
   // PUBLISHED and prunes. Files whose bytes were lost are forgotten, so the
   // sender's next open sends them again.
   absl::Status PublishLocked(Session& session) ABSL_NO_THREAD_SAFETY_ANALYSIS;  // holds session.mu
+  // The export's writers check, counted and worded for the peer.
+  absl::Status CheckWriter(const std::string& peer_site, const std::string& export_name);
+  // Counts a refusal of `peer_site` in a configured export.
+  void CountRefusal(const std::string& peer_site, const std::string& export_name);
+  storage::PublishOptions PublishOptionsOf(const v1::IncomingTransfer& record) const;
+  // `longhaul sync --keep`: the source site's old checkpoints beside the
+  // destination go. Failures are logged; the transfer succeeded anyway.
+  void PruneOldCheckpoints(const v1::IncomingTransfer& record,
+                           const storage::ResolvedDestination& dest);
+  // Whether a destination of an export exists (true when it cannot tell).
+  bool DestinationExists(const std::string& export_name, const std::string& relative);
   // Waits until no other publish into `path` runs, and claims it.
   void LockDestination(const std::string& path) ABSL_LOCKS_EXCLUDED(publish_mu_);
   void UnlockDestination(const std::string& path) ABSL_LOCKS_EXCLUDED(publish_mu_);
@@ -87,6 +113,7 @@ class Receiver {
   storage::FileSystem& fs_;
   std::vector<storage::Export> exports_;
   DurabilityCommitter committer_;
+  DestinationOwners owners_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
@@ -94,6 +121,11 @@ class Receiver {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> staged_corruptions_{0};
+  // Its own lock: refusals are counted while a session lock is held, and
+  // mu_ is taken before session locks elsewhere.
+  mutable absl::Mutex refused_mu_;
+  std::map<std::pair<std::string, std::string>, uint64_t> access_refused_
+      ABSL_GUARDED_BY(refused_mu_);
   absl::Mutex publish_mu_;
   // Destinations (absolute paths) with a publish running.
   absl::flat_hash_set<std::string> publishing_ ABSL_GUARDED_BY(publish_mu_);

@@ -304,18 +304,22 @@ class CompletedPublishStaysCompletedTest(PublishTestCase):
 
     def setUp(self):
         super().setUp()
-        # The old checkpoint that the prune after the publish removes: many
-        # files, so the prune (and the sender's wait for its commit answer)
-        # takes a while.
+        # The old checkpoint that the prune after the publish removes. site-a
+        # publishes it (retention removes only what the same source site
+        # published); then it gets many files, so the prune (and the
+        # sender's wait for its commit answer) takes a while.
+        self.run_dir = self.sites.path("run1")
+        # Complete (it holds its marker), so retention counts and prunes it.
+        lh.write_random(os.path.join(self.run_dir, "step-1", MARKER), 16, seed=3)
+        self.sites.cli("a", "sync", self.run_dir, "site-b:/ckpt/run1", "--keep", "1", "--wait",
+                       check=True)
         old = self.dest("run1", "step-1")
+        self.assertTrue(os.path.exists(os.path.join(old, MARKER)))
         for d in range(100):
             os.makedirs(os.path.join(old, f"d{d:02d}"))
         for k in range(self.OLD_FILES):
             os.close(os.open(os.path.join(old, f"d{k % 100:02d}", f"f{k}"),
                              os.O_CREAT | os.O_WRONLY, 0o644))
-        # Complete (it holds its marker), so retention counts and prunes it.
-        lh.write_random(os.path.join(old, MARKER), 16, seed=3)
-        self.run_dir = self.sites.path("run1")
         lh.write_random(os.path.join(self.run_dir, "step-2", "shard-0.pt"), 2 * MIB, seed=1)
         lh.write_random(os.path.join(self.run_dir, "step-2", MARKER), 1024, seed=2)
 

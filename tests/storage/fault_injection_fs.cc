@@ -326,7 +326,7 @@ absl::StatusOr<std::unique_ptr<Directory>> FaultInjectionFileSystem::OpenRoot(
 }
 
 absl::StatusOr<std::unique_ptr<Directory>> FaultInjectionFileSystem::OpenDir(
-    Directory& dir, const std::string& name, bool create) {
+    Directory& dir, const std::string& name, bool create, uint32_t mode) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Node*> parent = DirOf(dir);
   if (!parent.ok()) return parent.status();
@@ -339,6 +339,7 @@ absl::StatusOr<std::unique_ptr<Directory>> FaultInjectionFileSystem::OpenDir(
     if (!create) return absl::NotFoundError(path + " does not exist");
     if (absl::Status s = Step("mkdir " + path); !s.ok()) return s;
     const uint64_t ino = NewNode(Kind::kDir);
+    nodes_[ino].mode = mode & 0777;
     nodes_[static_cast<MemDirectory&>(dir).ino].entries[name] = ino;
     return std::make_unique<MemDirectory>(ino, path, epoch_);
   }

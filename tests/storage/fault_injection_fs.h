@@ -69,7 +69,7 @@ class FaultInjectionFileSystem : public FileSystem {
   // storage::FileSystem
   absl::StatusOr<std::unique_ptr<Directory>> OpenRoot(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<Directory>> OpenDir(Directory& dir, const std::string& name,
-                                                     bool create) override;
+                                                     bool create, uint32_t mode) override;
   absl::StatusOr<std::optional<FileInfo>> Stat(Directory& dir, const std::string& name) override;
   absl::StatusOr<std::unique_ptr<File>> OpenFile(Directory& dir, const std::string& name,
                                                  OpenMode mode) override;

@@ -315,6 +315,7 @@ TEST_P(RetentionCrashTest, EveryStepKeepsCheckpointsWholeAndConverges) {
   RetentionPolicy policy;
   policy.keep = 2;
   policy.marker_globs = kMarkers;
+  policy.owned = {"step-1", "step-2", "step-3", "step-4", "step-5"};
   uint64_t crash_points = 0;
   for (uint64_t step = 1;; ++step) {
     SCOPED_TRACE("crash at mutating step " + std::to_string(step));

@@ -1,11 +1,10 @@
 #include "storage/retention.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "storage/file_system.h"
 #include "tests/storage/test_util.h"
@@ -34,12 +33,25 @@ class RetentionTest : public ::testing::Test {
     WriteFile(dir_.Sub("run1/" + name + "/shards/0.pt"), "weights of " + name);
     if (complete) WriteFile(dir_.Sub("run1/" + name + "/model.index.json"), "{}");
   }
+  // Keeps `keep`, tells checkpoints by `marker` or else `globs`, and may
+  // prune every name the tests use, as if this site had published them all.
+  static RetentionPolicy Policy(uint32_t keep, std::string marker,
+                                std::vector<std::string> globs = {}) {
+    RetentionPolicy policy;
+    policy.keep = keep;
+    policy.complete_marker = std::move(marker);
+    policy.marker_globs = std::move(globs);
+    policy.owned = {"step-0", "step-1",  "step-2",   "step-3",
+                    "step-9", "step-10", "step-100", "step-1000"};
+    return policy;
+  }
   TempDir dir_;
 };
 
 TEST_F(RetentionTest, KeepsTheNewestInNaturalOrder) {
   for (const char* n : {"step-9", "step-10", "step-100", "step-1000"}) Checkpoint(n, true);
-  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(2, "model.index.json"));
+  auto removed =
+      PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(2, "model.index.json"));
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_EQ(*removed, (std::vector<std::string>{"step-9", "step-10"}));
   EXPECT_FALSE(Exists(dir_.Sub("run1/step-9")));
@@ -47,7 +59,8 @@ TEST_F(RetentionTest, KeepsTheNewestInNaturalOrder) {
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-100/shards/0.pt")));
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-1000/model.index.json")));
   // The trash is emptied.
-  auto again = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(2, "model.index.json"));
+  auto again =
+      PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(2, "model.index.json"));
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->empty());
 }
@@ -56,7 +69,8 @@ TEST_F(RetentionTest, IncompleteDirectoriesAreNeitherCountedNorRemoved) {
   Checkpoint("step-1", true);
   Checkpoint("step-2", false);  // still being written by someone
   Checkpoint("step-3", true);
-  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(1, "model.index.json"));
+  auto removed =
+      PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(1, "model.index.json"));
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_EQ(*removed, std::vector<std::string>{"step-1"});
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-2/shards/0.pt")));
@@ -70,7 +84,8 @@ TEST_F(RetentionTest, FilesSymlinksAndDotDirectoriesAreLeftAlone) {
   MakeDirs(dir_.Sub("run1/.hidden"));
   MakeDirs(dir_.Sub("elsewhere"));
   ASSERT_EQ(symlink(dir_.Sub("elsewhere").c_str(), dir_.Sub("run1/step-0").c_str()), 0);
-  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(1, "", {"*.index.json"}));
+  auto removed =
+      PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(1, "", {"*.index.json"}));
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_EQ(*removed, std::vector<std::string>{"step-1"});
   EXPECT_TRUE(Exists(dir_.Sub("run1/README")));
@@ -91,7 +106,9 @@ TEST_F(RetentionTest, RefusesASymlinkedParentAndAnEscapingMarker) {
   Checkpoint("step-1", true);
   MakeDirs(dir_.Sub("real"));
   ASSERT_EQ(symlink(dir_.Sub("real").c_str(), dir_.Sub("link").c_str()), 0);
-  EXPECT_FALSE(PruneCheckpoints(PosixFileSystem(), dir_.path(), "link", Policy(1, "", {"*.index.json"})).ok());
+  EXPECT_FALSE(
+      PruneCheckpoints(PosixFileSystem(), dir_.path(), "link", Policy(1, "", {"*.index.json"}))
+          .ok());
   auto bad = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(1, "../x"));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -116,6 +133,27 @@ TEST_F(RetentionTest, RefusesWithoutAnyWayToTellACompleteCheckpoint) {
   auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(1, ""));
   EXPECT_EQ(removed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-1")));
+}
+
+TEST_F(RetentionTest, OnlyWhatTheSourcePublishedIsCountedOrRemoved) {
+  // This site published step-1 and step-2; another site published step-0
+  // and step-9, and an operator copied in step-5.
+  for (const char* n : {"step-0", "step-1", "step-2", "step-5", "step-9"}) Checkpoint(n, true);
+  RetentionPolicy policy = Policy(1, "model.index.json");
+  policy.owned = {"step-1", "step-2"};
+  auto removed = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", policy);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  // step-2 is this site's newest: the newer ones of others do not count.
+  EXPECT_EQ(*removed, std::vector<std::string>{"step-1"});
+  for (const char* n : {"step-0", "step-2", "step-5", "step-9"}) {
+    EXPECT_TRUE(Exists(dir_.Sub(std::string("run1/") + n + "/shards/0.pt"))) << n;
+  }
+  // Owning nothing there prunes nothing, whatever keep says.
+  policy.owned.clear();
+  auto none = PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", policy);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+  EXPECT_TRUE(Exists(dir_.Sub("run1/step-0")));
 }
 
 }  // namespace

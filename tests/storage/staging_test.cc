@@ -249,6 +249,66 @@ TEST_F(StagingTest, ContentComparedUnchangedFilesAreLinkedByDigest) {
   EXPECT_EQ(resend, std::vector<uint32_t>{0});
 }
 
+// The export's umask 027: mode_mask 0750.
+TEST_F(StagingTest, PublishedModesAreMaskedAndNeverSetuid) {
+  v1::Manifest m;
+  m.set_chunk_size(64 << 10);
+  *m.add_files() = File("bin/id", 10, 06755, kMtime);
+  *m.add_files() = File("bin/sticky", 10, 01777, kMtime);
+  *m.add_files() = File("world-writable", 10, 0777, kMtime);
+  *m.add_files() = File("private", 10, 0600, kMtime);
+  *m.add_files() = File("empty-setgid", 0, 02775, kMtime);
+  m.add_empty_dirs("logs/empty");
+  auto s = Open("runs/run1/step-1", "t-modes");
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (int i = 0; i < m.files_size(); ++i) {
+    if (m.files(i).size() == 0) continue;
+    auto file = s->OpenFile(i, m.files(i));
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_TRUE((*file)->WriteAt(0, Bytes(10, i)).ok());
+  }
+  PublishOptions opts;
+  opts.mode_mask = 0750;
+  // A setgid export: Linux gives new directories in it the setgid bit too.
+  ASSERT_EQ(chmod(dir_.Sub("export").c_str(), 02775), 0);
+  // Directories get exactly 0777 & mode_mask whatever the process umask.
+  const mode_t old_umask = umask(077);
+  absl::Status st = s->Publish(m, opts);
+  umask(old_umask);
+  ASSERT_TRUE(st.ok()) << st;
+
+  auto mode_of = [&](const std::string& rel) -> uint32_t {
+    struct stat sb;
+    EXPECT_EQ(lstat(dir_.Sub("export/" + rel).c_str(), &sb), 0) << rel;
+    return sb.st_mode & 07777;
+  };
+  const std::string dest = "runs/run1/step-1/";
+  EXPECT_EQ(mode_of(dest + "bin/id"), 0750u);
+  EXPECT_EQ(mode_of(dest + "bin/sticky"), 0750u);
+  EXPECT_EQ(mode_of(dest + "world-writable"), 0750u);
+  EXPECT_EQ(mode_of(dest + "private"), 0600u);
+  EXPECT_EQ(mode_of(dest + "empty-setgid"), 0750u);
+  for (const char* dir : {"runs", "runs/run1", "runs/run1/step-1", "runs/run1/step-1/bin",
+                          "runs/run1/step-1/logs", "runs/run1/step-1/logs/empty"}) {
+    EXPECT_EQ(mode_of(dir), 0750u) << dir;
+  }
+
+  // A single file, with the default mask (umask 022).
+  v1::Manifest one;
+  one.set_chunk_size(64 << 10);
+  *one.add_files() = File("id", 10, 04777, kMtime);
+  auto single = Open("tools/id", "t-mode-file");
+  ASSERT_TRUE(single.ok()) << single.status();
+  auto file = single->OpenFile(0, one.files(0));
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->WriteAt(0, Bytes(10, 0)).ok());
+  PublishOptions single_opts;
+  single_opts.single_file = true;
+  ASSERT_TRUE(single->Publish(one, single_opts).ok());
+  EXPECT_EQ(mode_of("tools/id"), 0755u);
+  EXPECT_EQ(mode_of("tools"), 0755u);
+}
+
 TEST_F(StagingTest, PublishesASingleFile) {
   v1::Manifest m;
   m.set_chunk_size(64 << 10);

@@ -75,6 +75,74 @@ TEST(ConfigLimitsTest, RefusesUnknownPeerClassOrRate) {
   EXPECT_NE(rate.status().message().find("limits.peers.site-b"), absl::string_view::npos);
 }
 
+constexpr char kThreeSites[] = R"(
+site: site-b
+peers:
+  - {site: site-a, address: 10.0.0.1:7700}
+  - {site: site-c, address: 10.0.0.3:7700}
+)";
+
+TEST(ConfigExportsTest, WritersReadersAndUmask) {
+  auto c = ParseConfig(std::string(kThreeSites) + R"(
+exports:
+  - name: ckpt
+    path: /data/ckpt
+    writers: [site-a]
+    readers: [site-c]
+    umask: "027"
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const ExportConfig* e = c->FindExport("ckpt");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->writers, std::vector<std::string>{"site-a"});
+  EXPECT_EQ(e->readers, std::vector<std::string>{"site-c"});
+  EXPECT_TRUE(e->IsWriter("site-a"));
+  // A reader is not a writer.
+  EXPECT_FALSE(e->IsWriter("site-c"));
+  EXPECT_TRUE(e->IsReader("site-c"));
+  EXPECT_FALSE(e->IsReader("site-a"));
+  EXPECT_EQ(e->umask, 027u);
+  EXPECT_EQ(e->ModeMask(), 0750u);
+  EXPECT_EQ(c->FindExport("nope"), nullptr);
+}
+
+TEST(ConfigExportsTest, NoListsMeansNobodyAndTheUmaskDefaultsTo022) {
+  auto c = ParseConfig(std::string(kThreeSites) + "exports: [{name: ckpt, path: /data/ckpt}]\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const ExportConfig& e = c->exports[0];
+  EXPECT_TRUE(e.writers.empty());
+  EXPECT_TRUE(e.readers.empty());
+  EXPECT_FALSE(e.IsWriter("site-a"));
+  EXPECT_FALSE(e.IsReader("site-c"));
+  EXPECT_EQ(e.umask, 022u);
+  EXPECT_EQ(e.ModeMask(), 0755u);
+  // An unquoted YAML number is read as the octal digits it shows.
+  auto bare = ParseConfig(std::string(kThreeSites) +
+                          "exports: [{name: ckpt, path: /data/ckpt, umask: 077}]\n");
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_EQ(bare->exports[0].ModeMask(), 0700u);
+}
+
+TEST(ConfigExportsTest, RefusesUnknownSitesAndBadUmasks) {
+  auto expect_error = [](const std::string& exports, const std::string& needle) {
+    auto c = ParseConfig(std::string(kThreeSites) + "exports:\n  - {name: ckpt, path: /d, " +
+                         exports + "}\n");
+    ASSERT_FALSE(c.ok()) << exports;
+    EXPECT_NE(c.status().message().find(needle), absl::string_view::npos) << c.status();
+  };
+  expect_error("writers: [site-z]",
+               "exports[ckpt].writers: 'site-z' is not a configured peer (peers: site-a, site-c)");
+  expect_error("readers: [site-z]", "exports[ckpt].readers: 'site-z' is not a configured peer");
+  // This site itself is not a peer.
+  expect_error("writers: [site-b]", "'site-b' is not a configured peer");
+  expect_error("writers: [site-a, site-a]", "'site-a' is listed twice");
+  expect_error("writers: site-a", "exports[ckpt].writers must be a list of peer sites");
+  expect_error("umask: \"0o22\"", "exports[ckpt].umask: '0o22' is not an octal permission mask");
+  expect_error("umask: \"089\"", "is not an octal permission mask");
+  expect_error("umask: \"1022\"", "at most 0777");
+  expect_error("owners: [site-a]", "unknown key 'owners' in exports[]");
+}
+
 // Every example an operator might copy must load as it is.
 TEST(DeployExamplesTest, EveryExampleConfigParses) {
   const std::filesystem::path dir = std::filesystem::path(LONGHAUL_DEPLOY_DIR) / "examples";
@@ -86,6 +154,10 @@ TEST(DeployExamplesTest, EveryExampleConfigParses) {
   for (const auto& path : files) {
     auto c = LoadConfig(path.string());
     EXPECT_TRUE(c.ok()) << path << ": " << c.status();
+    // Each export says who may write into it, so the examples work as they are.
+    if (c.ok()) {
+      for (const ExportConfig& e : c->exports) EXPECT_FALSE(e.writers.empty()) << path << ": " << e.name;
+    }
   }
 }
 
@@ -99,6 +171,11 @@ TEST(DeployExamplesTest, EveryKubernetesConfigMapConfigParses) {
       if (!doc.IsMap() || !doc["kind"] || doc["kind"].as<std::string>() != "ConfigMap") continue;
       auto c = ParseConfig(doc["data"]["longhauld.yaml"].as<std::string>());
       EXPECT_TRUE(c.ok()) << entry.path() << ": " << c.status();
+      if (c.ok()) {
+        for (const ExportConfig& e : c->exports) {
+          EXPECT_FALSE(e.writers.empty()) << entry.path() << ": " << e.name;
+        }
+      }
       ++configs;
     }
   }

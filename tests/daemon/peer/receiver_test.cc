@@ -1,9 +1,10 @@
 // The Receiver on the fault-injecting file system: what it does at start
-// with publishes a crash interrupted.
+// with publishes a crash interrupted, and whom it lets write.
 #include "daemon/peer/receiver.h"
 
 #include <string>
 
+#include "daemon/peer/messaging.h"
 #include "gtest/gtest.h"
 #include "storage/staging.h"
 #include "tests/storage/fault_injection_fs.h"
@@ -25,7 +26,10 @@ class ReceiverRestartTest : public ::testing::Test {
     storage::testing::MakeDirs(export_);
     ResetFileSystem();
     config_.site = "site-b";
-    config_.exports = {{"ckpt", export_}};
+    config_.exports.resize(1);
+    config_.exports[0].name = "ckpt";
+    config_.exports[0].path = export_;
+    config_.exports[0].writers = {"site-a"};
     auto journal = storage::Journal::Open(state_.Sub("journal"));
     ASSERT_TRUE(journal.ok()) << journal.status();
     journal_ = std::move(*journal);
@@ -117,6 +121,140 @@ TEST_F(ReceiverRestartTest, LeavesAPublishBeforeItsPointOfNoReturnToItsSender) {
   auto record = journal_->GetIncoming("t1");
   ASSERT_TRUE(record.ok() && record->has_value());
   EXPECT_EQ((*record)->state(), v1::IncomingTransfer::RECEIVING);
+}
+
+// A channel from `site` that serves scripted bytes to the receiver and
+// appends what it writes back to `*written`, which outlives it.
+class ScriptedChannel : public transport::Channel {
+ public:
+  ScriptedChannel(std::string site, std::vector<uint8_t> to_read, std::vector<uint8_t>* written)
+      : site_(std::move(site)), to_read_(std::move(to_read)), written_(written) {}
+  absl::Status Write(absl::Span<const absl::Span<const uint8_t>> parts) override {
+    for (auto part : parts) written_->insert(written_->end(), part.begin(), part.end());
+    return absl::OkStatus();
+  }
+  absl::Status ReadExactly(absl::Span<uint8_t> out) override {
+    if (to_read_.size() - read_offset_ < out.size()) return absl::UnavailableError("closed");
+    std::copy_n(to_read_.begin() + read_offset_, out.size(), out.begin());
+    read_offset_ += out.size();
+    return absl::OkStatus();
+  }
+  void Abort() override {}
+  const std::string& peer_site() const override { return site_; }
+  const std::string& peer_address() const override { return site_; }
+  transport::LinkStats Stats() const override { return {}; }
+
+ private:
+  std::string site_;
+  std::vector<uint8_t> to_read_;
+  size_t read_offset_ = 0;
+  std::vector<uint8_t>* written_;
+};
+
+class ReceiverAuthorizationTest : public ReceiverRestartTest {
+ protected:
+  void SetUp() override {
+    ReceiverRestartTest::SetUp();
+    config_.peers.resize(2);
+    config_.peers[0].site = "site-a";
+    config_.peers[1].site = "site-c";
+    config_.exports[0].readers = {"site-c"};
+  }
+
+  // Serves one control connection from `site` for transfer `id` that sends
+  // `request`; returns the receiver's answer.
+  v1::PeerMessage Call(Receiver& receiver, const std::string& site, const std::string& id,
+                       v1::PeerMessage request) {
+    request.set_request_id(7);
+    std::vector<uint8_t> script, written;
+    ScriptedChannel encoder(site, {}, &script);
+    EXPECT_TRUE(SendProto(encoder, FrameType::kControl, SessionIdFor(id), request).ok());
+    v1::Hello hello;
+    hello.set_role(v1::Hello::CONTROL);
+    hello.set_transfer_id(id);
+    receiver.Serve(std::make_unique<ScriptedChannel>(site, script, &written), hello);
+    ScriptedChannel decoder("site-b", written, nullptr);
+    v1::PeerMessage answer;
+    EXPECT_TRUE(ReadProto(decoder, FrameType::kControl, SessionIdFor(id), &answer).ok());
+    return answer;
+  }
+
+  // Asks, as `site`, to open `id` into ckpt:`dest`.
+  v1::PeerMessage OpenAs(Receiver& receiver, const std::string& site, const std::string& id,
+                         const std::string& dest) {
+    v1::PeerMessage request;
+    v1::OpenRequest* open = request.mutable_open();
+    open->set_transfer_id(id);
+    open->set_export_name("ckpt");
+    open->set_dest_path(dest);
+    *open->mutable_manifest() = record_.manifest();
+    return Call(receiver, site, id, request);
+  }
+};
+
+TEST_F(ReceiverAuthorizationTest, AReaderThatIsNotAWriterIsRefusedAndNothingIsWritten) {
+  const auto before = fs_->Tree(export_);
+  Receiver receiver(config_, *journal_, *fs_);
+  v1::PeerMessage answer = OpenAs(receiver, "site-c", "t-c", "ckpt/new");
+  EXPECT_EQ(answer.error(),
+            "site-c may not write into export ckpt of site-b: it is not one of the export's "
+            "writers (exports[].writers in site-b's config)");
+  EXPECT_EQ(answer.error_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_FALSE(answer.retryable());
+  EXPECT_EQ(fs_->Tree(export_), before);  // not even a staging directory
+  auto record = journal_->GetIncoming("t-c");
+  ASSERT_TRUE(record.ok());
+  EXPECT_FALSE(record->has_value());
+  using Key = std::pair<std::string, std::string>;
+  EXPECT_EQ(receiver.stats().access_refused, (std::map<Key, uint64_t>{{{"site-c", "ckpt"}, 1}}));
+
+  // A writer may open there.
+  v1::PeerMessage ok = OpenAs(receiver, "site-a", "t-a", "ckpt/new");
+  EXPECT_EQ(ok.error(), "");
+  EXPECT_TRUE(ok.has_open_reply());
+  EXPECT_EQ(receiver.stats().access_refused.size(), 1u);
+}
+
+TEST_F(ReceiverAuthorizationTest, AnExportWithoutWritersRefusesEveryone) {
+  config_.exports[0].writers.clear();
+  Receiver receiver(config_, *journal_, *fs_);
+  for (const char* site : {"site-a", "site-c"}) {
+    v1::PeerMessage answer = OpenAs(receiver, site, std::string("t-") + site, "ckpt/new");
+    EXPECT_NE(answer.error().find(std::string(site) + " may not write into export ckpt"),
+              std::string::npos)
+        << answer.error();
+  }
+  EXPECT_EQ(fs_->Tree(export_ + "/.longhaul"), std::nullopt);
+}
+
+TEST_F(ReceiverAuthorizationTest, AWriterMayNotOpenInsideAnotherSitesPublishedDestination) {
+  config_.exports[0].writers = {"site-a", "site-c"};
+  v1::IncomingTransfer published = record_;
+  published.set_id("t-published");
+  published.set_state(v1::IncomingTransfer::PUBLISHED);
+  ASSERT_TRUE(journal_->PutIncoming(published).ok());  // site-a's ckpt/step, which exists
+  Receiver receiver(config_, *journal_, *fs_);
+  v1::PeerMessage answer = OpenAs(receiver, "site-c", "t-c", "ckpt/step/.metadata");
+  EXPECT_EQ(answer.error_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_NE(answer.error().find("ckpt:ckpt/step was published by site-a"), std::string::npos)
+      << answer.error();
+  EXPECT_EQ(fs_->Tree(export_ + "/.longhaul"), std::nullopt);
+  EXPECT_EQ(OpenAs(receiver, "site-c", "t-c2", "ckpt/other").error(), "");
+}
+
+TEST_F(ReceiverAuthorizationTest, AnAbortFromASiteThatMayWriteNowhereLeavesNoRecord) {
+  Receiver receiver(config_, *journal_, *fs_);
+  v1::PeerMessage abort;
+  abort.mutable_abort()->set_transfer_id("t-unknown");
+  EXPECT_EQ(Call(receiver, "site-c", "t-unknown", abort).error(), "");
+  auto record = journal_->GetIncoming("t-unknown");
+  ASSERT_TRUE(record.ok());
+  EXPECT_FALSE(record->has_value());
+  // A writer's abort of a transfer not opened yet leaves its tombstone.
+  EXPECT_EQ(Call(receiver, "site-a", "t-unknown", abort).error(), "");
+  record = journal_->GetIncoming("t-unknown");
+  ASSERT_TRUE(record.ok() && record->has_value());
+  EXPECT_EQ((*record)->state(), v1::IncomingTransfer::ABORTED);
 }
 
 }  // namespace

@@ -1,0 +1,159 @@
+#include "daemon/peer/destination_owners.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace longhaul::peer {
+namespace {
+
+// A journaled dest_path as storage::ResolveDestination cleans it ("" and
+// "." components dropped); "" when it could never have been accepted.
+std::string CleanRelative(const std::string& dest_path) {
+  std::vector<absl::string_view> comps;
+  for (absl::string_view comp : absl::StrSplit(dest_path, '/')) {
+    if (comp.empty() || comp == ".") continue;
+    if (comp == "..") return "";
+    comps.push_back(comp);
+  }
+  return absl::StrJoin(comps, "/");
+}
+
+std::string RelativeOf(const std::string& key) { return key.substr(key.find('\0') + 1); }
+
+}  // namespace
+
+DestinationOwners::DestinationOwners(Loader load, ExistsFn exists)
+    : load_(std::move(load)), exists_(std::move(exists)) {}
+
+std::string DestinationOwners::Key(const std::string& export_name, const std::string& relative) {
+  return absl::StrCat(export_name, std::string(1, '\0'), relative);
+}
+
+absl::Status DestinationOwners::LoadLocked() {
+  if (loaded_) return absl::OkStatus();
+  absl::StatusOr<std::vector<v1::IncomingTransfer>> records = load_();
+  if (!records.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot read from the journal which site published what: ", records.status().message()));
+  }
+  std::stable_sort(records->begin(), records->end(),
+                   [](const v1::IncomingTransfer& a, const v1::IncomingTransfer& b) {
+                     return a.created_unix_ms() < b.created_unix_ms();
+                   });
+  for (const v1::IncomingTransfer& r : *records) {
+    if (r.state() != v1::IncomingTransfer::PUBLISHED || r.export_name().empty()) continue;
+    const std::string relative = CleanRelative(r.dest_path());
+    if (relative.empty()) continue;
+    owners_[Key(r.export_name(), relative)] = r.source_site();
+  }
+  loaded_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status DestinationOwners::CheckLocked(const std::string& export_name,
+                                            const std::string& relative, const std::string& site) {
+  if (absl::Status s = LoadLocked(); !s.ok()) return s;
+  auto denied = [&](const std::string& owner, const std::string& theirs) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(site, " may not publish ", export_name, ":", relative, ": ", export_name, ":",
+                     theirs, " was published by ", owner,
+                     ", and a site replaces or writes inside only what it "
+                     "published itself"));
+  };
+  auto busy = [&](const std::string& other, const std::string& theirs) {
+    return absl::UnavailableError(absl::StrCat(other, " is publishing ", export_name, ":", theirs,
+                                               " now; ", site, " may try again once it is done"));
+  };
+  // The destination itself and every directory above it.
+  std::vector<std::string> above;
+  for (size_t slash = relative.find('/'); slash != std::string::npos;
+       slash = relative.find('/', slash + 1)) {
+    above.push_back(relative.substr(0, slash));
+  }
+  above.push_back(relative);
+  for (const std::string& path : above) {
+    const std::string key = Key(export_name, path);
+    if (auto it = claims_.find(key); it != claims_.end() && it->second.first != site) {
+      return busy(it->second.first, path);
+    }
+    auto it = owners_.find(key);
+    if (it == owners_.end() || it->second == site) continue;
+    if (exists_(export_name, path)) return denied(it->second, path);
+    owners_.erase(it);  // gone: nobody holds that path any more
+  }
+  // Everything below it.
+  const std::string from = Key(export_name, relative + "/");
+  const std::string to = Key(export_name, relative + "0");
+  for (auto it = claims_.lower_bound(from); it != claims_.end() && it->first < to; ++it) {
+    if (it->second.first != site) return busy(it->second.first, RelativeOf(it->first));
+  }
+  for (auto it = owners_.lower_bound(from); it != owners_.end() && it->first < to;) {
+    if (it->second == site) {
+      ++it;
+      continue;
+    }
+    const std::string theirs = RelativeOf(it->first);
+    if (exists_(export_name, theirs)) return denied(it->second, theirs);
+    it = owners_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DestinationOwners::Check(const std::string& export_name, const std::string& relative,
+                                      const std::string& site) {
+  absl::MutexLock lock(&mu_);
+  return CheckLocked(export_name, relative, site);
+}
+
+absl::Status DestinationOwners::Claim(const std::string& export_name, const std::string& relative,
+                                      const std::string& site) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLocked(export_name, relative, site); !s.ok()) return s;
+  auto& claim = claims_[Key(export_name, relative)];
+  claim.first = site;
+  ++claim.second;
+  return absl::OkStatus();
+}
+
+void DestinationOwners::Release(const std::string& export_name, const std::string& relative,
+                                const std::string& site) {
+  absl::MutexLock lock(&mu_);
+  auto it = claims_.find(Key(export_name, relative));
+  if (it == claims_.end() || it->second.first != site) return;
+  if (--it->second.second == 0) claims_.erase(it);
+}
+
+void DestinationOwners::Published(const std::string& export_name, const std::string& relative,
+                                  const std::string& site) {
+  absl::MutexLock lock(&mu_);
+  // Loading now reads this publish from the journal too; either way the
+  // entry ends up naming `site`.
+  LoadLocked().IgnoreError();
+  owners_[Key(export_name, relative)] = site;
+}
+
+void DestinationOwners::Forget(const std::string& export_name, const std::string& relative) {
+  absl::MutexLock lock(&mu_);
+  owners_.erase(Key(export_name, relative));
+}
+
+absl::StatusOr<absl::flat_hash_set<std::string>> DestinationOwners::OwnedBelow(
+    const std::string& export_name, const std::string& parent_relative, const std::string& site) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = LoadLocked(); !s.ok()) return s;
+  const std::string prefix = parent_relative.empty() ? "" : parent_relative + "/";
+  const std::string from = Key(export_name, prefix);
+  absl::flat_hash_set<std::string> names;
+  for (auto it = owners_.lower_bound(from);
+       it != owners_.end() && it->first.compare(0, from.size(), from) == 0; ++it) {
+    const std::string name = it->first.substr(from.size());
+    if (name.empty() || name.find('/') != std::string::npos || it->second != site) continue;
+    names.insert(name);
+  }
+  return names;
+}
+
+}  // namespace longhaul::peer

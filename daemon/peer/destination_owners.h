@@ -1,0 +1,90 @@
+#ifndef LONGHAUL_DAEMON_PEER_DESTINATION_OWNERS_H_
+#define LONGHAUL_DAEMON_PEER_DESTINATION_OWNERS_H_
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "longhaul/v1/journal.pb.h"
+
+namespace longhaul::peer {
+
+// Which peer site published each destination of this site's exports, so
+// that sites sharing an export as writers cannot touch each other's data.
+// The rule: a site may publish a destination only if no destination that
+// another site published, and that still exists, is the same path, lies
+// above it (the new one would be written inside it) or below it (the new
+// one would replace it). The owner of a path is the site whose publish
+// there was journaled last.
+//
+// Built from the journal's PUBLISHED records at first use, then kept up to
+// date by the receiver (Published). A publish first claims its path
+// (Claim), so two sites racing for overlapping paths cannot both pass the
+// check.
+//
+// Thread-safe. The callbacks run under the internal lock and must not call
+// back into this object.
+class DestinationOwners {
+ public:
+  // Reads every incoming transfer from the journal.
+  using Loader = std::function<absl::StatusOr<std::vector<v1::IncomingTransfer>>()>;
+  // Whether destination `relative` of export `export_name` still exists.
+  // Must answer true when it cannot tell, so that a doubt refuses.
+  using ExistsFn = std::function<bool(const std::string& export_name, const std::string& relative)>;
+
+  DestinationOwners(Loader load, ExistsFn exists);
+
+  // OK when `site` may publish at `relative` (clean and '/'-separated, as
+  // storage::ResolveDestination gives it) in `export_name`. Otherwise
+  // PermissionDenied naming the site that published the conflicting
+  // destination; Unavailable (worth retrying) while another site's claim on
+  // an overlapping path is held, or when the journal cannot be read.
+  absl::Status Check(const std::string& export_name, const std::string& relative,
+                     const std::string& site);
+
+  // Check, and on OK holds the path for `site` until Release: meanwhile
+  // other sites' checks of overlapping paths answer Unavailable.
+  absl::Status Claim(const std::string& export_name, const std::string& relative,
+                     const std::string& site);
+  void Release(const std::string& export_name, const std::string& relative,
+               const std::string& site);
+
+  // `site` published `relative` (journaled PUBLISHED): it owns it now.
+  void Published(const std::string& export_name, const std::string& relative,
+                 const std::string& site);
+  // The destination is gone (retention removed it).
+  void Forget(const std::string& export_name, const std::string& relative);
+
+  // The names directly below `parent_relative` ("" for the export root) that
+  // `site` owns: what its retention may prune there.
+  absl::StatusOr<absl::flat_hash_set<std::string>> OwnedBelow(const std::string& export_name,
+                                                              const std::string& parent_relative,
+                                                              const std::string& site);
+
+ private:
+  // Keys are export name, '\0', relative path: the paths below "a/b" of one
+  // export are the keys in ["...a/b/", "...a/b0"), since '0' follows '/'.
+  static std::string Key(const std::string& export_name, const std::string& relative);
+  absl::Status LoadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckLocked(const std::string& export_name, const std::string& relative,
+                           const std::string& site) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Loader load_;
+  const ExistsFn exists_;
+  absl::Mutex mu_;
+  bool loaded_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::string> owners_ ABSL_GUARDED_BY(mu_);  // key -> site
+  // key -> (site, number of claims it holds there).
+  std::map<std::string, std::pair<std::string, int>> claims_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace longhaul::peer
+
+#endif  // LONGHAUL_DAEMON_PEER_DESTINATION_OWNERS_H_

@@ -1,0 +1,297 @@
+"""Who may do what in an export (ctest label `security`): hostile peers with
+valid site certificates (hostile_peer.py) and real daemons try to write
+where they are not listed, to replace what another site published, to make
+the receiver prune what is not theirs, and to publish setuid or
+world-writable files. Each is refused with an error that names the export
+and the peer, nothing is written, and the refusal is logged and counted in
+/metrics; or, for modes, the files arrive masked."""
+
+import json
+import os
+import re
+import shutil
+import stat
+import sys
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+import lh  # noqa: E402
+
+import hostile_peer  # noqa: E402
+
+MARKER = "model.index.json"
+
+
+class AccessSites(lh.Sites):
+    """Local sites whose exports list the writers and readers given as
+    local-sites.sh entries ("site-b=site-a"); unlisted sites keep the
+    default (every other site)."""
+
+    def __init__(self, names, writers="", readers=""):
+        super().__init__(names=names)
+        self.writers = writers
+        self.readers = readers
+
+    def _script_env(self):
+        return dict(super()._script_env(), LONGHAUL_LOCAL_WRITERS=self.writers,
+                    LONGHAUL_LOCAL_READERS=self.readers)
+
+
+class AccessTestCase(unittest.TestCase):
+    site_names = ("site-a", "site-b", "site-c")
+    writers = ""
+    readers = ""
+
+    def setUp(self):
+        self.sites = AccessSites(self.site_names, self.writers, self.readers)
+        self.addCleanup(self.sites.cleanup)
+        self.sites.up()
+
+    # -- helpers ----------------------------------------------------------
+
+    def export(self, *parts):
+        return os.path.join(self.sites.export("site-b"), *parts)
+
+    def hostile(self, site):
+        with open(self.sites.path("site-b", "longhauld.yaml")) as f:
+            listen = [l for l in f if l.startswith("listen:")][0].split()[1]
+        return hostile_peer.HostilePeer(self.sites.path("pki"), site, listen, "site-b")
+
+    def visible_entries(self):
+        """Everything in site-b's export outside .longhaul, and the staging dirs."""
+        found = []
+        for dirpath, dirs, files in os.walk(self.export()):
+            rel = os.path.relpath(dirpath, self.export())
+            found += [os.path.normpath(os.path.join(rel, n)) for n in dirs + files]
+        return sorted(p for p in found if p not in (".longhaul", ".longhaul/staging"))
+
+    def metric(self, site, name, labels):
+        port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.sites.log(site)).group(1)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        want = name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "} "
+        for line in text.splitlines():
+            if line.startswith(want):
+                return float(line[len(want):])
+        return 0.0
+
+    def wait_log(self, site, needle, timeout=10):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if needle in self.sites.log(site):
+                return
+            time.sleep(0.05)
+        self.fail(f"{site} log never said {needle!r}:\n{self.sites.log(site)[-3000:]}")
+
+    def cp(self, site, src, dest, *flags):
+        proc = self.sites.cli(site[-1], "cp", src, dest, "--wait", "--json", *flags)
+        result = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
+        return proc, result
+
+    def cp_ok(self, site, src, dest):
+        proc, result = self.cp(site, src, dest)
+        self.assertEqual((proc.returncode, result.get("state")), (0, "COMPLETED"),
+                         proc.stderr + proc.stdout)
+        return result
+
+    def assert_refused(self, answer, *needles):
+        self.assertFalse(answer.ok(), "the receiver accepted it")
+        self.assertEqual(answer.error_code, hostile_peer.PERMISSION_DENIED, answer.error)
+        self.assertFalse(answer.retryable, answer.error)
+        for needle in needles:
+            self.assertIn(needle, answer.error)
+
+    def make_checkpoint(self, root, name, seed):
+        for i in range(2):
+            lh.write_random(os.path.join(root, name, f"shard-{i}.pt"), 100_000, seed=seed * 10 + i)
+        with open(os.path.join(root, name, MARKER), "w") as f:
+            json.dump({"step": name}, f)
+        return os.path.join(root, name)
+
+
+class ExportWritersTest(AccessTestCase):
+    """site-b's export: writers [site-a], readers [site-c]."""
+
+    writers = "site-b=site-a"
+    readers = "site-b=site-c"
+
+    def test_a_reader_that_is_not_a_writer_is_refused_and_nothing_is_written(self):
+        peer = self.hostile("site-c")
+        files = {"x.bin": (os.urandom(1000), 0o644)}
+        answer = peer.publish("t-reader", "ckpt", "stolen", files)
+        self.assert_refused(answer, "site-c", "export ckpt", "writers")
+        self.assertEqual(self.visible_entries(), [])
+        self.assertFalse(os.path.exists(self.export(".longhaul", "staging", "t-reader")))
+        self.wait_log("site-b", "refused request from site-c for transfer t-reader")
+        self.assertEqual(self.metric("site-b", "longhaul_export_access_refused_total",
+                                     {"peer": "site-c", "export": "ckpt"}), 1)
+
+        # A real daemon gets the same answer, and its transfer fails with it.
+        src = self.sites.path("src.bin")
+        lh.write_random(src, 4096, seed=1)
+        proc, result = self.cp("site-c", src, "site-b:/ckpt/stolen.bin")
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertEqual(result["state"], "FAILED")
+        self.assertIn("site-c may not write into export ckpt", result["error"])
+        self.assertEqual(self.visible_entries(), [])
+        self.assertEqual(self.metric("site-b", "longhaul_export_access_refused_total",
+                                     {"peer": "site-c", "export": "ckpt"}), 2)
+
+        # The writer still can.
+        self.cp_ok("site-a", src, "site-b:/ckpt/ok.bin")
+
+    def test_site_c_cannot_touch_a_checkpoint_site_a_published(self):
+        ckpt = self.make_checkpoint(self.sites.path("src"), "step-1", seed=1)
+        done = self.cp_ok("site-a", ckpt, "site-b:/ckpt/run1/step-1")
+        before = lh.tree_digest(self.export("run1"))
+
+        peer = self.hostile("site-c")
+        model = {"shard-0.pt": (b"poisoned" * 1000, 0o644)}
+        self.assert_refused(peer.publish("t-over-file", "ckpt", "run1/step-1/shard-0.pt", model,
+                                         single_file=True), "site-c", "ckpt")
+        self.assert_refused(peer.publish("t-over-tree", "ckpt", "run1", model), "site-c", "ckpt")
+        # Commit, abort and verify of site-a's transfer: it is not site-c's.
+        control = peer.control(done["id"])
+        try:
+            for answer in (control.commit(done["id"]), control.abort(done["id"]),
+                           control.verify(done["id"])):
+                self.assertFalse(answer.ok(), answer)
+                self.assertIn(done["id"], answer.error)
+        finally:
+            control.close()
+
+        self.assertEqual(lh.tree_digest(self.export("run1")), before)
+        verify = self.sites.cli("a", "verify", done["id"], "--json")
+        self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
+
+    def test_setuid_and_world_writable_modes_arrive_masked(self):
+        peer = self.hostile("site-a")
+        body = b"#!/bin/sh\nid\n"
+        files = {
+            "bin/id": (body, 0o6755),
+            "bin/sticky": (body, 0o1777),
+            "world-writable": (body, 0o777),
+            "group-writable": (body, 0o664),
+            "setgid-private": (body, 0o2750),
+            "private": (body, 0o600),
+        }
+        answer = peer.publish("t-modes", "ckpt", "tools", files)
+        self.assertTrue(answer.ok(), answer)
+        modes = {rel: stat.S_IMODE(os.lstat(self.export("tools", rel)).st_mode) for rel in files}
+        self.assertEqual(modes, {"bin/id": 0o755, "bin/sticky": 0o755, "world-writable": 0o755,
+                                 "group-writable": 0o644, "setgid-private": 0o750,
+                                 "private": 0o600})
+        for d in ("tools", "tools/bin"):
+            self.assertEqual(stat.S_IMODE(os.lstat(self.export(d)).st_mode), 0o755, d)
+        daemon = os.stat(f"/proc/{self.sites.pid('site-b')}")
+        for rel in files:
+            st = os.lstat(self.export("tools", rel))
+            self.assertEqual((st.st_uid, st.st_gid), (daemon.st_uid, daemon.st_gid), rel)
+
+        single = peer.publish("t-mode-file", "ckpt", "id", {"id": (body, 0o4755)}, single_file=True)
+        self.assertTrue(single.ok(), single)
+        self.assertEqual(stat.S_IMODE(os.lstat(self.export("id")).st_mode), 0o755)
+
+        # The same through a real daemon, from a setuid file at the source.
+        src = self.sites.path("setuid-src", "id")
+        os.makedirs(os.path.dirname(src))
+        with open(src, "wb") as f:
+            f.write(body)
+        os.chmod(src, 0o6777)
+        self.cp_ok("site-a", os.path.dirname(src), "site-b:/ckpt/from-cli")
+        self.assertEqual(stat.S_IMODE(os.lstat(self.export("from-cli", "id")).st_mode), 0o755)
+
+
+class NoWritersTest(AccessTestCase):
+    """An export without a writers list accepts nobody."""
+
+    site_names = ("site-a", "site-b")
+    writers = "site-b="
+
+    def test_an_export_without_writers_refuses_every_peer(self):
+        src = self.sites.path("src.bin")
+        lh.write_random(src, 4096, seed=1)
+        proc, result = self.cp("site-a", src, "site-b:/ckpt/x.bin")
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertIn("site-a may not write into export ckpt", result["error"])
+        self.assertEqual(self.visible_entries(), [])
+
+
+class SharedExportTest(AccessTestCase):
+    """site-a and site-c are both writers of site-b's export. Each may
+    publish new paths; neither may replace, or write inside, a destination
+    the other published (while it exists), and retention removes only the
+    pruning site's own checkpoints."""
+
+    def test_keep_1_from_site_c_never_removes_site_a_checkpoints(self):
+        run_a = self.sites.path("run-a")
+        for step in (1, 2):
+            self.make_checkpoint(run_a, f"step-{step}", seed=step)
+        sync = self.sites.cli("a", "sync", run_a, "site-b:/ckpt/run1", "--wait", "--json",
+                              "--keep", "3", "--only-complete", MARKER)
+        self.assertEqual(sync.returncode, 0, sync.stderr)
+        # A checkpoint no peer published (copied in by an operator).
+        local = self.make_checkpoint(self.export("run1"), "step-0", seed=9)
+        a_before = {n: lh.tree_digest(self.export("run1", n)) for n in ("step-0", "step-1", "step-2")}
+
+        run_c = self.sites.path("run-c")
+        self.make_checkpoint(run_c, "step-5", seed=5)
+        sync = self.sites.cli("c", "sync", run_c, "site-b:/ckpt/run1", "--wait", "--json",
+                              "--keep", "1", "--only-complete", MARKER)
+        self.assertEqual(sync.returncode, 0, sync.stderr)
+        self.assertEqual(sorted(os.listdir(self.export("run1"))),
+                         ["step-0", "step-1", "step-2", "step-5"])
+        # site-c's own older checkpoint does go.
+        self.make_checkpoint(run_c, "step-6", seed=6)
+        sync = self.sites.cli("c", "sync", run_c, "site-b:/ckpt/run1", "--wait", "--json",
+                              "--keep", "1", "--only-complete", MARKER)
+        self.assertEqual(sync.returncode, 0, sync.stderr)
+        self.assertEqual(sorted(os.listdir(self.export("run1"))),
+                         ["step-0", "step-1", "step-2", "step-6"])
+        self.assertEqual({n: lh.tree_digest(self.export("run1", n)) for n in a_before}, a_before)
+        self.assertTrue(os.path.isdir(local))
+
+        # The hostile form: an open with keep_checkpoints=1 and a marker glob
+        # that every directory of the export matches.
+        peer = self.hostile("site-c")
+        answer = peer.publish("t-prune", "ckpt", "run1/zzz", {MARKER: (b"{}", 0o644)},
+                              keep_checkpoints=1, commit_last=["*"])
+        self.assertTrue(answer.ok(), answer)
+        self.assertEqual(sorted(os.listdir(self.export("run1"))),
+                         ["step-0", "step-1", "step-2", "zzz"])
+        self.assertEqual({n: lh.tree_digest(self.export("run1", n)) for n in a_before}, a_before)
+
+    def test_a_writer_cannot_replace_what_another_writer_published(self):
+        ckpt = self.make_checkpoint(self.sites.path("src"), "step-1", seed=1)
+        done = self.cp_ok("site-a", ckpt, "site-b:/ckpt/run1/step-1")
+        before = lh.tree_digest(self.export("run1"))
+
+        peer = self.hostile("site-c")
+        model = {"shard-0.pt": (b"poisoned" * 1000, 0o644)}
+        for dest, single in (("run1/step-1/shard-0.pt", True), ("run1/step-1", False),
+                             ("run1", False), ("run1/step-1/new/file", True)):
+            answer = peer.publish(f"t-{len(dest)}", "ckpt", dest, model, single_file=single)
+            self.assert_refused(answer, "site-a", "site-c")
+        self.assertEqual(lh.tree_digest(self.export("run1")), before)
+        self.assertEqual(self.metric("site-b", "longhaul_export_access_refused_total",
+                                     {"peer": "site-c", "export": "ckpt"}), 4)
+
+        # Through a real daemon: the transfer fails with the owner's name.
+        proc, result = self.cp("site-c", self.sites.path("src", "step-1"), "site-b:/ckpt/run1/step-1")
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertIn("published by site-a", result["error"])
+
+        # Beside it is fine, and site-a may replace its own.
+        self.assertTrue(peer.publish("t-beside", "ckpt", "run1/step-9", model).ok())
+        self.cp_ok("site-a", ckpt, "site-b:/ckpt/run1/step-1")
+        verify = self.sites.cli("a", "verify", done["id"], "--json")
+        self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
+
+        # Once site-a's checkpoint is gone, the path is free again.
+        shutil.rmtree(self.export("run1", "step-1"))
+        self.assertTrue(peer.publish("t-after", "ckpt", "run1/step-1", model).ok())
+
+
+if __name__ == "__main__":
+    unittest.main()
