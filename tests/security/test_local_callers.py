@@ -119,16 +119,19 @@ class LocalCallerTest(lh.SitesTestCase):
         os.makedirs(pub)
         os.chmod(pub, 0o755)
         secret = self.write(os.path.join(pub, "secret.bin"), 4096, seed=5, mode=0o600)
-        private = os.path.join(self.export_a, "private")
+        # A directory nobody may not search, inside a source directory it may.
+        outer = os.path.join(self.export_a, "outer")
+        private = os.path.join(outer, "private")
         os.makedirs(private)
+        os.chmod(outer, 0o755)
         os.chmod(private, 0o700)
-        hidden = self.write(os.path.join(private, "open.bin"), 4096, seed=6)
+        self.write(os.path.join(private, "open.bin"), 4096, seed=6)
         mixed = os.path.join(self.export_a, "mixed")
         os.makedirs(mixed)
         os.chmod(mixed, 0o755)
         self.write(os.path.join(mixed, "a.bin"), 4096, seed=7)
         self.write(os.path.join(mixed, "b.bin"), 4096, seed=8, mode=0o600)
-        for src, needle in ((secret, "may not read"), (hidden, "may not search"),
+        for src, needle in ((secret, "may not read"), (outer, f"may not search directory {private}"),
                             (mixed, os.path.join(mixed, "b.bin"))):
             proc = self.cp(src, "site-b:/ckpt/x", user="nobody")
             self.assert_refused(proc, needle, f"uid {NOBODY_UID} (nobody)")
