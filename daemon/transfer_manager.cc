@@ -31,8 +31,9 @@ std::vector<SourceAccess::Forbidden> DaemonSecrets(const DaemonConfig& config) {
       {config.tls.key, "this site's TLS private key"},
       {config.state_dir, "this daemon's state_dir"},
   };
-  for (const ControlToken& t : config.control_tokens)
+  for (const ControlToken& t : config.control_tokens) {
     secrets.push_back({t.file, "a control token"});
+  }
   return secrets;
 }
 
@@ -118,6 +119,15 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
     if (*existing) return Get(**existing);
   }
   if (spec.sources().empty()) return absl::InvalidArgumentError("no source given");
+  for (const std::string& source : spec.sources()) {
+    if (source.empty() || source[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat("source '", source, "' must be an absolute path"));
+    }
+  }
+  // Before anything else may answer with a transfer (a sync attaching).
+  const std::vector<std::string> sources(spec.sources().begin(), spec.sources().end());
+  auto resolved = source_access_.CheckSources(caller, sources);
+  if (!resolved.ok()) return resolved.status();
   if (spec.sync()) {
     // Overlapping cron runs: a second sync of the same sources to the same
     // destination attaches to the one not yet ended instead of racing it.
@@ -136,11 +146,6 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
   }
   if (absl::Status s = ValidateCheckpointMarker(spec.checkpoint_marker()); !s.ok()) {
     return s;
-  }
-  for (const std::string& source : spec.sources()) {
-    if (source.empty() || source[0] != '/') {
-      return absl::InvalidArgumentError(absl::StrCat("source '", source, "' must be an absolute path"));
-    }
   }
   if (config_.FindPeer(spec.dest_site()) == nullptr) {
     std::vector<std::string> sites;
@@ -170,13 +175,11 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
                                                    "' (this daemon runs: ", absl::StrJoin(names, ", "), ")"));
   }
 
-  const std::vector<std::string> sources(spec.sources().begin(), spec.sources().end());
-  auto resolved = source_access_.CheckSources(caller, sources);
-  if (!resolved.ok()) return resolved.status();
   auto built = storage::BuildManifest(sources, spec.chunk_size());
   if (!built.ok()) return built.status();
-  if (absl::Status s = source_access_.CheckBuild(caller, sources, *resolved, &*built); !s.ok())
+  if (absl::Status s = source_access_.CheckBuild(caller, sources, *resolved, &*built); !s.ok()) {
     return s;
+  }
   if (built->single_file && spec.dest_path().empty()) {
     return absl::InvalidArgumentError("copying a single file needs a destination file name");
   }
