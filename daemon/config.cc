@@ -111,9 +111,8 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   DaemonConfig c;
   LH_RETURN_IF_ERROR(CheckKeys(root, "config",
                                {"site", "listen", "state_dir", "control_socket", "control_listen",
-                                "control_token_file", "tls", "exports",
-                                "peers", "transfer", "link", "log_level", "metrics", "limits",
-                                "udp"}));
+                                "control_token_file", "control_tokens", "tls", "exports", "peers",
+                                "transfer", "link", "log_level", "metrics", "limits", "udp"}));
   LH_RETURN_IF_ERROR(Read(root, "site", &c.site));
   if (c.site.empty()) return absl::InvalidArgumentError("config: 'site' (this site's name) is required");
   LH_RETURN_IF_ERROR(Read(root, "listen", &c.listen));
@@ -123,10 +122,33 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   if (c.control_socket.empty()) c.control_socket = c.state_dir + "/control.sock";
   LH_RETURN_IF_ERROR(Read(root, "control_listen", &c.control_listen));
   LH_RETURN_IF_ERROR(Read(root, "control_token_file", &c.control_token_file));
-  if (!c.control_listen.empty() && c.control_token_file.empty()) {
+  if (YAML::Node tokens = root["control_tokens"]) {
+    LH_RETURN_IF_ERROR(CheckKeys(tokens, "control_tokens", {"operator", "viewer"}));
+    for (ControlRole role : {ControlRole::kOperator, ControlRole::kViewer}) {
+      const std::string name(ControlRoleName(role));
+      if (!tokens[name]) continue;
+      ControlToken token{role, tokens[name].as<std::string>()};
+      if (token.file.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("control_tokens.", name, " needs a file"));
+      }
+      c.control_tokens.push_back(std::move(token));
+    }
+  }
+  if (!c.control_token_file.empty()) {
+    for (const ControlToken& t : c.control_tokens) {
+      if (t.role == ControlRole::kOperator) {
+        return absl::InvalidArgumentError(
+            "config: 'control_token_file' is the operator token; it and 'control_tokens.operator' "
+            "cannot both be given");
+      }
+    }
+    c.control_tokens.insert(c.control_tokens.begin(),
+                            {ControlRole::kOperator, c.control_token_file});
+  }
+  if (!c.control_listen.empty() && c.control_tokens.empty()) {
     return absl::InvalidArgumentError(
-        "config: 'control_listen' needs 'control_token_file': a TCP control address without a token "
-        "would let anyone who can reach it drive this daemon");
+        "config: 'control_listen' needs 'control_token_file' or 'control_tokens': a TCP control "
+        "address without a token would let anyone who can reach it drive this daemon");
   }
 
   c.tls.ca = "/etc/longhaul/tls/ca.pem";
@@ -279,6 +301,16 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
 }
 
 }  // namespace
+
+absl::string_view ControlRoleName(ControlRole role) {
+  switch (role) {
+    case ControlRole::kOperator:
+      return "operator";
+    case ControlRole::kViewer:
+      return "viewer";
+  }
+  return "unknown";
+}
 
 uint64_t DaemonConfig::BandwidthDelayProduct() const {
   return static_cast<uint64_t>(static_cast<double>(link.bandwidth_bps) / 8.0 *

@@ -24,6 +24,18 @@ struct PeerConfig {
   uint32_t streams = 0;           // 0: transfer.streams
 };
 
+// What a TCP control token may do. kOperator: everything. kViewer: only
+// read (status, list, watch, peers, verify, the rate caps in force).
+enum class ControlRole { kOperator, kViewer };
+
+// "operator" or "viewer".
+absl::string_view ControlRoleName(ControlRole role);
+
+struct ControlToken {
+  ControlRole role = ControlRole::kOperator;
+  std::string file;  // its first line is the token
+};
+
 // A directory this site accepts transfers into, and who may use it.
 struct ExportConfig {
   std::string name;
@@ -49,10 +61,14 @@ struct DaemonConfig {
   std::string control_socket;  // default: <state_dir>/control.sock
   // Optional TCP control address ("127.0.0.1:7701"), for clients on other
   // hosts or in other containers. Every request on it must carry
-  // "authorization: Bearer <token>" with the token in control_token_file,
-  // which is then required. Plaintext: bind to a trusted network only.
+  // "authorization: Bearer <token>" with one of control_tokens, and is
+  // allowed what that token's role allows; at least one token is then
+  // required. Plaintext: bind to a trusted network only.
   std::string control_listen;
+  // `control_token_file: FILE` is short for `control_tokens: {operator: FILE}`.
   std::string control_token_file;
+  // At most one per role.
+  std::vector<ControlToken> control_tokens;
 
   struct Tls {
     std::string ca;    // default: /etc/longhaul/tls/ca.pem

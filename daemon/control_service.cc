@@ -44,49 +44,76 @@ grpc::Status Reply(const absl::StatusOr<v1::TransferStatus>& status, Response* r
 
 }  // namespace
 
-grpc::Status ControlService::Authorize(const grpc::ServerContext* context, const char* method) const {
-  if (token_.empty()) return grpc::Status::OK;
-  const std::string expected = "Bearer " + token_;
+absl::StatusOr<Caller> ControlService::Authorize(const grpc::ServerContext* context,
+                                                 const char* method, ControlRole role) const {
+  if (!tcp_) return local_caller_;
   const auto& metadata = context->client_metadata();
   auto it = metadata.find("authorization");
   const char* problem = "no bearer token";
   if (it != metadata.end()) {
     const grpc::string_ref& got = it->second;
-    // Constant time: the comparison must not tell how much of a guess matched.
-    if (got.size() == expected.size() && CRYPTO_memcmp(got.data(), expected.data(), expected.size()) == 0) {
-      return grpc::Status::OK;
+    // Constant time, and every token compared: the answer must not tell how
+    // much of a guess matched, nor which token it was close to.
+    const RoleToken* match = nullptr;
+    for (const RoleToken& t : tokens_) {
+      const std::string expected = "Bearer " + t.token;
+      const bool equal = got.size() == expected.size() &&
+                         CRYPTO_memcmp(got.data(), expected.data(), expected.size()) == 0;
+      if (equal) match = &t;
+    }
+    if (match != nullptr) {
+      Caller caller = Caller::Token(match->role, context->peer());
+      if (match->role == ControlRole::kOperator || role == ControlRole::kViewer) return caller;
+      const std::string why =
+          absl::StrCat("the ", ControlRoleName(match->role), " role may not ", method,
+                       "; it needs the ", ControlRoleName(role), " token");
+      spdlog::warn("control call {} from {} refused: {}", method, caller.ToString(), why);
+      return absl::PermissionDeniedError(absl::StrCat("refused: ", why));
     }
     problem = "a wrong bearer token";
   }
   spdlog::warn("control call {} from {} refused: {} (TCP control needs \"authorization: Bearer <token>\")",
                method, context->peer(), problem);
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                      absl::StrCat("refused: ", problem, "; the TCP control address needs the token in the "
-                                   "daemon's control_token_file (longhaul --token-file FILE or $LONGHAUL_TOKEN_FILE)"));
+  return absl::UnauthenticatedError(
+      absl::StrCat("refused: ", problem,
+                   "; the TCP control address needs a token of the daemon's "
+                   "control_tokens (longhaul --token-file FILE or $LONGHAUL_TOKEN_FILE)"));
 }
 
 grpc::Status ControlService::Submit(grpc::ServerContext* context, const v1::SubmitRequest* request,
                                     v1::SubmitResponse* response) {
-  if (grpc::Status denied = Authorize(context, "Submit"); !denied.ok()) return denied;
-  return Reply(manager_.Submit(request->request_id(), request->spec()), response);
+  auto caller = Authorize(context, "Submit", ControlRole::kOperator);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  auto submitted = manager_.Submit(request->request_id(), request->spec(), *caller);
+  if (absl::IsPermissionDenied(submitted.status())) {
+    spdlog::warn("control call Submit from {} refused: {}", caller->ToString(),
+                 submitted.status().message());
+  }
+  return Reply(submitted, response);
 }
 
 grpc::Status ControlService::Get(grpc::ServerContext* context, const v1::GetRequest* request,
                                  v1::GetResponse* response) {
-  if (grpc::Status denied = Authorize(context, "Get"); !denied.ok()) return denied;
+  if (auto caller = Authorize(context, "Get", ControlRole::kViewer); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   return Reply(manager_.Get(request->id()), response);
 }
 
 grpc::Status ControlService::List(grpc::ServerContext* context, const v1::ListRequest* request,
                                   v1::ListResponse* response) {
-  if (grpc::Status denied = Authorize(context, "List"); !denied.ok()) return denied;
+  if (auto caller = Authorize(context, "List", ControlRole::kViewer); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   for (v1::TransferStatus& s : manager_.List(request->all())) *response->add_transfers() = std::move(s);
   return grpc::Status::OK;
 }
 
 grpc::Status ControlService::Watch(grpc::ServerContext* context, const v1::WatchRequest* request,
                                    grpc::ServerWriter<v1::TransferStatus>* writer) {
-  if (grpc::Status denied = Authorize(context, "Watch"); !denied.ok()) return denied;
+  if (auto caller = Authorize(context, "Watch", ControlRole::kViewer); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   // Polls the manager: progress changes at chunk granularity, and a poll at
   // this rate costs nothing next to a chunk.
   constexpr auto kPoll = std::chrono::milliseconds(200);
@@ -111,25 +138,33 @@ grpc::Status ControlService::Watch(grpc::ServerContext* context, const v1::Watch
 
 grpc::Status ControlService::Cancel(grpc::ServerContext* context, const v1::ControlRequest* request,
                                     v1::ControlResponse* response) {
-  if (grpc::Status denied = Authorize(context, "Cancel"); !denied.ok()) return denied;
+  if (auto caller = Authorize(context, "Cancel", ControlRole::kOperator); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   return Reply(manager_.Cancel(request->id()), response);
 }
 
 grpc::Status ControlService::Pause(grpc::ServerContext* context, const v1::ControlRequest* request,
                                    v1::ControlResponse* response) {
-  if (grpc::Status denied = Authorize(context, "Pause"); !denied.ok()) return denied;
+  if (auto caller = Authorize(context, "Pause", ControlRole::kOperator); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   return Reply(manager_.Pause(request->id()), response);
 }
 
 grpc::Status ControlService::Resume(grpc::ServerContext* context, const v1::ControlRequest* request,
                                     v1::ControlResponse* response) {
-  if (grpc::Status denied = Authorize(context, "Resume"); !denied.ok()) return denied;
+  if (auto caller = Authorize(context, "Resume", ControlRole::kOperator); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   return Reply(manager_.Resume(request->id()), response);
 }
 
 grpc::Status ControlService::Verify(grpc::ServerContext* context, const v1::VerifyRequestC* request,
                                     v1::VerifyResponse* response) {
-  if (grpc::Status denied = Authorize(context, "Verify"); !denied.ok()) return denied;
+  if (auto caller = Authorize(context, "Verify", ControlRole::kViewer); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   auto result = manager_.Verify(request->id());
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = std::move(*result);
@@ -138,14 +173,17 @@ grpc::Status ControlService::Verify(grpc::ServerContext* context, const v1::Veri
 
 grpc::Status ControlService::Peers(grpc::ServerContext* context, const v1::PeersRequest* request,
                                    v1::PeersResponse* response) {
-  if (grpc::Status denied = Authorize(context, "Peers"); !denied.ok()) return denied;
+  if (auto caller = Authorize(context, "Peers", ControlRole::kViewer); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   *response = manager_.Peers(request->probe());
   return grpc::Status::OK;
 }
 
 grpc::Status ControlService::SetLimit(grpc::ServerContext* context, const v1::SetLimitRequest* request,
                                       v1::SetLimitResponse* response) {
-  if (grpc::Status denied = Authorize(context, "SetLimit"); !denied.ok()) return denied;
+  auto caller = Authorize(context, "SetLimit", ControlRole::kOperator);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (rate_limiter_ == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError("this daemon has no rate limiter"));
   }
@@ -161,7 +199,7 @@ grpc::Status ControlService::SetLimit(grpc::ServerContext* context, const v1::Se
             absl::StrCat("'", limit.peer(), "' is not a configured peer site")));
       }
       rate_limiter_->SetPeerLimit(limit.peer(), rate);
-      spdlog::info("rate cap to peer {} set to {} by an operator", limit.peer(), shown);
+      spdlog::info("rate cap to peer {} set to {} by {}", limit.peer(), shown, caller->ToString());
       break;
     case v1::RateLimit::kPriority:
       if (limit.priority() == v1::PRIORITY_UNSPECIFIED || !v1::PriorityClass_IsValid(limit.priority())) {
@@ -169,8 +207,8 @@ grpc::Status ControlService::SetLimit(grpc::ServerContext* context, const v1::Se
             "a class cap needs a class: exchange, checkpoint or background"));
       }
       rate_limiter_->SetClassLimit(limit.priority(), rate);
-      spdlog::info("rate cap on class {} set to {} by an operator",
-                   peer::PriorityClassName(limit.priority()), shown);
+      spdlog::info("rate cap on class {} set to {} by {}",
+                   peer::PriorityClassName(limit.priority()), shown, caller->ToString());
       break;
     default:
       return ToGrpcStatus(absl::InvalidArgumentError("a cap names a peer site or a class"));
@@ -181,7 +219,9 @@ grpc::Status ControlService::SetLimit(grpc::ServerContext* context, const v1::Se
 
 grpc::Status ControlService::GetLimits(grpc::ServerContext* context, const v1::GetLimitsRequest*,
                                        v1::GetLimitsResponse* response) {
-  if (grpc::Status denied = Authorize(context, "GetLimits"); !denied.ok()) return denied;
+  if (auto caller = Authorize(context, "GetLimits", ControlRole::kViewer); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   if (rate_limiter_ != nullptr) AddLimits(*rate_limiter_, response);
   return grpc::Status::OK;
 }

@@ -4,7 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "daemon/config.h"
 #include "daemon/peer/rate_limiter.h"
+#include "daemon/source_access.h"
 #include "daemon/transfer_manager.h"
 #include "longhaul/v1/control.grpc.pb.h"
 
@@ -12,10 +14,30 @@ namespace longhaul::daemon {
 
 // The gRPC face of the TransferManager (proto/longhaul/v1/control.proto).
 // Converts absl::Status to gRPC status codes with the same messages.
+//
+// Each call is made by a Caller. On the Unix socket the service is built for
+// one local user (LocalControlServer gives each its own) and every call is
+// that user's: Submit sends only what that user could read. On the TCP
+// control address every call must carry "authorization: Bearer <token>"
+// with one of the configured tokens, and gets what that token's role
+// allows: a viewer reads (Get, List, Watch, Peers, Verify, GetLimits), an
+// operator also changes things (Submit, Cancel, Pause, Resume, SetLimit).
+// Every refused call is logged with its caller (uid, or address and role).
+//
 // Thread-safe: gRPC calls it from its own thread pool.
 class ControlService final : public v1::Control::Service {
  public:
-  explicit ControlService(TransferManager& manager) : manager_(manager) {}
+  struct RoleToken {
+    ControlRole role;
+    std::string token;
+  };
+
+  // Every call is `caller`'s.
+  ControlService(TransferManager& manager, Caller caller)
+      : manager_(manager), local_caller_(std::move(caller)), tcp_(false) {}
+  // Every call must carry one of `tokens` (the TCP control address).
+  ControlService(TransferManager& manager, std::vector<RoleToken> tokens)
+      : manager_(manager), tokens_(std::move(tokens)), tcp_(true) {}
 
   // Serves SetLimit/GetLimits on `limiter` (without one they fail with
   // FailedPrecondition). `peer_sites` are the sites a peer cap may name. Call
@@ -24,11 +46,6 @@ class ControlService final : public v1::Control::Service {
     rate_limiter_ = limiter;
     peer_sites_ = std::move(peer_sites);
   }
-
-  // Every call must then carry "authorization: Bearer <token>" (the TCP
-  // control address); calls without it fail with UNAUTHENTICATED and are
-  // logged. Call before serving.
-  void RequireToken(std::string token) { token_ = std::move(token); }
 
   grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest*, v1::SubmitResponse*) override;
   grpc::Status Get(grpc::ServerContext*, const v1::GetRequest*, v1::GetResponse*) override;
@@ -46,12 +63,16 @@ class ControlService final : public v1::Control::Service {
                          v1::GetLimitsResponse*) override;
 
  private:
-  // OK, or UNAUTHENTICATED (logged with the caller's address) when a token is
-  // required and the call does not carry it.
-  grpc::Status Authorize(const grpc::ServerContext* context, const char* method) const;
+  // The caller of this call when it may call `method`, which needs `role`.
+  // Otherwise UNAUTHENTICATED (TCP without a known token) or
+  // PERMISSION_DENIED (a role short of `role`), logged with the caller.
+  absl::StatusOr<Caller> Authorize(const grpc::ServerContext* context, const char* method,
+                                   ControlRole role) const;
 
   TransferManager& manager_;
-  std::string token_;
+  const Caller local_caller_;
+  const std::vector<RoleToken> tokens_;
+  const bool tcp_;
   peer::RateLimiter* rate_limiter_ = nullptr;
   std::vector<std::string> peer_sites_;
 };

@@ -14,8 +14,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
+#include "daemon/local_control_server.h"
 #include "daemon/exchange/exchange_hub.h"
 #include "daemon/exchange/exchange_service.h"
 #include "daemon/metrics/daemon_metrics.h"
@@ -41,27 +43,47 @@ int Fail(absl::string_view what, const absl::Status& status) {
   return 1;
 }
 
-// The bearer token of the TCP control address: the file's first line,
+// A bearer token of the TCP control address: the file's first line,
 // trimmed. Refused when short or readable by everyone.
 absl::StatusOr<std::string> ReadControlToken(const std::string& path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat("control_token_file ", path, ": ", strerror(errno)));
+    return absl::NotFoundError(absl::StrCat("control token file ", path, ": ", strerror(errno)));
   }
   if (st.st_mode & S_IROTH) {
-    return absl::PermissionDeniedError(absl::StrCat("control_token_file ", path,
-                                                    " is readable by everyone; chmod 600 (or 640) it"));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "control token file ", path, " is readable by everyone; chmod 600 (or 640) it"));
   }
   std::ifstream in(path);
   std::string token;
   std::getline(in, token);
   token = std::string(absl::StripAsciiWhitespace(token));
   if (token.size() < 16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "control_token_file ", path, " must hold a token of at least 16 characters "
-        "(e.g. openssl rand -hex 32 > ", path, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("control token file ", path,
+                                                   " must hold a token of at least 16 characters "
+                                                   "(e.g. openssl rand -hex 32 > ",
+                                                   path, ")"));
   }
   return token;
+}
+
+// Every configured token with its role; two roles may not share a token.
+absl::StatusOr<std::vector<ControlService::RoleToken>> ReadControlTokens(
+    const DaemonConfig& config) {
+  std::vector<ControlService::RoleToken> tokens;
+  for (const ControlToken& t : config.control_tokens) {
+    auto token = ReadControlToken(t.file);
+    if (!token.ok()) return token.status();
+    for (const ControlService::RoleToken& other : tokens) {
+      if (other.token == *token) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("the ", ControlRoleName(t.role), " and ", ControlRoleName(other.role),
+                         " control tokens are the same; each role needs its own"));
+      }
+    }
+    tokens.push_back({t.role, *std::move(token)});
+  }
+  return tokens;
 }
 
 int Run(const std::string& config_path, const std::string& log_level_override) {
@@ -181,45 +203,46 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   manager.SetRateLimiter(&limiter);
   if (absl::Status s = manager.Start(); !s.ok()) return Fail("cannot resume transfers", s);
 
-  ControlService service(manager);
-  service.SetRateLimiter(&limiter, identity.peer_sites);
+  // Local control: each caller known by uid (see LocalControlServer), the
+  // socket for the daemon's user and group only.
   std::string socket_path = config->control_socket;
   std::filesystem::create_directories(std::filesystem::path(socket_path).parent_path(), ec);
-  struct stat st;
-  if (lstat(socket_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) unlink(socket_path.c_str());
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
-  builder.RegisterService(&service);
   exchange::ExchangeService exchange_service(exchange_hub);
-  builder.RegisterService(&exchange_service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server) {
-    return Fail("cannot serve the control API",
-                absl::UnavailableError(absl::StrCat("unix socket ", socket_path)));
-  }
-  // Local control is for the daemon's user and group only.
-  chmod(socket_path.c_str(), 0660);
+  auto local_server =
+      LocalControlServer::Start({socket_path, 0660},
+                                [&manager, &limiter, &identity](const Caller& caller) {
+                                  auto service = std::make_unique<ControlService>(manager, caller);
+                                  service->SetRateLimiter(&limiter, identity.peer_sites);
+                                  std::vector<std::unique_ptr<grpc::Service>> services;
+                                  services.push_back(std::move(service));
+                                  return services;
+                                },
+                                {&exchange_service});
+  if (!local_server.ok()) return Fail("cannot serve the control API", local_server.status());
 
   // The optional TCP control address: the control API only (exchanges need
-  // shared memory with a local client), every call with the bearer token.
-  ControlService tcp_service(manager);
+  // shared memory with a local client), every call with a role's token.
+  std::unique_ptr<ControlService> tcp_service;
   std::unique_ptr<grpc::Server> tcp_server;
   if (!config->control_listen.empty()) {
-    auto token = ReadControlToken(config->control_token_file);
-    if (!token.ok()) return Fail("cannot serve the TCP control address", token.status());
-    tcp_service.SetRateLimiter(&limiter, identity.peer_sites);
-    tcp_service.RequireToken(*std::move(token));
+    auto tokens = ReadControlTokens(*config);
+    if (!tokens.ok()) return Fail("cannot serve the TCP control address", tokens.status());
+    std::vector<std::string> roles;
+    for (const ControlService::RoleToken& t : *tokens) roles.emplace_back(ControlRoleName(t.role));
+    tcp_service = std::make_unique<ControlService>(manager, *std::move(tokens));
+    tcp_service->SetRateLimiter(&limiter, identity.peer_sites);
     int port = 0;
     grpc::ServerBuilder tcp_builder;
     tcp_builder.AddListeningPort(config->control_listen, grpc::InsecureServerCredentials(), &port);
-    tcp_builder.RegisterService(&tcp_service);
+    tcp_builder.RegisterService(tcp_service.get());
     tcp_server = tcp_builder.BuildAndStart();
     if (!tcp_server || port == 0) {
       return Fail("cannot serve the TCP control address",
                   absl::UnavailableError(absl::StrCat("cannot listen on ", config->control_listen)));
     }
-    spdlog::info("control also on tcp {}:{} (bearer token required)",
-                 config->control_listen.substr(0, config->control_listen.rfind(':')), port);
+    spdlog::info("control also on tcp {}:{} (bearer token required; roles: {})",
+                 config->control_listen.substr(0, config->control_listen.rfind(':')), port,
+                 absl::StrJoin(roles, ", "));
   }
 
   const std::string listen_host = config->listen.substr(0, config->listen.rfind(':'));
@@ -259,7 +282,7 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   const gpr_timespec drained_by =
       gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_seconds(2, GPR_TIMESPAN));
   if (tcp_server) tcp_server->Shutdown(drained_by);
-  server->Shutdown(drained_by);
+  (*local_server)->Shutdown(drained_by);
   manager.Shutdown();
   receiver.Shutdown();
   (*udp)->Shutdown();

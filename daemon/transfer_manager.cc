@@ -26,6 +26,18 @@ namespace {
 // How long Pause and Shutdown let chunks in flight finish before cutting them.
 constexpr absl::Duration kDrainTimeout = absl::Seconds(20);
 
+// What no caller may send, whatever the exports say.
+std::vector<SourceAccess::Forbidden> DaemonSecrets(const DaemonConfig& config) {
+  std::vector<SourceAccess::Forbidden> secrets = {
+      {config.tls.key, "this site's TLS private key"},
+      {config.state_dir, "this daemon's state_dir"},
+  };
+  for (const ControlToken& t : config.control_tokens) {
+    secrets.push_back({t.file, "a control token"});
+  }
+  return secrets;
+}
+
 std::string NewTransferId() {
   absl::BitGen gen;
   return absl::StrFormat("t-%016x", absl::Uniform<uint64_t>(gen));
@@ -54,7 +66,8 @@ TransferManager::TransferManager(const DaemonConfig& config,
       transports_(transports),
       control_transport_(*transport::FindTransport(transports, "tcp")),
       gate_(gate),
-      journal_(journal) {}
+      journal_(journal),
+      source_access_(config.exports, DaemonSecrets(config)) {}
 
 TransferManager::~TransferManager() { Shutdown(); }
 
@@ -108,7 +121,8 @@ void TransferManager::Shutdown() {
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& request_id,
-                                                           v1::TransferSpec spec) {
+                                                           v1::TransferSpec spec,
+                                                           const Caller& caller) {
   absl::MutexLock submit_lock(&submit_mu_);
   if (!request_id.empty()) {
     auto existing = journal_.LookupRequest(request_id);
@@ -116,6 +130,15 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
     if (*existing) return Get(**existing);
   }
   if (spec.sources().empty()) return absl::InvalidArgumentError("no source given");
+  for (const std::string& source : spec.sources()) {
+    if (source.empty() || source[0] != '/') {
+      return absl::InvalidArgumentError(absl::StrCat("source '", source, "' must be an absolute path"));
+    }
+  }
+  // Before anything else may answer with a transfer (a sync attaching).
+  const std::vector<std::string> sources(spec.sources().begin(), spec.sources().end());
+  auto resolved = source_access_.CheckSources(caller, sources);
+  if (!resolved.ok()) return resolved.status();
   if (spec.sync()) {
     // Overlapping cron runs: a second sync of the same sources to the same
     // destination attaches to the one not yet ended instead of racing it.
@@ -177,8 +200,11 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
                                                    "' (this daemon runs: ", absl::StrJoin(names, ", "), ")"));
   }
 
-  auto built = storage::BuildManifest({spec.sources().begin(), spec.sources().end()}, spec.chunk_size());
+  auto built = storage::BuildManifest(sources, spec.chunk_size());
   if (!built.ok()) return built.status();
+  if (absl::Status s = source_access_.CheckBuild(caller, sources, *resolved, &*built); !s.ok()) {
+    return s;
+  }
   if (built->single_file && spec.dest_path().empty()) {
     return absl::InvalidArgumentError("copying a single file needs a destination file name");
   }
@@ -208,9 +234,10 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
   t->record = std::move(record);
   Transfer& ref = *t;
   transfers_[ref.record.id()] = std::move(t);
-  spdlog::info("transfer {} queued: {} files, {} bytes to {}:/{}/{}", ref.record.id(),
-               ref.record.manifest().files_size(), total, ref.record.spec().dest_site(),
-               ref.record.spec().dest_export(), ref.record.spec().dest_path());
+  spdlog::info("transfer {} queued for {}: {} files, {} bytes to {}:/{}/{}", ref.record.id(),
+               caller.ToString(), ref.record.manifest().files_size(), total,
+               ref.record.spec().dest_site(), ref.record.spec().dest_export(),
+               ref.record.spec().dest_path());
   ScheduleLocked();
   return StatusOf(ref);
 }

@@ -15,6 +15,7 @@
 #include "common/units.h"
 #include "daemon/config.h"
 #include "daemon/peer/sender.h"
+#include "daemon/source_access.h"
 #include "daemon/transport/transport.h"
 #include "longhaul/v1/control.pb.h"
 #include "longhaul/v1/journal.pb.h"
@@ -54,8 +55,11 @@ class TransferManager {
   void Shutdown();
 
   // Idempotent by `request_id`: a retried request returns the first one's
-  // transfer.
-  absl::StatusOr<v1::TransferStatus> Submit(const std::string& request_id, v1::TransferSpec spec);
+  // transfer. The sources must be ones `caller` may send (SourceAccess);
+  // otherwise PermissionDenied, naming the path and the exports, and
+  // nothing is journaled.
+  absl::StatusOr<v1::TransferStatus> Submit(const std::string& request_id, v1::TransferSpec spec,
+                                            const Caller& caller);
   absl::StatusOr<v1::TransferStatus> Get(const std::string& id) const;
   std::vector<v1::TransferStatus> List(bool all) const;
   // Stops the transfer and tells the destination to drop its staging. When
@@ -116,6 +120,7 @@ class TransferManager {
   peer::PriorityGate& gate_;
   storage::Journal& journal_;
   peer::RateLimiter* rate_limiter_ = nullptr;
+  const SourceAccess source_access_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);

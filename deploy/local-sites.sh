@@ -6,8 +6,11 @@
 #   export LONGHAUL_SITE_A=unix:DIR/site-a/control.sock
 #   export LONGHAUL_SITE_B=unix:DIR/site-b/control.sock
 # so that `eval "$(deploy/local-sites.sh up DIR)"` works. Each site has its
-# state under DIR/SITE/state, its log in DIR/SITE/longhauld.log and an export
-# named `ckpt` at DIR/SITE/ckpt. Certificates are made on first run in DIR/pki.
+# state under DIR/SITE/state, its log in DIR/SITE/longhauld.log, an export
+# named `ckpt` at DIR/SITE/ckpt, and one named `local` at DIR itself, so that
+# anything under DIR can be sent (sources must lie inside an export; the
+# site's key and state are refused all the same). Certificates are made on
+# first run in DIR/pki.
 # Environment: LONGHAUL_BIN (default build/bin), LONGHAUL_LOCAL_EXTRA (YAML
 # appended to both configs), LONGHAUL_LOCAL_SITES (default "site-a site-b":
 # more sites, e.g. "site-a site-b site-c", each peered with all the others;
@@ -84,6 +87,10 @@ exports:
     path: $dir/$site/ckpt
     writers: $(access_list "$site" "${LONGHAUL_LOCAL_WRITERS:-}" "$all_others")
     readers: $(access_list "$site" "${LONGHAUL_LOCAL_READERS:-}" "$all_others")
+  # Send-only: what the demo and the tests send lives under DIR, and a
+  # transfer's sources must lie inside an export.
+  - name: local
+    path: $dir
 peers:
 $(while [ $# -gt 0 ]; do printf '  - site: %s\n    address: 127.0.0.1:%s\n' "$1" "$2"; shift 2; done)
 link:

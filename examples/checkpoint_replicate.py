@@ -13,7 +13,8 @@ site-b; site-b loads it back and every tensor must be equal.
 Python 3.11, hence plain torch.save shards and an index.)
 Starts two local daemons with deploy/local-sites.sh unless
 LONGHAUL_SITE_A / LONGHAUL_SITE_B are set (then pass --dest-dir: where
-site-b's `ckpt` export is on this host).
+site-b's `ckpt` export is on this host, and --source-dir: a directory inside
+one of site-a's exports, since longhauld sends only from its exports).
 """
 
 import argparse
@@ -71,6 +72,7 @@ def main():
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--dest-dir", help="site-b's ckpt export on this host (external daemons)")
+    parser.add_argument("--source-dir", help="a directory inside one of site-a's exports (external daemons)")
     args = parser.parse_args()
 
     import torch
@@ -88,7 +90,8 @@ def main():
         loss.backward()
         optimizer.step()
 
-    with tempfile.TemporaryDirectory(prefix="ckpt-src-") as src, LocalSites() as sites:
+    with LocalSites() as sites, tempfile.TemporaryDirectory(
+            prefix="ckpt-src-", dir=args.source_dir or sites.source_dir()) as src:
         step_dir = os.path.join(src, "step-3")
         saved = save_sharded(torch, model, optimizer, step_dir, args.shards)
         client = longhaul.Client(sites.address("site-a"))

@@ -57,6 +57,14 @@ class LocalSites:
     def export_dir(self, site):
         return os.path.join(self.dir, site, "ckpt")
 
+    def source_dir(self):
+        """A directory whose files any of the sites may send: a transfer's
+        sources must lie inside one of the site's exports, and each site
+        exports the sites' directory as `local` (send-only)."""
+        d = os.path.join(self.dir, "src")
+        os.makedirs(d, exist_ok=True)
+        return d
+
     def kill(self, site):
         """kill -9 the site's daemon (a site dropping out)."""
         with open(os.path.join(self.dir, site, "longhauld.pid")) as f:

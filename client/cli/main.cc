@@ -1,6 +1,6 @@
 // longhaul: the operator's CLI. Talks to the local longhauld over its control
 // socket. Exit codes: 0 ok, 1 transfer failed (or verify found a mismatch),
-// 2 usage error, 3 daemon unreachable.
+// 2 usage error or a refused request, 3 daemon unreachable.
 
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -45,7 +45,13 @@ int Report(const absl::Status& status) {
       status.message().find("cannot reach longhauld") != absl::string_view::npos) {
     return kExitUnreachable;
   }
-  return status.code() == absl::StatusCode::kInvalidArgument ? kExitUsage : kExitFailed;
+  // A request the daemon refuses outright (a bad argument, a source the
+  // caller may not send, a call its token's role does not allow) is the
+  // caller's to fix, like a usage error.
+  return status.code() == absl::StatusCode::kInvalidArgument ||
+                 status.code() == absl::StatusCode::kPermissionDenied
+             ? kExitUsage
+             : kExitFailed;
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Connect(const Globals& g) {

@@ -80,7 +80,7 @@ listen: {addr}:7700
 control_socket: {d}/control.sock
 state_dir: {d}/state
 tls: {{ca: {self.path('pki', 'ca.pem')}, cert: {self.path('pki', site + '.pem')}, key: {self.path('pki', site + '.key')}}}
-exports: [{{name: ckpt, path: {d}/ckpt, writers: [{peer}]}}]
+exports: [{{name: ckpt, path: {d}/ckpt, writers: [{peer}]}}, {{name: local, path: {self.dir}}}]
 peers: [{{site: {peer}, address: {peer_addr}:7700}}]
 link: {{bandwidth: 200Mbit, rtt: 20ms}}
 metrics: {{listen: "127.0.0.1:0"}}

@@ -63,7 +63,7 @@ listen: 127.0.0.1:0
 state_dir: {d}/state
 control_socket: {d}/control.sock
 tls: {{ca: {pki}/ca.pem, cert: {pki}/{site}.pem, key: {pki}/{site}.key}}
-exports: [{{name: ckpt, path: {d}/ckpt}}]
+exports: [{{name: ckpt, path: {d}/ckpt}}, {{name: local, path: {self.sites.dir}}}]
 peers: [{{site: site-b, address: "127.0.0.1:{site_b_port}"}}]
 transfer: {{give_up_after: 5s}}
 """)

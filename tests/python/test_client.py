@@ -10,7 +10,7 @@ import longhaul
 
 class ClientTest(unittest.TestCase):
     def test_submit_wait_with_progress_then_watch(self):
-        with LocalSites() as sites, tempfile.TemporaryDirectory() as src:
+        with LocalSites() as sites, tempfile.TemporaryDirectory(dir=sites.source_dir()) as src:
             path = os.path.join(src, "blob.bin")
             with open(path, "wb") as f:
                 f.write(os.urandom(3 << 20))
@@ -32,7 +32,7 @@ class ClientTest(unittest.TestCase):
             self.assertTrue(str(ctx.exception))
 
     def test_callback_exception_is_raised(self):
-        with LocalSites() as sites, tempfile.TemporaryDirectory() as src:
+        with LocalSites() as sites, tempfile.TemporaryDirectory(dir=sites.source_dir()) as src:
             path = os.path.join(src, "x")
             with open(path, "wb") as f:
                 f.write(b"x" * 1000)

@@ -31,7 +31,7 @@ listen: $listen
 control_socket: $d/control.sock
 state_dir: $d/state
 tls: {ca: $WORK/lh/pki/ca.pem, cert: $WORK/lh/pki/$site.pem, key: $WORK/lh/pki/$site.key}
-exports: [{name: ckpt, path: $export, writers: [$peer]}]
+exports: [{name: ckpt, path: $export, writers: [$peer]}, {name: local, path: $WORK}]  # local: what the rows send
 peers: [{site: $peer, address: $peer_addr}]
 link: {bandwidth: $LH_BANDWIDTH, rtt: $LH_RTT}
 metrics: {listen: "127.0.0.1:0"}

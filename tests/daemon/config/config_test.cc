@@ -53,6 +53,51 @@ TEST(ConfigControlTest, TcpControlNeedsATokenFile) {
   EXPECT_EQ(ok->control_token_file, "/etc/longhaul/control.token");
 }
 
+TEST(ConfigControlTest, TokensPerRole) {
+  auto both = ParseConfig(
+      std::string(kTwoSites) +
+      "control_listen: 127.0.0.1:7702\n"
+      "control_tokens: {operator: /etc/longhaul/op.token, viewer: /etc/longhaul/view.token}\n");
+  ASSERT_TRUE(both.ok()) << both.status();
+  ASSERT_EQ(both->control_tokens.size(), 2u);
+  EXPECT_EQ(both->control_tokens[0].role, ControlRole::kOperator);
+  EXPECT_EQ(both->control_tokens[0].file, "/etc/longhaul/op.token");
+  EXPECT_EQ(both->control_tokens[1].role, ControlRole::kViewer);
+  EXPECT_EQ(both->control_tokens[1].file, "/etc/longhaul/view.token");
+
+  // control_token_file is the operator's token; a viewer may be added.
+  auto legacy = ParseConfig(
+      std::string(kTwoSites) +
+      "control_listen: 127.0.0.1:7702\ncontrol_token_file: /etc/longhaul/control.token\n"
+      "control_tokens: {viewer: /etc/longhaul/view.token}\n");
+  ASSERT_TRUE(legacy.ok()) << legacy.status();
+  ASSERT_EQ(legacy->control_tokens.size(), 2u);
+  EXPECT_EQ(legacy->control_tokens[0].role, ControlRole::kOperator);
+  EXPECT_EQ(legacy->control_tokens[0].file, "/etc/longhaul/control.token");
+
+  // A viewer token alone is enough to serve the TCP address (read-only).
+  EXPECT_TRUE(ParseConfig(std::string(kTwoSites) +
+                          "control_listen: 127.0.0.1:7702\n"
+                          "control_tokens: {viewer: /etc/longhaul/view.token}\n")
+                  .ok());
+
+  auto twice = ParseConfig(
+      std::string(kTwoSites) +
+      "control_listen: 127.0.0.1:7702\ncontrol_token_file: /a\ncontrol_tokens: {operator: /b}\n");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("cannot both be given"), absl::string_view::npos)
+      << twice.status();
+
+  auto unknown = ParseConfig(
+      std::string(kTwoSites) +
+      "control_listen: 127.0.0.1:7702\ncontrol_tokens: {admin: /etc/longhaul/a.token}\n");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find(
+                "unknown key 'admin' in control_tokens (known: operator, viewer)"),
+            absl::string_view::npos)
+      << unknown.status();
+}
+
 TEST(ConfigLimitsTest, ParsesPeerAndClassCaps) {
   auto c = ParseConfig(std::string(kTwoSites) +
                        "limits:\n  peers: {site-b: 500Mbit}\n  classes: {background: 100Mbit, "

@@ -1,0 +1,359 @@
+#include "daemon/source_access.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "common/errno_status.h"
+
+namespace longhaul::daemon {
+namespace {
+
+constexpr int kRead = 4;
+constexpr int kSearch = 1;
+
+std::string UserName(uid_t uid) {
+  struct passwd pw;
+  struct passwd* found = nullptr;
+  char buffer[4096];
+  if (getpwuid_r(uid, &pw, buffer, sizeof(buffer), &found) == 0 && found != nullptr) {
+    return found->pw_name;
+  }
+  return absl::StrCat(uid);
+}
+
+std::string GroupName(gid_t gid) {
+  struct group gr;
+  struct group* found = nullptr;
+  char buffer[4096];
+  if (getgrgid_r(gid, &gr, buffer, sizeof(buffer), &found) == 0 && found != nullptr) {
+    return found->gr_name;
+  }
+  return absl::StrCat(gid);
+}
+
+// The resolved path of `path`, or the errno of realpath(3).
+absl::StatusOr<std::string> Resolve(const std::string& path, int* err) {
+  char* resolved = realpath(path.c_str(), nullptr);
+  if (resolved == nullptr) {
+    *err = errno;
+    return ErrnoError(*err, absl::StrCat("cannot resolve ", path));
+  }
+  std::string out(resolved);
+  free(resolved);
+  return out;
+}
+
+// True when `path` is `root` or below it (both resolved).
+bool IsWithin(absl::string_view path, absl::string_view root) {
+  if (root.empty()) return false;
+  if (root == "/") return true;
+  return path == root || (path.size() > root.size() && path.substr(0, root.size()) == root &&
+                          path[root.size()] == '/');
+}
+
+std::string Parent(absl::string_view path) {
+  size_t slash = path.rfind('/');
+  if (slash == absl::string_view::npos || slash == 0) return "/";
+  return std::string(path.substr(0, slash));
+}
+
+absl::string_view Basename(absl::string_view path) {
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  size_t slash = path.rfind('/');
+  return slash == absl::string_view::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+Caller Caller::LocalUser(uid_t uid, gid_t gid) {
+  Caller c;
+  c.kind = Kind::kLocalUser;
+  c.uid = uid;
+  c.gid = gid;
+  return c;
+}
+
+Caller Caller::Token(ControlRole role, std::string address) {
+  Caller c;
+  c.kind = Kind::kToken;
+  c.role = role;
+  c.address = std::move(address);
+  return c;
+}
+
+std::string Caller::ToString() const {
+  if (kind == Kind::kToken)
+    return absl::StrCat(address, " (token role ", ControlRoleName(role), ")");
+  return absl::StrCat("uid ", uid, " (", UserName(uid), ")");
+}
+
+std::vector<gid_t> SystemGroupsOf(uid_t uid) {
+  struct passwd pw;
+  struct passwd* found = nullptr;
+  char buffer[4096];
+  if (getpwuid_r(uid, &pw, buffer, sizeof(buffer), &found) != 0 || found == nullptr) return {};
+  int count = 32;
+  std::vector<gid_t> groups;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    groups.resize(count);
+    int n = count;
+    if (getgrouplist(found->pw_name, found->pw_gid, groups.data(), &n) >= 0) {
+      groups.resize(n);
+      return groups;
+    }
+    count = std::max(n, count * 2);
+  }
+  return {found->pw_gid};
+}
+
+// One check: the caller, its groups, the exports resolved once, and the
+// verdicts on directories already judged.
+class SourceAccess::Check {
+ public:
+  Check(const SourceAccess& access, const Caller& caller)
+      : caller_(caller), privileged_(caller.kind == Caller::Kind::kToken || caller.uid == 0) {
+    std::vector<std::string> shown;
+    for (const ExportConfig& e : access.exports_) {
+      shown.push_back(absl::StrCat(e.name, ": ", e.path));
+      int err = 0;
+      if (auto r = Resolve(e.path, &err); r.ok()) exports_.push_back(*std::move(r));
+    }
+    exports_shown_ = shown.empty() ? "this site has no exports" : absl::StrJoin(shown, ", ");
+    for (const Forbidden& f : access.forbidden_) {
+      int err = 0;
+      if (auto r = Resolve(f.path, &err); r.ok()) forbidden_.push_back({*std::move(r), f.what});
+    }
+    if (!privileged_) {
+      groups_ = access.groups_of_(caller.uid);
+      groups_.push_back(caller.gid);
+    }
+  }
+
+  // `resolved` (the resolution of `named`) lies inside an export and is
+  // none of the daemon's secrets.
+  absl::Status Confine(const std::string& named, const std::string& resolved) const {
+    if (!InsideAnExport(resolved)) {
+      if (!privileged_) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("source ", named, " does not exist or is outside this site's exports (",
+                         exports_shown_, "); only files inside an export can be sent"));
+      }
+      return absl::PermissionDeniedError(absl::StrCat(
+          "source ", named, named == resolved ? "" : absl::StrCat(" (resolves to ", resolved, ")"),
+          " is outside this site's exports (", exports_shown_,
+          "); only files inside an export can be sent"));
+    }
+    for (const auto& [path, what] : forbidden_) {
+      if (IsWithin(resolved, path)) {
+        return absl::PermissionDeniedError(absl::StrCat("source ", named, " is ", what, " (", path,
+                                                        "); the daemon never sends it"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The caller could read `resolved` (a directory when `is_dir`: list and
+  // search it) and search every directory on the way; the directories at or
+  // below `tree_root` must also be listable (the walk lists them).
+  absl::Status Readable(const std::string& resolved, const std::string& tree_root, bool is_dir) {
+    if (privileged_) return absl::OkStatus();
+    if (absl::Status s = SearchPath(resolved, tree_root, /*include_last=*/false, resolved);
+        !s.ok()) {
+      return s;
+    }
+    return Judge(resolved, is_dir ? (kRead | kSearch) : kRead, is_dir, resolved);
+  }
+
+  // Why `named` cannot be sent when it does not resolve. A non-root caller
+  // learns no more than it could by looking itself: inside an export, the
+  // first directory on the way it may not search, as for a path that
+  // exists; elsewhere, that the path does not exist or is outside the
+  // exports, as for one outside them.
+  absl::Status Unresolvable(const std::string& named, int err) {
+    if (privileged_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot resolve source ", named, ": ", std::strerror(err)));
+    }
+    for (std::string ancestor = Parent(named);; ancestor = Parent(ancestor)) {
+      int ancestor_err = 0;
+      if (auto r = Resolve(ancestor, &ancestor_err); r.ok()) {
+        if (!InsideAnExport(*r)) break;
+        absl::Status s = SearchPath(*r, /*tree_root=*/"", /*include_last=*/true, named);
+        if (absl::IsPermissionDenied(s)) return s;
+        break;
+      }
+      if (ancestor == "/") break;
+    }
+    return absl::PermissionDeniedError(
+        absl::StrCat("source ", named, " does not exist or is outside this site's exports (",
+                     exports_shown_, "); only files inside an export can be sent"));
+  }
+
+ private:
+  bool InsideAnExport(const std::string& resolved) const {
+    for (const std::string& e : exports_) {
+      if (IsWithin(resolved, e)) return true;
+    }
+    return false;
+  }
+
+  // Every directory from "/" down to `path`'s parent (down to `path` itself
+  // when `include_last`) may be searched, and listed at or below `tree_root`.
+  absl::Status SearchPath(const std::string& path, const std::string& tree_root, bool include_last,
+                          const std::string& target) {
+    for (size_t slash = 0; slash != std::string::npos && slash < path.size();
+         slash = path.find('/', slash + 1)) {
+      const std::string dir = slash == 0 ? "/" : path.substr(0, slash);
+      const int need = IsWithin(dir, tree_root) ? (kRead | kSearch) : kSearch;
+      if (absl::Status s = Judge(dir, need, /*is_dir=*/true, target); !s.ok()) return s;
+    }
+    if (include_last && path != "/") {
+      const int need = IsWithin(path, tree_root) ? (kRead | kSearch) : kSearch;
+      return Judge(path, need, /*is_dir=*/true, target);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Judge(const std::string& path, int need, bool is_dir, const std::string& target) {
+    const std::string key = absl::StrCat(need, ":", path);
+    if (is_dir) {
+      auto it = verdicts_.find(key);
+      if (it != verdicts_.end()) return Mention(it->second, path, target);
+    }
+    absl::Status verdict = JudgeUncached(path, need, is_dir);
+    if (is_dir) verdicts_.emplace(key, verdict);
+    return Mention(verdict, path, target);
+  }
+
+  absl::Status JudgeUncached(const std::string& path, int need, bool is_dir) const {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) return ErrnoError(absl::StrCat("cannot stat ", path));
+    int bits;
+    if (st.st_uid == caller_.uid) {
+      bits = (st.st_mode >> 6) & 7;
+    } else if (std::find(groups_.begin(), groups_.end(), st.st_gid) != groups_.end()) {
+      bits = (st.st_mode >> 3) & 7;
+    } else {
+      bits = st.st_mode & 7;
+    }
+    if ((bits & need) == need) return absl::OkStatus();
+    const char* verb =
+        !is_dir ? "read" : ((bits & kSearch) == 0 ? "search directory" : "list directory");
+    return absl::PermissionDeniedError(
+        absl::StrFormat("%s may not %s %s (owner %s, group %s, mode %04o)", caller_.ToString(),
+                        verb, path, UserName(st.st_uid), GroupName(st.st_gid), st.st_mode & 07777));
+  }
+
+  static absl::Status Mention(const absl::Status& verdict, const std::string& path,
+                              const std::string& target) {
+    if (verdict.ok()) return verdict;
+    return absl::Status(verdict.code(),
+                        absl::StrCat(verdict.message(),
+                                     path == target ? "" : absl::StrCat(" on the way to ", target),
+                                     "; the daemon sends only what its caller could read"));
+  }
+
+  const Caller& caller_;
+  const bool privileged_;
+  std::vector<std::string> exports_;
+  std::string exports_shown_;
+  std::vector<std::pair<std::string, std::string>> forbidden_;
+  std::vector<gid_t> groups_;
+  absl::flat_hash_map<std::string, absl::Status> verdicts_;
+};
+
+SourceAccess::SourceAccess(std::vector<ExportConfig> exports, std::vector<Forbidden> forbidden,
+                           GroupsOf groups_of)
+    : exports_(std::move(exports)),
+      forbidden_(std::move(forbidden)),
+      groups_of_(std::move(groups_of)) {}
+
+absl::StatusOr<std::vector<std::string>> SourceAccess::CheckSources(
+    const Caller& caller, const std::vector<std::string>& sources) const {
+  Check check(*this, caller);
+  std::vector<std::string> resolved;
+  for (const std::string& source : sources) {
+    int err = 0;
+    auto r = Resolve(source, &err);
+    if (!r.ok()) return check.Unresolvable(source, err);
+    if (absl::Status s = check.Confine(source, *r); !s.ok()) return s;
+    struct stat st;
+    if (stat(r->c_str(), &st) != 0) return ErrnoError(absl::StrCat("cannot stat source ", source));
+    const bool is_dir = S_ISDIR(st.st_mode);
+    if (absl::Status s = check.Readable(*r, is_dir ? *r : "", is_dir); !s.ok()) return s;
+    resolved.push_back(*std::move(r));
+  }
+  return resolved;
+}
+
+absl::Status SourceAccess::CheckBuild(const Caller& caller, const std::vector<std::string>& sources,
+                                      const std::vector<std::string>& resolved,
+                                      storage::ManifestBuild* build) const {
+  Check check(*this, caller);
+  // The walk root that `path` (resolved) was found under: the deepest
+  // resolved source holding it.
+  auto root_of = [&resolved](const std::string& path) -> const std::string* {
+    const std::string* best = nullptr;
+    for (const std::string& r : resolved) {
+      if (IsWithin(path, r) && (best == nullptr || r.size() > best->size())) best = &r;
+    }
+    return best;
+  };
+  auto check_one = [&](const std::string& named, bool is_dir, std::string* out) -> absl::Status {
+    int err = 0;
+    auto r = Resolve(named, &err);
+    if (!r.ok()) return check.Unresolvable(named, err);
+    if (absl::Status s = check.Confine(named, *r); !s.ok()) return s;
+    const std::string* root = root_of(*r);
+    if (root == nullptr) {
+      return absl::AbortedError(absl::StrCat("source ", named, " changed while it was listed (now ",
+                                             *r, "); submit the transfer again"));
+    }
+    if (absl::Status s = check.Readable(*r, is_dir || *root != *r ? *root : "", is_dir); !s.ok()) {
+      return s;
+    }
+    if (out != nullptr) *out = *std::move(r);
+    return absl::OkStatus();
+  };
+
+  for (std::string& path : build->source_paths) {
+    std::string checked;
+    if (absl::Status s = check_one(path, /*is_dir=*/false, &checked); !s.ok()) return s;
+    path = std::move(checked);
+  }
+  for (const std::string& rel : build->manifest.empty_dirs()) {
+    // Relative to the one source, or under the basename of one of several.
+    std::string abs;
+    if (sources.size() == 1) {
+      abs = absl::StrCat(resolved[0], "/", rel);
+    } else {
+      const size_t slash = rel.find('/');
+      const absl::string_view first = absl::string_view(rel).substr(0, slash);
+      for (size_t i = 0; i < sources.size() && abs.empty(); ++i) {
+        if (Basename(sources[i]) == first) {
+          abs = slash == std::string::npos ? resolved[i]
+                                           : absl::StrCat(resolved[i], rel.substr(slash));
+        }
+      }
+      if (abs.empty())
+        return absl::InternalError(absl::StrCat("empty directory ", rel, " has no source"));
+    }
+    if (absl::Status s = check_one(abs, /*is_dir=*/true, nullptr); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace longhaul::daemon

@@ -1,0 +1,100 @@
+// Who calls the control API, and which local files a caller may have this
+// daemon send.
+#ifndef LONGHAUL_DAEMON_SOURCE_ACCESS_H_
+#define LONGHAUL_DAEMON_SOURCE_ACCESS_H_
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/config.h"
+#include "storage/manifest.h"
+
+namespace longhaul::daemon {
+
+// The caller of one control call, as the control service identified it: a
+// local user on the Unix socket (uid and gid from SO_PEERCRED), or a client
+// of the TCP control address holding a role's token.
+struct Caller {
+  enum class Kind { kLocalUser, kToken };
+
+  static Caller LocalUser(uid_t uid, gid_t gid);
+  static Caller Token(ControlRole role, std::string address);
+
+  // "uid 65534 (nobody)", or "ipv4:127.0.0.1:5000 (token role viewer)".
+  std::string ToString() const;
+
+  Kind kind = Kind::kLocalUser;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  // A local user may do everything; the Unix socket's mode decides who
+  // connects at all.
+  ControlRole role = ControlRole::kOperator;
+  std::string address;
+};
+
+// The supplementary groups of `uid` in the group database (getgrouplist of
+// its passwd entry, primary group included); empty for a uid without one.
+std::vector<gid_t> SystemGroupsOf(uid_t uid);
+
+// Decides which local files a caller may have this daemon send.
+//  - Every source, and every file and directory the manifest walk reaches,
+//    must resolve (realpath) inside one of the exports. An explicitly named
+//    source that is a symlink is judged by its target.
+//  - The daemon's own secrets are never sent, whoever asks (`forbidden`:
+//    its TLS key, control tokens, state_dir; anything below them too).
+//  - A local user other than root gets only what that user could read: the
+//    search bit of every directory on the way, the read bit of every file and
+//    of every directory the walk lists, taken from the owner, group or other
+//    bits by the user's uid, its gid from SO_PEERCRED and its groups in the
+//    group database (POSIX ACLs and capabilities are not consulted, so what
+//    only they would grant is refused). A token caller reads with the
+//    daemon's rights, inside the exports.
+// Refusals are PermissionDenied (NotFound for a missing source named by a
+// caller who may see that it is missing), naming the path, the caller and
+// the exports. A non-root local user is not told whether a path outside the
+// exports, or below a directory it cannot search, exists.
+//
+// Thread-safe: const after construction. Export paths are resolved on every
+// check, so an export created after the daemon started counts.
+class SourceAccess {
+ public:
+  struct Forbidden {
+    std::string path;
+    std::string what;  // "this site's TLS private key"
+  };
+  using GroupsOf = std::function<std::vector<gid_t>(uid_t)>;
+
+  SourceAccess(std::vector<ExportConfig> exports, std::vector<Forbidden> forbidden,
+               GroupsOf groups_of = SystemGroupsOf);
+
+  // Before the walk: each of `sources` (absolute, as the caller named them)
+  // must resolve inside an export and be readable by `caller`. Returns their
+  // resolved paths, in order.
+  absl::StatusOr<std::vector<std::string>> CheckSources(
+      const Caller& caller, const std::vector<std::string>& sources) const;
+
+  // After the walk: every file and empty directory of `build`, built from
+  // `sources` (resolved to `resolved` by CheckSources), passes the same
+  // checks. On success build->source_paths hold the resolved paths that were
+  // checked, so that the sender opens exactly those.
+  absl::Status CheckBuild(const Caller& caller, const std::vector<std::string>& sources,
+                          const std::vector<std::string>& resolved,
+                          storage::ManifestBuild* build) const;
+
+ private:
+  class Check;
+
+  std::vector<ExportConfig> exports_;
+  std::vector<Forbidden> forbidden_;
+  GroupsOf groups_of_;
+};
+
+}  // namespace longhaul::daemon
+
+#endif  // LONGHAUL_DAEMON_SOURCE_ACCESS_H_
