@@ -40,10 +40,13 @@ struct DaemonConfig {
   std::string control_listen;
   std::string control_token_file;
 
+  // Re-read on SIGHUP: new handshakes use the new files, and open channels
+  // of peers they refuse (a revoked certificate) are closed.
   struct Tls {
     std::string ca;    // default: /etc/longhaul/tls/ca.pem
     std::string cert;  // default: /etc/longhaul/tls/<site>.pem
     std::string key;   // default: /etc/longhaul/tls/<site>.key
+    std::string crl;   // PEM CRL of the CA (deploy/pki.sh revoke); "": none
   } tls;
 
   std::vector<ExportConfig> exports;

@@ -7,7 +7,8 @@
 #   export LONGHAUL_SITE_B=unix:DIR/site-b/control.sock
 # so that `eval "$(deploy/local-sites.sh up DIR)"` works. Each site has its
 # state under DIR/SITE/state, its log in DIR/SITE/longhauld.log and an export
-# named `ckpt` at DIR/SITE/ckpt. Certificates are made on first run in DIR/pki.
+# named `ckpt` at DIR/SITE/ckpt. Certificates are made on first run in DIR/pki
+# (`deploy/pki.sh revoke DIR/pki SITE`, then SIGHUP the daemons, revokes one).
 # Environment: LONGHAUL_BIN (default build/bin), LONGHAUL_LOCAL_EXTRA (YAML
 # appended to both configs), LONGHAUL_LOCAL_SITES (default "site-a site-b":
 # more sites, e.g. "site-a site-b site-c", each peered with all the others;
@@ -58,6 +59,7 @@ tls:
   ca: $dir/pki/ca.pem
   cert: $dir/pki/$site.pem
   key: $dir/pki/$site.key
+  crl: $dir/pki/crl.pem
 exports:
   - name: ckpt
     path: $dir/$site/ckpt
