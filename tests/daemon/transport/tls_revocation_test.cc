@@ -1,6 +1,7 @@
-// Loopback tests of ReloadTrust: a CRL that lists a peer refuses its new
-// handshakes and aborts its open tcp channels and udp flows; a CRL that does
-// not load changes nothing.
+// Loopback tests of whom the tls transport admits: a CRL that lists a peer
+// refuses its new handshakes, and ReloadTrust aborts its open tcp channels and
+// udp flows; a CRL that does not load changes nothing; a dialed peer must
+// present the certificate of the site dialed.
 
 #include <gtest/gtest.h>
 
@@ -208,6 +209,18 @@ TEST_F(TlsRevocationTest, CrlThatDoesNotLoadChangesNothing) {
   auto again = a.Open(*a.tcp, "site-b", b);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(b.TakeAccepted()->peer_site(), "site-a");
+}
+
+using TlsPeerIdentityTest = TlsRevocationTest;
+
+TEST_F(TlsPeerIdentityTest, DialedPeerMustPresentTheCertificateOfTheSiteDialed) {
+  // site-a's address, dialed as site-c: site-a's valid certificate is not enough.
+  auto dialed = b.tcp->Dial("site-c", a.address());
+  ASSERT_FALSE(dialed.ok());
+  EXPECT_EQ(dialed.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(dialed.status().message().find("presented a certificate for site-a, expected site-c"),
+            std::string::npos)
+      << dialed.status();
 }
 
 TEST_F(TlsRevocationTest, StartingWithAMissingCrlIsAnErrorNamingIt) {
