@@ -82,8 +82,8 @@ class RevocationTest(lh.SitesTestCase):
     def start(self, site, src, dest, *args):
         return self.sites.cli(site, "cp", src, dest, *args, check=True).stdout.strip()
 
-    def wait_bytes(self, site, tid, at_least=1):
-        lh.wait_until(lambda: self.sites.status(site, tid)["bytes_done"] >= at_least, 60,
+    def wait_sending(self, site, tid):
+        lh.wait_until(lambda: self.sites.status(site, tid)["bytes_sent"] >= MIB, 60,
                       f"{tid} to move data", interval=0.1)
 
     def test_revoked_site_is_cut_off_and_other_sites_keep_working(self):
@@ -97,17 +97,18 @@ class RevocationTest(lh.SitesTestCase):
         with open(big, "wb") as f:
             f.truncate(2048 * MIB)
         self.sites.cli("a", "limit", "--peer", "site-b", "40Mbit", check=True)
-        long_tcp = self.start("a", big, "site-b:/ckpt/long-tcp", "--transport", "tcp")
-        long_udp = self.start("a", big, "site-b:/ckpt/long-udp", "--transport", "udp")
+        long_args = ("--chunk-size", "4MiB", "--streams", "4")
+        long_tcp = self.start("a", big, "site-b:/ckpt/long-tcp", "--transport", "tcp", *long_args)
+        long_udp = self.start("a", big, "site-b:/ckpt/long-udp", "--transport", "udp", *long_args)
         held = self.raw_session_as_site_a()
         for tid in (long_tcp, long_udp):
-            self.wait_bytes("a", tid)
+            self.wait_sending("a", tid)
         self.assert_open(held)
         from_c = self.sites.path("from-c.bin")
         lh.write_random(from_c, 96 * MIB, seed=2)
         self.sites.cli("c", "limit", "--peer", "site-b", "40Mbit", check=True)
         c_tid = self.start("c", from_c, "site-b:/ckpt/from-c", "--chunk-size", "4MiB")
-        self.wait_bytes("c", c_tid)
+        self.wait_sending("c", c_tid)
 
         self.revoke("site-a")
         self.sighup("site-b")
