@@ -155,10 +155,11 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   c.tls.cert = absl::StrCat("/etc/longhaul/tls/", c.site, ".pem");
   c.tls.key = absl::StrCat("/etc/longhaul/tls/", c.site, ".key");
   if (YAML::Node tls = root["tls"]) {
-    LH_RETURN_IF_ERROR(CheckKeys(tls, "tls", {"ca", "cert", "key"}));
+    LH_RETURN_IF_ERROR(CheckKeys(tls, "tls", {"ca", "cert", "key", "crl"}));
     LH_RETURN_IF_ERROR(Read(tls, "ca", &c.tls.ca));
     LH_RETURN_IF_ERROR(Read(tls, "cert", &c.tls.cert));
     LH_RETURN_IF_ERROR(Read(tls, "key", &c.tls.key));
+    LH_RETURN_IF_ERROR(Read(tls, "crl", &c.tls.crl));
   }
 
   if (YAML::Node peers = root["peers"]) {

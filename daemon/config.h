@@ -70,10 +70,13 @@ struct DaemonConfig {
   // At most one per role.
   std::vector<ControlToken> control_tokens;
 
+  // Re-read on SIGHUP: new handshakes use the new files, and open channels
+  // of peers they refuse (a revoked certificate) are closed.
   struct Tls {
     std::string ca;    // default: /etc/longhaul/tls/ca.pem
     std::string cert;  // default: /etc/longhaul/tls/<site>.pem
     std::string key;   // default: /etc/longhaul/tls/<site>.key
+    std::string crl;   // PEM CRL of the CA (deploy/pki.sh revoke); "": none
   } tls;
 
   std::vector<ExportConfig> exports;

@@ -86,6 +86,30 @@ absl::StatusOr<std::vector<ControlService::RoleToken>> ReadControlTokens(
   return tokens;
 }
 
+// SIGHUP: the tls section of the config file, read again, replaces
+// `identity`'s files in both transports. A config or file that does not load
+// changes nothing.
+void ReloadTrust(const std::string& config_path, transport::TlsIdentity& identity,
+                 transport::Transport& tcp, transport::Transport& udp) {
+  auto config = LoadConfig(config_path);
+  if (!config.ok()) {
+    spdlog::error("SIGHUP: cannot reload TLS trust, kept the previous: {}",
+                  config.status().message());
+    return;
+  }
+  transport::TlsIdentity next = identity;
+  next.ca_file = config->tls.ca;
+  next.cert_file = config->tls.cert;
+  next.key_file = config->tls.key;
+  next.crl_file = config->tls.crl;
+  if (absl::Status s = tcp.ReloadTrust(next); !s.ok()) {
+    spdlog::error("SIGHUP: cannot reload TLS trust, kept the previous: {}", s.message());
+    return;
+  }
+  identity = next;
+  (void)udp.ReloadTrust(next);
+}
+
 int Run(const std::string& config_path, const std::string& log_level_override) {
   auto config = LoadConfig(config_path);
   if (!config.ok()) return Fail("bad configuration", config.status());
@@ -102,7 +126,8 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   auto journal = storage::Journal::Open(config->state_dir + "/journal");
   if (!journal.ok()) return Fail("cannot open the journal", journal.status());
 
-  transport::TlsIdentity identity{config->tls.ca, config->tls.cert, config->tls.key, config->site, {}};
+  transport::TlsIdentity identity{
+      config->tls.ca, config->tls.cert, config->tls.key, config->site, {}, config->tls.crl};
   for (const PeerConfig& p : config->peers) identity.peer_sites.push_back(p.site);
   transport::TcpTuning tuning;
   // Twice the bandwidth-delay product per connection: one connection (the
@@ -272,8 +297,11 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   int received = 0;
-  sigwait(&signals, &received);
+  while (sigwait(&signals, &received) == 0 && received == SIGHUP) {
+    ReloadTrust(config_path, identity, **transport, **udp);
+  }
   spdlog::info("received {}; draining", strsignal(received));
 
   if (metrics_server) metrics_server->Stop();
@@ -308,6 +336,7 @@ int main(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
   return longhaul::daemon::Run(config_path, log_level);

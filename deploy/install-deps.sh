@@ -2,6 +2,14 @@
 # Installs the Debian 12 packages that longhaul's build, demo, tests and
 # benchmarks need. Idempotent: packages already present are skipped, and
 # nothing is fetched when everything is installed.
+#
+# It installs packages and does nothing else: no system service is started,
+# stopped, enabled, disabled or reconfigured here, and no server is installed.
+# The benchmark harness runs an sshd of its own inside its namespaces; it uses
+# /usr/sbin/sshd when the machine has one, and otherwise unpacks the
+# openssh-server package into build/ itself, without installing it
+# (tests/bench/lib/anchors.sh). libwrap0 is that sshd's one library that
+# openssh-client does not already bring.
 set -euo pipefail
 
 PACKAGES=(
@@ -15,8 +23,8 @@ PACKAGES=(
   # python binding and examples (Debian's /usr/bin/python3)
   pybind11-dev python3-dev python3-numpy python3-torch python3-cryptography
   # runtime tools: PKI, namespaces, benchmark anchors
-  openssl iproute2 procps curl iperf3 rsync openssh-server openssh-client rclone
-  iputils-ping
+  openssl iproute2 procps curl iperf3 rsync openssh-client rclone
+  iputils-ping libwrap0
   # tests: loop-mounted ext4 exports (mkfs.ext4, losetup, mount)
   e2fsprogs mount
 )
@@ -42,7 +50,3 @@ echo "install-deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-# The benchmark harness starts its own sshd; the distribution's must not hold port 22.
-if command -v systemctl >/dev/null 2>&1; then
-  systemctl disable --now ssh >/dev/null 2>&1 || true
-fi

@@ -10,7 +10,8 @@
 # named `ckpt` at DIR/SITE/ckpt, and one named `local` at DIR itself, so that
 # anything under DIR can be sent (sources must lie inside an export; the
 # site's key and state are refused all the same). Certificates are made on
-# first run in DIR/pki.
+# first run in DIR/pki (`deploy/pki.sh revoke DIR/pki SITE`, then SIGHUP the
+# daemons, revokes one).
 # Environment: LONGHAUL_BIN (default build/bin), LONGHAUL_LOCAL_EXTRA (YAML
 # appended to both configs), LONGHAUL_LOCAL_SITES (default "site-a site-b":
 # more sites, e.g. "site-a site-b site-c", each peered with all the others;
@@ -82,6 +83,7 @@ tls:
   ca: $dir/pki/ca.pem
   cert: $dir/pki/$site.pem
   key: $dir/pki/$site.key
+  crl: $dir/pki/crl.pem
 exports:
   - name: ckpt
     path: $dir/$site/ckpt

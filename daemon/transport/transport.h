@@ -20,6 +20,13 @@
 
 namespace longhaul::transport {
 
+// The verified certificate chain a channel's peer presented at its TLS
+// handshake. Defined by the TLS transport and opaque elsewhere: a transport
+// that keys its channels from a TLS channel keeps it, to ask
+// Transport::CheckPeer about it later. Immutable; shared across threads.
+class PeerCertificate;
+struct TlsIdentity;
+
 // What the kernel (or our own controller) reports about one channel's path.
 struct LinkStats {
   std::string congestion_control;  // e.g. "bbr", or "cubic" after a fallback
@@ -70,6 +77,10 @@ class Channel {
   // calls it may come from any thread (a sibling stream's sender).
   virtual void LimitPacingRate(Bandwidth rate) {}
 
+  // The certificate the peer proved at the TLS handshake that authenticated
+  // this channel; nullptr for channels without one.
+  virtual std::shared_ptr<const PeerCertificate> peer_certificate() const { return nullptr; }
+
   // RFC 5705 / RFC 8446 §7.5 exporter over the channel's TLS session, for
   // keys of protocols keyed by this handshake (the udp transport). Channels
   // without a TLS session return Unimplemented.
@@ -102,6 +113,21 @@ class Transport {
 
   // Stops accepting and aborts every open channel. Idempotent.
   virtual void Shutdown() = 0;
+
+  // Takes new trust material (a SIGHUP): the TLS transport re-reads the CA,
+  // its own certificate and key and the CRL named by `identity` for the
+  // handshakes that follow. Then every transport aborts each open channel
+  // whose peer a handshake would now refuse (a revoked certificate), and
+  // logs it. local_site and peer_sites must be those the transport was made
+  // with. On error nothing changes, and the error names the file to fix.
+  // A transport keyed by another (udp) loads no files: it re-checks its
+  // channels against that transport, which must be reloaded first.
+  virtual absl::Status ReloadTrust(const TlsIdentity& identity) { return absl::OkStatus(); }
+
+  // OK if a handshake now would accept the peer that presented `peer`;
+  // otherwise PermissionDenied saying why, e.g. "certificate of site-a
+  // (serial 1A2B) is revoked by tls.crl /etc/longhaul/tls/crl.pem".
+  virtual absl::Status CheckPeer(const PeerCertificate& peer) const { return absl::OkStatus(); }
 };
 
 // The transports a daemon runs, by the name configs use ("tcp", "udp").
@@ -122,6 +148,9 @@ struct TlsIdentity {
   std::string local_site;
   // Sites allowed to connect to us (the configured peers).
   std::vector<std::string> peer_sites;
+  // PEM CRLs issued by the CA in ca_file: a certificate they list is refused
+  // at every handshake. "": no revocation list.
+  std::string crl_file{};
 };
 
 struct TcpTuning {

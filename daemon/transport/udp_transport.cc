@@ -15,7 +15,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -186,6 +186,7 @@ class UdpTransportImpl final : public UdpTransport {
     if (!host_port.ok()) return host_port.status();
     auto tls = tls_.Dial(site, address);
     if (!tls.ok()) return tls.status();
+    std::shared_ptr<const PeerCertificate> certificate = (*tls)->peer_certificate();
     v1::Hello hello;
     hello.set_role(v1::Hello::UDP_HANDSHAKE);
     hello.set_protocol_version(peer::kProtocolVersion);
@@ -244,7 +245,8 @@ class UdpTransportImpl final : public UdpTransport {
     params.peer_address = absl::StrCat(host_port->first, ":", theirs.udp_port(), "/udp");
     AddController(site, params.max_datagram, &params, /*dialed=*/true);
     params.fd = owned.release();
-    return std::unique_ptr<Channel>(Register(std::move(params)));
+    return std::unique_ptr<Channel>(
+        Register(std::move(params), std::move(certificate), /*dialed=*/true));
   }
 
   void AcceptHandshake(std::unique_ptr<Channel> tls) override {
@@ -328,8 +330,9 @@ class UdpTransportImpl final : public UdpTransport {
     params.peer_address = absl::StrCat(client_host->first, ":", theirs.udp_port(), "/udp");
     AddController(site, params.max_datagram, &params, /*dialed=*/false);
     params.fd = owned.release();
+    std::shared_ptr<const PeerCertificate> certificate = tls->peer_certificate();
     tls.reset();  // the keys are exported; the TLS channel has done its job
-    handler(Register(std::move(params)));
+    handler(Register(std::move(params), std::move(certificate), /*dialed=*/false));
   }
 
   absl::Status Listen(const std::string& address, ChannelHandler on_channel) override {
@@ -369,7 +372,18 @@ class UdpTransportImpl final : public UdpTransport {
   void Shutdown() override {
     stopping_.store(true);
     absl::MutexLock lock(&mu_);
-    for (UdpConnection* c : live_) c->Abort();
+    for (auto& [c, flow] : live_) c->Abort();
+  }
+
+  absl::Status ReloadTrust(const TlsIdentity&) override {
+    size_t open = 0, closed = 0;
+    absl::MutexLock lock(&mu_);
+    for (auto& [connection, flow] : live_) {
+      ++open;
+      if (!Trusted(*connection, flow)) ++closed;
+    }
+    if (open > 0) spdlog::info("re-checked {} udp flows, closed {}", open, closed);
+    return absl::OkStatus();
   }
 
  private:
@@ -420,7 +434,32 @@ class UdpTransportImpl final : public UdpTransport {
     }
   }
 
-  std::unique_ptr<UdpConnection> Register(UdpConnectionParams params) {
+  // What a flow's keying TLS handshake proved, for re-checks at reloads.
+  struct Flow {
+    std::shared_ptr<const PeerCertificate> certificate;  // nullptr: nothing to re-check
+    std::string site;
+    std::string address;
+    bool dialed = false;
+  };
+
+  // Asks the tls transport whether it still accepts the flow's peer; if not,
+  // logs and aborts the flow.
+  bool Trusted(UdpConnection& connection, const Flow& flow) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (flow.certificate == nullptr) return true;
+    absl::Status check = tls_.CheckPeer(*flow.certificate);
+    if (check.ok()) return true;
+    spdlog::warn("closing udp flow {} {} at {}: {}", flow.dialed ? "to" : "from", flow.site,
+                 flow.address, check.message());
+    connection.Abort();
+    return false;
+  }
+
+  // A flow is checked once more as it registers: a reload between its TLS
+  // handshake and here would otherwise never see it.
+  std::unique_ptr<UdpConnection> Register(UdpConnectionParams params,
+                                          std::shared_ptr<const PeerCertificate> certificate,
+                                          bool dialed) {
+    Flow flow{std::move(certificate), params.peer_site, params.peer_address, dialed};
     params.window_bytes = options_.window_bytes;
     params.gso = options_.gso;
     params.key_update_interval = options_.key_update_interval;
@@ -436,8 +475,12 @@ class UdpTransportImpl final : public UdpTransport {
     auto connection = std::make_unique<UdpConnection>(std::move(params));
     *holder = connection.get();
     absl::MutexLock lock(&mu_);
-    live_.insert(connection.get());
-    if (stopping_.load()) connection->Abort();
+    if (stopping_.load()) {
+      connection->Abort();
+    } else {
+      Trusted(*connection, flow);
+    }
+    live_.emplace(connection.get(), std::move(flow));
     return connection;
   }
 
@@ -453,7 +496,7 @@ class UdpTransportImpl final : public UdpTransport {
   // Seeds the per-flow and per-aggregate generators; guarded by mu_.
   std::unique_ptr<congestion::SplitMix64Random> random_;
   std::map<std::string, Aggregate> aggregates_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<UdpConnection*> live_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<UdpConnection*, Flow> live_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

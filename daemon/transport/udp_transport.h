@@ -12,6 +12,10 @@
 // daemon routes that role to AcceptHandshake, which answers and hands the
 // resulting Channel to the handler given to Listen().
 //
+// Revocation: each flow remembers the certificate its keying TLS channel
+// proved. ReloadTrust (after the tls transport's) asks `tls_transport` about
+// each open flow and aborts those whose peer it no longer accepts.
+//
 // Ports: the listener's flows all use the UDP port with the number of the
 // tcp listener (SO_REUSEPORT, one connected socket per flow, so the kernel
 // delivers each flow's datagrams to its own socket); the dialer's flows use

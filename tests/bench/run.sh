@@ -24,8 +24,10 @@
 #                               (its raw-TCP anchor always runs) [1]
 #   LONGHAUL_PYTHONPATH         where `import longhaul` is, for `exchange`
 #                               [$LONGHAUL_BIN_DIR/../python]
+#   LONGHAUL_BENCH_SSHD         the sshd binary of the ssh anchors [/usr/sbin/sshd,
+#                               else unpacked from openssh-server into build/]
 #
-# Needs root (namespaces), iproute2, iperf3, rsync, openssh, rclone, python3.
+# Needs root (namespaces), iproute2, iperf3, rsync, openssh-client, rclone, python3.
 set -uo pipefail
 
 BENCH_LIB="$(cd "$(dirname "${BASH_SOURCE[0]}")/lib" && pwd)"
@@ -43,7 +45,7 @@ BENCH_TMP_PARENT="${LONGHAUL_BENCH_TMP:-/tmp}"
 # shellcheck source=lib/longhaul.sh
 . "$BENCH_LIB/longhaul.sh"
 
-usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 
 SCENARIO=""
 JSON_OUT=""
@@ -68,7 +70,6 @@ done
 for tool in ip python3 iperf3 rsync ssh scp rclone sha256sum openssl; do
   command -v "$tool" >/dev/null || die "missing $tool (run deploy/install-deps.sh)"
 done
-[[ -x /usr/sbin/sshd ]] || die "missing /usr/sbin/sshd (openssh-server)"
 
 SCALE="${LONGHAUL_BENCH_SCALE:-1}"
 IPERF_SECS="${LONGHAUL_BENCH_SECONDS:-20}"

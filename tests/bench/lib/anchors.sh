@@ -4,10 +4,44 @@
 SSHD_PID=""
 SSH_CIPHER=aes128-gcm@openssh.com
 
+# The sshd binary the anchors run: $LONGHAUL_BENCH_SSHD, else the machine's
+# /usr/sbin/sshd, else one unpacked from Debian's openssh-server package into
+# build/bench-deps (downloaded once; `dpkg-deb -x` only, so the package is not
+# installed: no service, no system user, no maintainer script).
+bench_sshd() {
+  if [[ -n "${LONGHAUL_BENCH_SSHD:-}" ]]; then
+    [[ -x "$LONGHAUL_BENCH_SSHD" ]] || die "LONGHAUL_BENCH_SSHD=$LONGHAUL_BENCH_SSHD is not executable"
+    echo "$LONGHAUL_BENCH_SSHD"
+    return
+  fi
+  if [[ -x /usr/sbin/sshd ]]; then
+    echo /usr/sbin/sshd
+    return
+  fi
+  local dir="$REPO/build/bench-deps/openssh-server" tmp missing
+  if [[ ! -x "$dir/usr/sbin/sshd" ]]; then
+    log "no /usr/sbin/sshd: unpacking openssh-server into $dir (not installed)"
+    tmp=$(mktemp -d)
+    if ! (cd "$tmp" && apt-get download openssh-server) >"$tmp/log" 2>&1; then
+      die "cannot download openssh-server (apt-get update first?): $(tail -c 300 "$tmp/log")"
+    fi
+    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+    dpkg-deb -x "$tmp"/openssh-server_*.deb "$dir.tmp" || die "cannot unpack openssh-server"
+    rm -rf "$dir" "$tmp" && mv "$dir.tmp" "$dir"
+  fi
+  missing=$(ldd "$dir/usr/sbin/sshd" | awk '/not found/ { print $1 }' | tr '\n' ' ')
+  [[ -z "$missing" ]] || die "$dir/usr/sbin/sshd needs $missing(deploy/install-deps.sh installs them)"
+  echo "$dir/usr/sbin/sshd"
+}
+
 # An sshd of our own in the destination namespace: generated host and user
-# keys, a high port, nothing of the system's sshd touched.
+# keys, a high port, nothing of the system's sshd touched. Run as root, sshd
+# needs its privilege separation user `sshd`; on a machine without one it
+# gets a passwd that adds it, bound over /etc/passwd in a mount namespace of
+# its own (the machine's /etc/passwd is not changed).
 sshd_up() {
-  local dir="$WORK/ssh"
+  local dir="$WORK/ssh" sshd
+  sshd=$(bench_sshd) || exit 1
   mkdir -p "$dir" && chmod 700 "$dir"
   ssh-keygen -q -t ed25519 -N '' -f "$dir/host_key" || die "ssh-keygen failed"
   ssh-keygen -q -t ed25519 -N '' -f "$dir/user_key" || die "ssh-keygen failed"
@@ -41,9 +75,17 @@ Host bench-dst
 CFG
   echo "[$ADDR_DST]:$SSH_PORT $(cat "$dir/host_key.pub")" >"$dir/known_hosts"
   mkdir -p /run/sshd  # sshd's privilege separation directory
+  local wrap=()
+  if ! getent passwd sshd >/dev/null; then
+    cp /etc/passwd "$dir/passwd"
+    echo "sshd:x:$(free_uid):65534:longhaul bench sshd:/run/sshd:/usr/sbin/nologin" >>"$dir/passwd"
+    # sh execs sshd, so $! below is still sshd.
+    wrap=(unshare --mount --propagation private
+          sh -c 'mount --bind "$0" /etc/passwd && exec "$@"' "$dir/passwd")
+  fi
   # Not through the in_dst function: $! must be sshd itself (ip netns exec
   # execs it), whose reaped children carry the server side's CPU time.
-  ip netns exec "$NS_DST" /usr/sbin/sshd -D -e -f "$dir/sshd_config" 2>"$WORK/sshd.log" &
+  ip netns exec "$NS_DST" "${wrap[@]}" "$sshd" -D -e -f "$dir/sshd_config" 2>"$WORK/sshd.log" &
   SSHD_PID=$!
   BG_PIDS+=("$SSHD_PID")
   local i
@@ -54,6 +96,15 @@ CFG
   in_src ssh -F "$dir/ssh_config" bench-dst true || die "cannot ssh to our sshd ($(cat "$WORK/sshd.log"))"
   SSH_CMD="ssh -F $dir/ssh_config -c $SSH_CIPHER"
   log "sshd up on $ADDR_DST:$SSH_PORT in $NS_DST"
+}
+
+# A uid no account uses, for the privilege separation user.
+free_uid() {
+  local uid
+  for ((uid = 64999; uid > 60000; uid--)); do
+    getent passwd "$uid" >/dev/null || { echo "$uid"; return; }
+  done
+  die "no free uid for sshd's privilege separation user"
 }
 
 # ssh_row TOOL DEST_DIR CMD...: a file copy through our sshd, timed, with the
