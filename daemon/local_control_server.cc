@@ -66,11 +66,11 @@ LocalControlServer::LocalControlServer(Options options, ServiceFactory factory,
       wake_fd_(wake_fd) {}
 
 LocalControlServer::~LocalControlServer() {
-  Shutdown(std::chrono::system_clock::now());
+  Shutdown(gpr_now(GPR_CLOCK_MONOTONIC));
   close(wake_fd_);
 }
 
-void LocalControlServer::Shutdown(std::chrono::system_clock::time_point deadline) {
+void LocalControlServer::Shutdown(gpr_timespec deadline) {
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return;

@@ -2,6 +2,7 @@
 #ifndef LONGHAUL_DAEMON_LOCAL_CONTROL_SERVER_H_
 #define LONGHAUL_DAEMON_LOCAL_CONTROL_SERVER_H_
 
+#include <grpc/support/time.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/service_type.h>
 #include <sys/types.h>
@@ -62,7 +63,7 @@ class LocalControlServer {
   // Stops accepting (connect(2) is refused from then on), then shuts every
   // caller's server down, cancelling calls still running at `deadline`.
   // Idempotent.
-  void Shutdown(std::chrono::system_clock::time_point deadline);
+  void Shutdown(gpr_timespec deadline);
 
   LocalControlServer(const LocalControlServer&) = delete;
   LocalControlServer& operator=(const LocalControlServer&) = delete;

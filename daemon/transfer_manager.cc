@@ -17,6 +17,7 @@
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
 #include "storage/file_io.h"
+#include "storage/file_system.h"
 #include "storage/manifest.h"
 #include "storage/retention.h"
 
@@ -613,7 +614,7 @@ absl::StatusOr<v1::VerifyResponse> TransferManager::Verify(const std::string& id
       response.add_mismatches(absl::StrCat(file.path(), ": destination: ", remote.error()));
       continue;
     }
-    int fd = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = storage::OpenCheckedSource(source);
     if (fd < 0) {
       response.add_mismatches(absl::StrCat(file.path(), ": cannot read source ", source));
       continue;

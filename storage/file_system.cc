@@ -1,6 +1,8 @@
 #include "storage/file_system.h"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -359,6 +361,13 @@ absl::Status WriteFileAtomically(FileSystem& fs, Directory& dir, const std::stri
   }
   if (absl::Status s = fs.Rename(dir, tmp, dir, name, RenameMode::kReplace); !s.ok()) return s;
   return fs.SyncDir(dir);
+}
+
+int OpenCheckedSource(const std::string& path) {
+  struct open_how how = {};
+  how.flags = O_RDONLY | O_CLOEXEC;
+  how.resolve = RESOLVE_NO_SYMLINKS;
+  return static_cast<int>(syscall(SYS_openat2, AT_FDCWD, path.c_str(), &how, sizeof(how)));
 }
 
 bool StoredMtimeMatches(int64_t stored_ns, int64_t wanted_ns) {

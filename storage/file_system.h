@@ -145,6 +145,13 @@ absl::StatusOr<std::string> ReadSmallFile(FileSystem& fs, Directory& dir, const 
 absl::Status WriteFileAtomically(FileSystem& fs, Directory& dir, const std::string& name,
                                  std::string_view contents);
 
+// Opens the source file at the canonical absolute `path` read-only,
+// refusing a symlink anywhere on the path (openat2 RESOLVE_NO_SYMLINKS):
+// sources are resolved and checked at submit, so a symlink found later was
+// put there since. Returns the fd, or -1 with errno set (ELOOP for a
+// symlink). The caller owns the fd.
+int OpenCheckedSource(const std::string& path);
+
 // True when `stored_ns`, an mtime read back from a file system, is what
 // that file system keeps of `wanted_ns`: equal, or `wanted_ns` truncated to
 // a coarser granularity (1 us, 1 ms, 10 ms, 1 s, 2 s), as on ext4 with

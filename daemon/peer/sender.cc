@@ -17,6 +17,7 @@
 #include "storage/chunk_io.h"
 #include "storage/content_check.h"
 #include "storage/file_io.h"
+#include "storage/file_system.h"
 #include "storage/manifest.h"
 
 namespace longhaul::peer {
@@ -522,7 +523,7 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     if (fd_file != chunk.file_index) {
       if (fd >= 0) ::close(fd);
       const std::string& path = record.source_paths(chunk.file_index);
-      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      fd = storage::OpenCheckedSource(path);
       fd_file = chunk.file_index;
       if (fd < 0) {
         if (errno == ENOENT) {
@@ -596,7 +597,7 @@ absl::Status TransferSender::DigestSources() {
       buffer.resize(kDigestReadSize);
     }
     const std::string& path = record.source_paths(f);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = storage::OpenCheckedSource(path);
     if (fd < 0) {
       if (errno == ENOENT) {
         return absl::FailedPreconditionError(
@@ -646,7 +647,7 @@ absl::Status TransferSender::DigestSources() {
 std::optional<uint32_t> TransferSender::FindChangedSource() {
   const v1::OutgoingTransfer record = this->record();
   for (int f = 0; f < record.manifest().files_size(); ++f) {
-    int fd = ::open(record.source_paths(f).c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = storage::OpenCheckedSource(record.source_paths(f));
     if (fd < 0) return f;
     absl::Status s = storage::CheckSourceUnchanged(record.manifest().files(f), fd);
     ::close(fd);

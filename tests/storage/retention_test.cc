@@ -17,14 +17,6 @@ using testing::MakeDirs;
 using testing::TempDir;
 using testing::WriteFile;
 
-RetentionPolicy Policy(uint32_t keep, std::string marker, std::vector<std::string> globs = {}) {
-  RetentionPolicy policy;
-  policy.keep = keep;
-  policy.complete_marker = std::move(marker);
-  policy.marker_globs = std::move(globs);
-  return policy;
-}
-
 class RetentionTest : public ::testing::Test {
  protected:
   // A checkpoint directory run1/NAME, complete (with its marker) or not.

@@ -199,8 +199,8 @@ TEST_F(LocalControlServerTest, ReplacesAStaleSocketAndStopsServingOnShutdown) {
   }
   Start({});
   EXPECT_EQ(Who(AsThisProcess()).rfind("uid=", 0), 0u);
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  server_->Shutdown(std::chrono::system_clock::now());
+  server_->Shutdown(gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_seconds(1, GPR_TIMESPAN)));
+  server_->Shutdown(gpr_now(GPR_CLOCK_MONOTONIC));
   EXPECT_NE(Who(AsThisProcess()).find("error 14"), std::string::npos);
 }
 

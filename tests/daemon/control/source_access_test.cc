@@ -38,7 +38,7 @@ class SourceAccessTest : public ::testing::Test {
     MakeDirs(dir_.Sub("export/ckpt"));
     MakeDirs(dir_.Sub("outside"));
     WriteFile(dir_.Sub("outside/secret.bin"), std::string("outside"));
-    exports_ = {{"ckpt", dir_.Sub("export")}};
+    exports_ = {{"ckpt", dir_.Sub("export"), {}, {}, 022}};
   }
 
   SourceAccess Access(bool stranger_in_group = false) const {
