@@ -79,23 +79,4 @@ absl::StatusOr<bool> ContentMatches(FileSystem& fs, Directory& dir, const std::s
   return Xxh128{h.low64, h.high64} == *expected;
 }
 
-absl::StatusOr<bool> PublishedContentMatches(FileSystem& fs, const ResolvedDestination& dest,
-                                             bool single_file, const v1::ManifestFile& file) {
-  const std::string rel =
-      single_file ? dest.relative : absl::StrCat(dest.relative, "/", file.path());
-  const size_t slash = rel.rfind('/');
-  const std::string_view parent =
-      slash == std::string::npos ? std::string_view() : std::string_view(rel).substr(0, slash);
-  const std::string base = slash == std::string::npos ? rel : rel.substr(slash + 1);
-  absl::StatusOr<std::unique_ptr<Directory>> root = fs.OpenRoot(dest.export_root);
-  if (!root.ok()) return root.status();
-  absl::StatusOr<std::unique_ptr<Directory>> dir =
-      OpenDirBeneath(fs, **root, parent, /*create=*/false);
-  if (!dir.ok()) {
-    if (absl::IsNotFound(dir.status()) || absl::IsFailedPrecondition(dir.status())) return false;
-    return dir.status();
-  }
-  return ContentMatches(fs, **dir, base, file);
-}
-
 }  // namespace longhaul::storage

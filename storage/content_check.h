@@ -37,14 +37,6 @@ absl::StatusOr<Xxh128> HashFileContent(FileIo& io, int fd, uint64_t size,
 absl::StatusOr<bool> ContentMatches(FileSystem& fs, Directory& dir, const std::string& name,
                                     const v1::ManifestFile& file);
 
-// ContentMatches for the published destination of `file` (the destination
-// itself when single_file). The directories on the way are opened beneath
-// the export without following symlinks (a symlink there is
-// PermissionDenied, as for PublishedFileMatches); a symlink in the file's
-// place is not a match.
-absl::StatusOr<bool> PublishedContentMatches(FileSystem& fs, const ResolvedDestination& dest,
-                                             bool single_file, const v1::ManifestFile& file);
-
 }  // namespace longhaul::storage
 
 #endif  // LONGHAUL_STORAGE_CONTENT_CHECK_H_

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/checkpoints.h"
-#include "storage/markers.h"
 #include "storage/posix_util.h"
 
 namespace longhaul::storage {

@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/checkpoints.h"
 #include "spdlog/spdlog.h"
 #include "storage/content_check.h"
-#include "storage/markers.h"
 #include "storage/posix_util.h"
 
 namespace longhaul::storage {
@@ -535,7 +535,8 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
 // ------------------------------------------------------------------ sync ----
 
 absl::StatusOr<bool> PublishedFileMatches(FileSystem& fs, const ResolvedDestination& dest,
-                                          bool single_file, const v1::ManifestFile& file) {
+                                          bool single_file, const v1::ManifestFile& file,
+                                          bool compare_content) {
   const std::string rel =
       single_file ? dest.relative : absl::StrCat(dest.relative, "/", file.path());
   auto [parent, base] = SplitParent(rel);
@@ -547,6 +548,7 @@ absl::StatusOr<bool> PublishedFileMatches(FileSystem& fs, const ResolvedDestinat
     if (absl::IsNotFound(dir.status()) || absl::IsFailedPrecondition(dir.status())) return false;
     return dir.status();
   }
+  if (compare_content) return ContentMatches(fs, **dir, std::string(base), file);
   absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(**dir, std::string(base));
   if (!st.ok()) return st.status();
   return st->has_value() && (*st)->is_regular() && (*st)->size == file.size() &&

@@ -156,10 +156,13 @@ class Staging {
 
 // For sync: true when the published destination of `file` (the destination
 // itself when single_file) is a regular file with the manifest's size and
-// an mtime the file system stored for the manifest's (StoredMtimeMatches).
-// False when it does not exist. Symlinks on the way are refused.
+// an mtime the file system stored for the manifest's (StoredMtimeMatches),
+// or, with `compare_content` (sync --checksum), whose content has the
+// manifest's digest (ContentMatches; the mtime is not compared). False when
+// it does not exist. Symlinks on the way are refused (PermissionDenied).
 absl::StatusOr<bool> PublishedFileMatches(FileSystem& fs, const ResolvedDestination& dest,
-                                          bool single_file, const v1::ManifestFile& file);
+                                          bool single_file, const v1::ManifestFile& file,
+                                          bool compare_content = false);
 
 }  // namespace longhaul::storage
 

@@ -17,7 +17,6 @@
 #include "daemon/peer/messaging.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
-#include "storage/content_check.h"
 #include "storage/manifest.h"
 #include "storage/retention.h"
 #include "storage/staging.h"
@@ -341,9 +340,8 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   if (open.skip_unchanged()) {
     for (int f = 0; f < open.manifest().files_size(); ++f) {
       const v1::ManifestFile& file = open.manifest().files(f);
-      auto same = open.compare_content()
-                      ? storage::PublishedContentMatches(fs_, *dest, open.single_file(), file)
-                      : storage::PublishedFileMatches(fs_, *dest, open.single_file(), file);
+      auto same = storage::PublishedFileMatches(fs_, *dest, open.single_file(), file,
+                                                open.compare_content());
       if (!same.ok()) return fail(same.status());
       if (*same) record.add_unchanged_files(f);
     }

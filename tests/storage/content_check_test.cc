@@ -1,4 +1,5 @@
 #include "storage/content_check.h"
+#include "storage/staging.h"
 #include "storage/file_system.h"
 
 #include <fcntl.h>
@@ -61,7 +62,7 @@ TEST(HashFileContentTest, AShorterFileIsAbortedAndCancellingStops) {
   close(fd);
 }
 
-class PublishedContentMatchesTest : public ::testing::Test {
+class PublishedContentTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dest_.export_root = dir_.path();
@@ -75,7 +76,7 @@ class PublishedContentMatchesTest : public ::testing::Test {
   }
 
   absl::StatusOr<bool> Matches(const v1::ManifestFile& f) {
-    return PublishedContentMatches(PosixFileSystem(), dest_, /*single_file=*/false, f);
+    return PublishedFileMatches(PosixFileSystem(), dest_, /*single_file=*/false, f, /*compare_content=*/true);
   }
 
   TempDir dir_;
@@ -84,7 +85,7 @@ class PublishedContentMatchesTest : public ::testing::Test {
   v1::ManifestFile file_;
 };
 
-TEST_F(PublishedContentMatchesTest, SameContentMatchesWhateverTheMtime) {
+TEST_F(PublishedContentTest, SameContentMatchesWhateverTheMtime) {
   struct timespec times[2] = {{0, UTIME_OMIT}, {12345, 0}};
   ASSERT_EQ(utimensat(AT_FDCWD, (dest_.absolute + "/sub/w.bin").c_str(), times, 0), 0);
   file_.set_mtime_ns(999);
@@ -93,7 +94,7 @@ TEST_F(PublishedContentMatchesTest, SameContentMatchesWhateverTheMtime) {
   EXPECT_TRUE(*same);
 }
 
-TEST_F(PublishedContentMatchesTest, OneChangedByteAtTheSameSizeDoesNotMatch) {
+TEST_F(PublishedContentTest, OneChangedByteAtTheSameSizeDoesNotMatch) {
   std::vector<uint8_t> changed = content_;
   changed[(1 << 20) + 5] ^= 0x01;
   WriteFile(dest_.absolute + "/sub/w.bin", changed);
@@ -102,7 +103,7 @@ TEST_F(PublishedContentMatchesTest, OneChangedByteAtTheSameSizeDoesNotMatch) {
   EXPECT_FALSE(*same);
 }
 
-TEST_F(PublishedContentMatchesTest, OtherSizeMissingFileOrNoDigestDoNotMatch) {
+TEST_F(PublishedContentTest, OtherSizeMissingFileOrNoDigestDoNotMatch) {
   v1::ManifestFile longer = file_;
   longer.set_size(file_.size() + 1);
   EXPECT_FALSE(Matches(longer).value_or(true)) << longer.path();
@@ -117,7 +118,7 @@ TEST_F(PublishedContentMatchesTest, OtherSizeMissingFileOrNoDigestDoNotMatch) {
   EXPECT_FALSE(Matches(no_digest).value_or(true)) << no_digest.path();
 }
 
-TEST_F(PublishedContentMatchesTest, NoSymlinkIsFollowed) {
+TEST_F(PublishedContentTest, NoSymlinkIsFollowed) {
   // A symlink in the file's place, to a file with the right content.
   WriteFile(dir_.Sub("elsewhere.bin"), content_);
   ASSERT_EQ(symlink(dir_.Sub("elsewhere.bin").c_str(), (dest_.absolute + "/sub/link.bin").c_str()),
@@ -135,12 +136,12 @@ TEST_F(PublishedContentMatchesTest, NoSymlinkIsFollowed) {
   EXPECT_EQ(Matches(via).status().code(), absl::StatusCode::kPermissionDenied);
 }
 
-TEST_F(PublishedContentMatchesTest, SingleFileDestinationIsTheFileItself) {
+TEST_F(PublishedContentTest, SingleFileDestinationIsTheFileItself) {
   dest_.relative = "ckpt/step-1/sub/w.bin";
   dest_.absolute = dir_.Sub(dest_.relative);
   v1::ManifestFile single = file_;
   single.set_path("w.bin");
-  auto same = PublishedContentMatches(PosixFileSystem(), dest_, /*single_file=*/true, single);
+  auto same = PublishedFileMatches(PosixFileSystem(), dest_, /*single_file=*/true, single, /*compare_content=*/true);
   ASSERT_TRUE(same.ok()) << same.status();
   EXPECT_TRUE(*same);
 }

@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "spdlog/spdlog.h"
 #include "storage/file_system.h"
-#include "storage/markers.h"
+#include "common/checkpoints.h"
 #include "storage/retention.h"
 #include "storage/staging.h"
 #include "tests/storage/fault_injection_fs.h"
