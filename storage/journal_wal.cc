@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "boost/crc.hpp"
 #include "rocksdb/env.h"
 
 namespace longhaul::storage::internal {
@@ -44,15 +45,6 @@ uint64_t DecodeFixed64(const char* p) {
          (static_cast<uint64_t>(DecodeFixed32(p + 4)) << 32);
 }
 
-std::array<uint32_t, 256> MakeCrc32cTable() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t crc = i;
-    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ ((crc & 1) ? 0x82f63b78u : 0);
-    table[i] = crc;
-  }
-  return table;
-}
 
 // Assembles fragments into batches, block by block, the way RocksDB's
 // log::Reader does in point-in-time recovery mode.
@@ -162,12 +154,10 @@ class Scanner {
 }  // namespace
 
 uint32_t Crc32c(const char* data, size_t n) {
-  static const std::array<uint32_t, 256> kTable = MakeCrc32cTable();
-  uint32_t crc = 0xffffffffu;
-  for (size_t i = 0; i < n; ++i) {
-    crc = kTable[(crc ^ static_cast<uint8_t>(data[i])) & 0xff] ^ (crc >> 8);
-  }
-  return crc ^ 0xffffffffu;
+  // CRC-32C (Castagnoli), reflected, as RocksDB's util/crc32c.
+  boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true> crc;
+  crc.process_bytes(data, n);
+  return crc.checksum();
 }
 
 absl::StatusOr<std::vector<std::pair<uint64_t, std::string>>> ListWals(rocksdb::Env& env,
