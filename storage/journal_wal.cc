@@ -1,7 +1,6 @@
 #include "storage/journal_wal.h"
 
 #include <algorithm>
-#include <array>
 #include <memory>
 
 #include "absl/strings/ascii.h"
