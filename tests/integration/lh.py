@@ -144,6 +144,20 @@ def write_random(path, size, seed):
             remaining -= n
 
 
+def rewrite_in_place(path, size, seed):
+    """Overwrites an existing file with new random content without ever
+    truncating it, as a tool that rewrites a file in place does. (Opening with
+    "wb" would show a 0-byte file for a moment, and a sender may publish that
+    snapshot faithfully before the writer goes on.)"""
+    rng = random.Random(seed)
+    with open(path, "r+b") as f:
+        remaining = size
+        while remaining:
+            n = min(remaining, 1 << 20)
+            f.write(rng.randbytes(n))
+            remaining -= n
+
+
 def tree_digest(root):
     """{relative path: (sha256, size, mode, mtime_ns)} of every regular file."""
     out = {}

@@ -120,7 +120,7 @@ class ResumeTest(lh.SitesTestCase):
                              "--streams", "2", check=True).stdout.strip()
         self.wait_progress(tid, 0.2)
         # Rewrite in place: same size, new content, new mtime.
-        lh.write_random(path, 384 * MIB, seed=2)
+        lh.rewrite_in_place(path, 384 * MIB, seed=2)
         done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"}, timeout=180)
         self.assertEqual(done["state"], "COMPLETED", done.get("error"))
         dest = os.path.join(self.sites.export("site-b"), "w")
