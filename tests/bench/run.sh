@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs one benchmark scenario of ../../../shared/BENCHMARKS.md end to end:
+# Runs one benchmark scenario of docs/benchmarks.md end to end:
 # the emulated link, the anchors and longhaul side by side, every file
 # destination verified, then tears everything down.
 #
