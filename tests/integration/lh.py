@@ -133,15 +133,21 @@ class SitesTestCase(unittest.TestCase):
         self.sites.up()
 
 
+def _random_blocks(size, seed):
+    """`size` deterministic pseudo-random bytes, in blocks of at most 1 MiB."""
+    rng = random.Random(seed)
+    remaining = size
+    while remaining:
+        n = min(remaining, 1 << 20)
+        yield rng.randbytes(n)
+        remaining -= n
+
+
 def write_random(path, size, seed):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    rng = random.Random(seed)
     with open(path, "wb") as f:
-        remaining = size
-        while remaining:
-            n = min(remaining, 1 << 20)
-            f.write(rng.randbytes(n))
-            remaining -= n
+        for block in _random_blocks(size, seed):
+            f.write(block)
 
 
 def rewrite_in_place(path, size, seed):
@@ -149,13 +155,9 @@ def rewrite_in_place(path, size, seed):
     truncating it, as a tool that rewrites a file in place does. (Opening with
     "wb" would show a 0-byte file for a moment, and a sender may publish that
     snapshot faithfully before the writer goes on.)"""
-    rng = random.Random(seed)
     with open(path, "r+b") as f:
-        remaining = size
-        while remaining:
-            n = min(remaining, 1 << 20)
-            f.write(rng.randbytes(n))
-            remaining -= n
+        for block in _random_blocks(size, seed):
+            f.write(block)
 
 
 def tree_digest(root):

@@ -116,6 +116,17 @@ class LogCapture {
 
 class JournalTest : public ::testing::Test {
  protected:
+  // Options for a journal whose files go through fillable_, a disk the test
+  // can fill.
+  JournalOptions OnFillableDisk() {
+    fillable_ = std::make_shared<FillableFileSystem>();
+    fillable_env_ = rocksdb::NewCompositeEnv(fillable_);
+    JournalOptions options;
+    options.clock = &clock_;
+    options.env = fillable_env_.get();
+    return options;
+  }
+
   std::unique_ptr<Journal> OpenJournal() {
     absl::StatusOr<std::unique_ptr<Journal>> j = Journal::Open(dir_.Sub("journal"), &clock_);
     EXPECT_TRUE(j.ok()) << j.status();
@@ -172,6 +183,8 @@ class JournalTest : public ::testing::Test {
 
   TempDir dir_;
   FakeClock clock_;
+  std::shared_ptr<FillableFileSystem> fillable_;
+  std::unique_ptr<rocksdb::Env> fillable_env_;
 };
 
 TEST_F(JournalTest, OutgoingRoundTripsAndSurvivesReopen) {
@@ -379,11 +392,8 @@ TEST_F(JournalTest, CorruptValueIsDataLossNamingTheKey) {
 }
 
 TEST_F(JournalTest, FullDiskRefusesWritesServesReadsAndReopensWhenSpaceIsBack) {
-  auto fs = std::make_shared<FillableFileSystem>();
-  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
-  JournalOptions options;
-  options.clock = &clock_;
-  options.env = env.get();
+  JournalOptions options = OnFillableDisk();
+  FillableFileSystem* fs = fillable_.get();
   const std::string dir = dir_.Sub("journal");
   LogCapture logs;
   {
@@ -453,11 +463,8 @@ TEST_F(JournalTest, FullDiskRefusesWritesServesReadsAndReopensWhenSpaceIsBack) {
 TEST_F(JournalTest, FullDiskWithEmptyMemtablesRecoversToo) {
   // The case where RocksDB 7.8's DB::Resume keeps the failed log writer and
   // the next write asserts: nothing written since the open.
-  auto fs = std::make_shared<FillableFileSystem>();
-  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
-  JournalOptions options;
-  options.clock = &clock_;
-  options.env = env.get();
+  JournalOptions options = OnFillableDisk();
+  FillableFileSystem* fs = fillable_.get();
   auto opened = Journal::Open(dir_.Sub("journal"), options);
   ASSERT_TRUE(opened.ok()) << opened.status();
   Journal& j = **opened;
@@ -473,11 +480,8 @@ TEST_F(JournalTest, FullDiskWithEmptyMemtablesRecoversToo) {
 }
 
 TEST_F(JournalTest, FailedReopenLeavesTheJournalClosedUntilOneSucceeds) {
-  auto fs = std::make_shared<FillableFileSystem>();
-  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
-  JournalOptions options;
-  options.clock = &clock_;
-  options.env = env.get();
+  JournalOptions options = OnFillableDisk();
+  FillableFileSystem* fs = fillable_.get();
   auto opened = Journal::Open(dir_.Sub("journal"), options);
   ASSERT_TRUE(opened.ok()) << opened.status();
   Journal& j = **opened;
