@@ -260,6 +260,22 @@ absl::Status Staging::Remove() {
   return s.fs->SyncDir(*s.parent);
 }
 
+absl::Status Staging::RemoveLeftover(FileSystem& fs, const ResolvedDestination& dest,
+                                     const std::string& transfer_id) {
+  if (absl::Status s = CheckTransferId(transfer_id); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<Directory>> root = fs.OpenRoot(dest.export_root);
+  if (!root.ok()) return root.status();
+  absl::StatusOr<std::unique_ptr<Directory>> parent =
+      OpenDirBeneath(fs, **root, kStagingRel, /*create=*/false);
+  if (absl::IsNotFound(parent.status())) return absl::OkStatus();
+  if (!parent.ok()) return parent.status();
+  absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(**parent, transfer_id);
+  if (!st.ok()) return st.status();
+  if (!st->has_value()) return absl::OkStatus();
+  if (absl::Status s = RemoveTree(fs, **parent, transfer_id); !s.ok()) return s;
+  return fs.SyncDir(**parent);
+}
+
 absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions& options,
                               std::vector<uint32_t>* resend) {
   CloseFiles();

@@ -132,6 +132,12 @@ class Staging {
   // after a publish was journaled).
   absl::Status Remove();
 
+  // Removes what is left of the staging directory of `transfer_id`, if
+  // anything (a crash between journaling PUBLISHED and Remove). Creates
+  // nothing.
+  static absl::Status RemoveLeftover(FileSystem& fs, const ResolvedDestination& dest,
+                                     const std::string& transfer_id);
+
   const std::string& dir() const { return state_->dir; }
 
  private:

@@ -749,8 +749,8 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site, const v1::P
   answer.set_request_id(request.request_id());
   if (record.state() == v1::IncomingTransfer::PUBLISHED) {
     // A crash between journaling PUBLISHED and removing the staging left it.
-    if (auto leftover = storage::Staging::Open(fs_, session->dest, id); leftover.ok()) {
-      leftover->Remove().IgnoreError();
+    if (absl::Status s = storage::Staging::RemoveLeftover(fs_, session->dest, id); !s.ok()) {
+      spdlog::warn("transfer {}: published, but its staging was not removed: {}", id, s.message());
     }
     answer.mutable_commit_reply()->set_files_published(record.manifest().files_size() -
                                                        record.unchanged_files_size());

@@ -423,6 +423,19 @@ TEST_F(StagingTest, RemoveDeletesStaging) {
   EXPECT_TRUE(Exists(dir_.Sub("export/.longhaul/staging")));
 }
 
+TEST_F(StagingTest, RemoveLeftoverRemovesOnlyWhatIsThere) {
+  // Nothing staged: nothing is created either.
+  ASSERT_TRUE(Staging::RemoveLeftover(PosixFileSystem(), Resolve("ckpt"), "t10").ok());
+  EXPECT_FALSE(Exists(dir_.Sub("export/.longhaul")));
+  auto s = Open("ckpt", "t10");
+  ASSERT_TRUE(s.ok());
+  StageAll(*s);
+  const std::string d = s->dir();
+  ASSERT_TRUE(Staging::RemoveLeftover(PosixFileSystem(), Resolve("ckpt"), "t10").ok());
+  EXPECT_FALSE(Exists(d));
+  EXPECT_TRUE(Exists(dir_.Sub("export/.longhaul/staging")));
+}
+
 TEST(StoredMtimeMatchesTest, ToleratesCoarseGranularityOnly) {
   EXPECT_TRUE(StoredMtimeMatches(kMtime, kMtime));
   EXPECT_TRUE(StoredMtimeMatches(1700000000000000000, kMtime));  // whole seconds
