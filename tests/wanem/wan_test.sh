@@ -100,40 +100,62 @@ case_rtt() {
   local delay
   for delay in 5 20; do
     start_wanem --rate=1Gbit --delay=${delay}ms
-    local out avg
-    out=$(in_a ping -q -c 30 -i 0.02 -s 56 "$LHW_ADDR_B") || fail "ping failed: $out"
-    avg=$(awk -F/ '/^rtt/ { print $5 }' <<<"$out")
-    echo "delay ${delay}ms one way: measured RTT avg ${avg} ms"
-    within "$avg" $((2 * delay)) 1 || fail "RTT $avg ms not within 2x${delay} ms +-1 ms"
+    local out min median
+    out=$(in_a ping -c 30 -i 0.02 -s 56 "$LHW_ADDR_B") || fail "ping failed: $out"
+    # The link never shortens the delay (minimum), and a typical packet takes
+    # just the delay (median: one reply the host scheduled late is not the
+    # link's).
+    read -r min median < <(sed -n 's/.* time=\([0-9.]*\) ms/\1/p' <<<"$out" | sort -n |
+      awk '{ t[NR] = $1 } END { print t[1], t[int((NR + 1) / 2)] }')
+    echo "delay ${delay}ms one way: measured RTT min ${min} ms, median ${median} ms"
+    awk -v m="$min" -v d="$delay" 'BEGIN { exit !(m >= 2 * d) }' ||
+      fail "RTT min $min ms is shorter than 2x${delay} ms"
+    within "$median" $((2 * delay)) 1 || fail "RTT median $median ms not within 2x${delay} ms +-1 ms"
     stop_wanem
   done
   pass "RTT = 2 x delay +- 1 ms"
 }
 
+# cpu_ticks: total and stolen jiffies of all CPUs so far (/proc/stat).
+cpu_ticks() {
+  awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t, $9; exit }' /proc/stat
+}
+
 case_rate() {
-  local mtu rate mbit got
+  local mtu mbit
   for spec in "9000 200" "1500 100"; do
     read -r mtu mbit <<<"$spec"
     start_wanem --rate=${mbit}Mbit --delay=5ms --queue=bdp --mtu="$mtu"
     # The link's rate counts whole IP packets; TCP/IP headers (52 bytes with
     # timestamps) are not goodput.
-    local want tolerance attempt
+    local want tolerance attempt got server t0 s0 t1 s1 stolen missed_unstarved=0
     want=$(awk -v r="$mbit" -v m="$mtu" 'BEGIN { print r * (m - 52) / m }')
     tolerance=$(awk -v r="$mbit" 'BEGIN { print r * 0.05 }')
-    # A second measurement when the first misses: on a shared 2-core machine
-    # one 5 s run now and then loses time to other work (both are printed).
-    for attempt in 1 2; do
+    # The relay stamps packets when it reads them, so time the host takes
+    # from this VM (steal) is time the link stands idle. A run in which the
+    # hypervisor stole more than 5% of the CPU says nothing about the link and
+    # is measured again; each run prints the steal and the emulator's counts.
+    for attempt in 1 2 3; do
       in_b iperf3 -s -1 -B "$LHW_ADDR_B" >/dev/null 2>&1 &
-      local server=$!
+      server=$!
       sleep 0.3
+      read -r t0 s0 < <(cpu_ticks)
       got=$(in_a iperf3 -c "$LHW_ADDR_B" -t 5 -f m | awk '/receiver/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec") print $(i - 1) }')
+      read -r t1 s1 < <(cpu_ticks)
       wait "$server"
-      echo "MTU $mtu, rate $mbit Mbit/s, run $attempt: iperf3 goodput $got Mbit/s (payload share of the rate: $want)"
-      [[ -n "$got" ]] && within "$got" "$want" "$tolerance" && break
+      stolen=$(awk -v t="$((t1 - t0))" -v s="$((s1 - s0))" 'BEGIN { printf "%.1f", (t > 0 ? 100 * s / t : 0) }')
+      echo "MTU $mtu, rate $mbit Mbit/s, run $attempt: iperf3 goodput $got Mbit/s (payload share of the rate: $want), CPU stolen by the host: $stolen%"
+      echo "  emulator a->b: $(sed -e 's/.*"a2b":{\([^}]*\)}.*/\1/' <<<"$(ctl stats)" | cut -d, -f1-7)"
+      [[ -n "$got" ]] || fail "iperf3 gave no result"
+      within "$got" "$want" "$tolerance" && break
+      awk -v s="$stolen" 'BEGIN { exit !(s <= 5) }' && missed_unstarved=1
     done
-    [[ -n "$got" ]] || fail "iperf3 gave no result"
-    within "$got" "$want" "$tolerance" ||
-      fail "goodput $got Mbit/s not within 5% of $mbit Mbit/s (expected $want) in 2 runs"
+    if ! within "$got" "$want" "$tolerance"; then
+      [[ $missed_unstarved -eq 1 ]] &&
+        fail "goodput not within 5% of $mbit Mbit/s (expected $want) in a run the host did not starve"
+      echo "SKIP: the host stole more than 5% of the CPU in every run; the link's rate could not be measured"
+      exit 77
+    fi
     stop_wanem
   done
   pass "iperf3 within 5% of the set rate"
