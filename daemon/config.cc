@@ -112,7 +112,8 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   LH_RETURN_IF_ERROR(CheckKeys(root, "config",
                                {"site", "listen", "state_dir", "control_socket", "control_listen",
                                 "control_token_file", "control_tokens", "tls", "exports", "peers",
-                                "transfer", "link", "log_level", "metrics", "limits", "udp"}));
+                                "transfer", "link", "log_level", "metrics", "limits", "udp",
+                                "peer_limits"}));
   LH_RETURN_IF_ERROR(Read(root, "site", &c.site));
   if (c.site.empty()) return absl::InvalidArgumentError("config: 'site' (this site's name) is required");
   LH_RETURN_IF_ERROR(Read(root, "listen", &c.listen));
@@ -235,6 +236,40 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   }
   if (c.transfer.max_active < 1) return absl::InvalidArgumentError("transfer.max_active must be >= 1");
 
+  if (YAML::Node p = root["peer_limits"]) {
+    LH_RETURN_IF_ERROR(CheckKeys(
+        p, "peer_limits",
+        {"handshake_timeout", "max_pending_handshakes", "max_pending_handshakes_per_address",
+         "max_connections_per_peer", "idle_timeout", "memory_per_peer",
+         "max_unclaimed_messages_per_peer", "incoming_expiry"}));
+    DaemonConfig::PeerLimits& pl = c.peer_limits;
+    LH_RETURN_IF_ERROR(ReadDuration(p, "handshake_timeout", "peer_limits", &pl.handshake_timeout_us));
+    LH_RETURN_IF_ERROR(Read(p, "max_pending_handshakes", &pl.max_pending_handshakes));
+    LH_RETURN_IF_ERROR(
+        Read(p, "max_pending_handshakes_per_address", &pl.max_pending_handshakes_per_address));
+    LH_RETURN_IF_ERROR(Read(p, "max_connections_per_peer", &pl.max_connections_per_peer));
+    LH_RETURN_IF_ERROR(ReadDuration(p, "idle_timeout", "peer_limits", &pl.idle_timeout_us));
+    LH_RETURN_IF_ERROR(ReadSize(p, "memory_per_peer", "peer_limits", &pl.memory_per_peer));
+    LH_RETURN_IF_ERROR(
+        Read(p, "max_unclaimed_messages_per_peer", &pl.max_unclaimed_messages_per_peer));
+    LH_RETURN_IF_ERROR(ReadDuration(p, "incoming_expiry", "peer_limits", &pl.incoming_expiry_us));
+    if (pl.handshake_timeout_us <= 0 || pl.idle_timeout_us <= 0 || pl.incoming_expiry_us <= 0) {
+      return absl::InvalidArgumentError(
+          "peer_limits: handshake_timeout, idle_timeout and incoming_expiry must be positive");
+    }
+    if (pl.max_pending_handshakes < 1 || pl.max_pending_handshakes_per_address < 1 ||
+        pl.max_connections_per_peer < 1 || pl.max_unclaimed_messages_per_peer < 1) {
+      return absl::InvalidArgumentError("peer_limits: every count must be at least 1");
+    }
+  }
+  // Each receiving stream holds one chunk: a peer's streams must fit its budget.
+  if (c.peer_limits.memory_per_peer < 2 * c.transfer.max_chunk_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer_limits.memory_per_peer (", FormatBytes(c.peer_limits.memory_per_peer),
+        ") must hold at least two chunks of transfer.max_chunk_size (",
+        FormatBytes(c.transfer.max_chunk_size), ")"));
+  }
+
   if (YAML::Node l = root["link"]) {
     LH_RETURN_IF_ERROR(CheckKeys(l, "link", {"bandwidth", "rtt", "congestion_control"}));
     if (l["bandwidth"]) {
@@ -252,8 +287,14 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   }
 
   if (YAML::Node m = root["metrics"]) {
-    LH_RETURN_IF_ERROR(CheckKeys(m, "metrics", {"listen"}));
+    LH_RETURN_IF_ERROR(CheckKeys(m, "metrics", {"listen", "max_connections", "request_timeout"}));
     LH_RETURN_IF_ERROR(Read(m, "listen", &c.metrics.listen));
+    LH_RETURN_IF_ERROR(Read(m, "max_connections", &c.metrics.max_connections));
+    LH_RETURN_IF_ERROR(ReadDuration(m, "request_timeout", "metrics", &c.metrics.request_timeout_us));
+    if (c.metrics.max_connections < 1 || c.metrics.request_timeout_us <= 0) {
+      return absl::InvalidArgumentError(
+          "metrics.max_connections must be at least 1 and metrics.request_timeout positive");
+    }
     if (!c.metrics.listen.empty() && c.metrics.listen.rfind(':') == std::string::npos) {
       return absl::InvalidArgumentError(
           absl::StrCat("metrics.listen '", c.metrics.listen, "' is not host:port (\"\" disables)"));

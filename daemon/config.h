@@ -90,8 +90,30 @@ struct DaemonConfig {
     uint32_t max_active = 4;  // transfers moving data at once
     // A transfer that cannot reach its peer for this long fails (0: never).
     int64_t give_up_after_us = 3600ll * 1000000;
-    uint64_t max_chunk_size = 256ull << 20;  // largest chunk accepted from a peer
+    uint64_t max_chunk_size = 64ull << 20;  // largest chunk accepted from a peer
   } transfer;
+
+  // What any one peer, authenticated or not, can make this daemon hold:
+  // connections, handshakes, memory and disk (deploy/CONFIG.md, "peer_limits").
+  struct PeerLimits {
+    // TLS plus HELLO must complete within this, or the connection is closed.
+    int64_t handshake_timeout_us = 10ll * 1000000;
+    // Connections still in their handshake, in total and per source address;
+    // past either, a new connection is closed at once.
+    uint32_t max_pending_handshakes = 256;
+    uint32_t max_pending_handshakes_per_address = 16;
+    // Authenticated connections per peer site.
+    uint32_t max_connections_per_peer = 256;
+    // An authenticated connection with no frame for this long is closed.
+    int64_t idle_timeout_us = 15ll * 60 * 1000000;
+    // Bytes a peer's receive buffers and unclaimed exchange messages may hold.
+    uint64_t memory_per_peer = 1ull << 30;
+    // Exchange messages from one peer that no local call has asked for yet.
+    uint32_t max_unclaimed_messages_per_peer = 4096;
+    // An incoming transfer with no activity for this long is EXPIRED: its
+    // staging and journal records are removed. Abort tombstones age out alike.
+    int64_t incoming_expiry_us = 7ll * 24 * 3600 * 1000000;
+  } peer_limits;
 
   struct Link {
     uint64_t bandwidth_bps = 10'000'000'000ull;
@@ -111,6 +133,8 @@ struct DaemonConfig {
   // Prometheus /metrics and /healthz over HTTP (daemon/metrics/).
   struct Metrics {
     std::string listen = "127.0.0.1:7701";  // "": no metrics server
+    uint32_t max_connections = 16;          // open scrape connections
+    int64_t request_timeout_us = 10ll * 1000000;  // headers, and idle keep-alive
   } metrics;
 
   // Operators' rate caps in bits per second; `longhaul limit` changes them at

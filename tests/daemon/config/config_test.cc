@@ -229,3 +229,35 @@ TEST(DeployExamplesTest, EveryKubernetesConfigMapConfigParses) {
 
 }  // namespace
 }  // namespace longhaul::daemon
+
+namespace longhaul::daemon {
+namespace {
+
+TEST(ConfigPeerLimitsTest, DefaultsBoundEveryPeerAndKeysParse) {
+  auto c = ParseConfig(kTwoSites);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->transfer.max_chunk_size, 64ull << 20);
+  EXPECT_EQ(c->peer_limits.handshake_timeout_us, 10'000'000);
+  EXPECT_EQ(c->peer_limits.incoming_expiry_us, 7ll * 24 * 3600 * 1'000'000);
+  EXPECT_EQ(c->metrics.max_connections, 16u);
+
+  auto set = ParseConfig(std::string(kTwoSites) +
+                         "peer_limits: {handshake_timeout: 2s, max_pending_handshakes: 9, "
+                         "memory_per_peer: 256MiB, incoming_expiry: 1h}\n");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->peer_limits.handshake_timeout_us, 2'000'000);
+  EXPECT_EQ(set->peer_limits.max_pending_handshakes, 9u);
+  EXPECT_EQ(set->peer_limits.memory_per_peer, 256ull << 20);
+  EXPECT_EQ(set->peer_limits.incoming_expiry_us, 3600ll * 1'000'000);
+}
+
+TEST(ConfigPeerLimitsTest, RefusesABudgetSmallerThanTwoChunksAndUnknownKeys) {
+  auto small = ParseConfig(std::string(kTwoSites) + "peer_limits: {memory_per_peer: 64MiB}\n");
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("memory_per_peer"), std::string::npos);
+  EXPECT_FALSE(ParseConfig(std::string(kTwoSites) + "peer_limits: {max_pending: 1}\n").ok());
+  EXPECT_FALSE(ParseConfig(std::string(kTwoSites) + "peer_limits: {max_pending_handshakes: 0}\n").ok());
+}
+
+}  // namespace
+}  // namespace longhaul::daemon

@@ -1,0 +1,35 @@
+#include "daemon/peer/memory_budget.h"
+
+#include <utility>
+
+#include "gtest/gtest.h"
+
+namespace longhaul::daemon::peer {
+namespace {
+
+TEST(PeerMemoryBudgetTest, EachSiteHasItsOwnBudgetAndARefusalReservesNothing) {
+  PeerMemoryBudget budget(100);
+  EXPECT_TRUE(budget.TryReserve("site-a", 60));
+  EXPECT_FALSE(budget.TryReserve("site-a", 41));
+  EXPECT_EQ(budget.used("site-a"), 60u);
+  EXPECT_TRUE(budget.TryReserve("site-b", 100));
+  EXPECT_TRUE(budget.TryReserve("site-a", 40));
+  budget.Release("site-a", 60);
+  EXPECT_EQ(budget.used("site-a"), 40u);
+  EXPECT_TRUE(budget.TryReserve("site-a", 60));
+}
+
+TEST(PeerMemoryBudgetTest, AReservationReturnsItsBytesWhenItEnds) {
+  PeerMemoryBudget budget(10);
+  {
+    MemoryReservation r = MemoryReservation::TryTake(&budget, "site-a", 10);
+    EXPECT_EQ(r.bytes(), 10u);
+    EXPECT_EQ(MemoryReservation::TryTake(&budget, "site-a", 1).bytes(), 0u);
+    MemoryReservation moved = std::move(r);
+    EXPECT_EQ(budget.used("site-a"), 10u);
+  }
+  EXPECT_EQ(budget.used("site-a"), 0u);
+}
+
+}  // namespace
+}  // namespace longhaul::daemon::peer
