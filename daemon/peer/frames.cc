@@ -22,6 +22,19 @@ void Store(uint8_t* p, T v) {
   std::memcpy(p, &v, sizeof v);
 }
 uint32_t Load32(const uint8_t* p) { return Load<uint32_t>(p); }
+const char* TypeName(FrameType type) {
+  switch (type) {
+    case FrameType::kHello:
+      return "HELLO";
+    case FrameType::kControl:
+      return "CONTROL";
+    case FrameType::kChunk:
+      return "CHUNK";
+    case FrameType::kChunkAck:
+      return "CHUNK_ACK";
+  }
+  return "unknown";
+}
 uint64_t Load64(const uint8_t* p) { return Load<uint64_t>(p); }
 void Store16(uint8_t* p, uint16_t v) { Store(p, v); }
 void Store32(uint8_t* p, uint32_t v) { Store(p, v); }
@@ -70,8 +83,10 @@ absl::StatusOr<FrameHeader> ParseFrameHeader(absl::Span<const uint8_t> bytes,
   header.payload_length = Load32(p + 8);
   header.session_id = Load64(p + 16);
   if (header.payload_length > max_payload) {
-    return absl::InvalidArgumentError(absl::StrCat("frame payload of ", header.payload_length,
-                                                   " bytes exceeds the limit of ", max_payload));
+    return absl::InvalidArgumentError(absl::StrCat(TypeName(header.type), " frame payload of ",
+                                                   header.payload_length,
+                                                   " bytes exceeds the limit of ", max_payload,
+                                                   " bytes for this frame here"));
   }
   return header;
 }

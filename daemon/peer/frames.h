@@ -23,7 +23,15 @@ inline constexpr size_t kFrameHeaderSize = 24;
 inline constexpr size_t kChunkHeaderSize = 32;
 inline constexpr size_t kChunkAckFixedSize = 16;
 inline constexpr size_t kMaxAckMessage = 1024;
-// Control payloads carry manifests; 10 million files fit well below this.
+// Payload ceilings by frame type; a frame declaring more is refused before
+// any of its payload is read. A HELLO names a role, a transfer id and a
+// stream: a few hundred bytes.
+inline constexpr uint32_t kMaxHelloPayload = 16u << 10;
+// A control message carries, in OPEN, the transfer's whole manifest: a file
+// costs about 50 bytes plus its path, so 256 MiB holds some 2.5 million files
+// with 50-byte paths (a larger tree is refused, naming this limit). Its
+// bytes are held only as they arrive (GrowingBuffer), and on the receiver's
+// control channels they count against the peer's memory budget.
 inline constexpr uint32_t kMaxControlPayload = 256u << 20;
 
 enum class FrameType : uint8_t {

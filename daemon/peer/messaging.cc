@@ -1,6 +1,8 @@
 #include "daemon/peer/messaging.h"
 
+#include <algorithm>
 #include <array>
+#include <cstring>
 #include <string>
 
 #include "absl/container/inlined_vector.h"
@@ -40,9 +42,48 @@ absl::StatusOr<FrameHeader> ReadFrameHeader(transport::Channel& channel, uint32_
   return ParseFrameHeader(bytes, max_payload);
 }
 
+absl::Status GrowingBuffer::Read(transport::Channel& channel, size_t length, GrowHook on_grow) {
+  size_ = 0;
+  size_t filled = 0;
+  while (filled < length) {
+    const size_t piece = std::min(kReadPiece, length - filled);
+    if (filled + piece > capacity_) {
+      const size_t grown = std::min(length, std::max(filled + piece, 2 * capacity_));
+      if (absl::Status s = on_grow(grown - capacity_); !s.ok()) return s;
+      auto storage = std::make_unique_for_overwrite<uint8_t[]>(grown);
+      if (filled > 0) std::memcpy(storage.get(), storage_.get(), filled);
+      storage_ = std::move(storage);
+      capacity_ = grown;
+    }
+    if (absl::Status s = channel.ReadExactly(absl::MakeSpan(storage_.get() + filled, piece));
+        !s.ok()) {
+      return s;
+    }
+    filled += piece;
+  }
+  size_ = length;
+  return absl::OkStatus();
+}
+
+absl::Status GrowingBuffer::Read(transport::Channel& channel, size_t length) {
+  return Read(channel, length, [](size_t) { return absl::OkStatus(); });
+}
+
+void GrowingBuffer::Release() {
+  storage_.reset();
+  capacity_ = 0;
+  size_ = 0;
+}
+
 absl::Status ReadProto(transport::Channel& channel, FrameType type, uint64_t session_id,
                        google::protobuf::MessageLite* message) {
-  auto header = ReadFrameHeader(channel, kMaxControlPayload);
+  return ReadProto(channel, type, session_id, message, [](size_t) { return absl::OkStatus(); });
+}
+
+absl::Status ReadProto(transport::Channel& channel, FrameType type, uint64_t session_id,
+                       google::protobuf::MessageLite* message, GrowingBuffer::GrowHook on_grow) {
+  const uint32_t ceiling = type == FrameType::kHello ? kMaxHelloPayload : kMaxControlPayload;
+  auto header = ReadFrameHeader(channel, ceiling);
   if (!header.ok()) return header.status();
   if (header->type != type) {
     return absl::InvalidArgumentError(absl::StrCat("expected frame type ", static_cast<int>(type),
@@ -51,13 +92,9 @@ absl::Status ReadProto(transport::Channel& channel, FrameType type, uint64_t ses
   if (session_id != 0 && header->session_id != session_id) {
     return absl::InvalidArgumentError("frame for another session on this connection");
   }
-  std::string payload(header->payload_length, '\0');
-  if (absl::Status s = channel.ReadExactly(
-          absl::MakeSpan(reinterpret_cast<uint8_t*>(payload.data()), payload.size()));
-      !s.ok()) {
-    return s;
-  }
-  if (!message->ParseFromString(payload)) {
+  GrowingBuffer payload;
+  if (absl::Status s = payload.Read(channel, header->payload_length, on_grow); !s.ok()) return s;
+  if (!message->ParseFromArray(payload.data().data(), static_cast<int>(payload.data().size()))) {
     return absl::InvalidArgumentError(
         absl::StrCat("malformed ", message->GetTypeName(), " from ", channel.peer_site()));
   }
