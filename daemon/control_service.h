@@ -42,7 +42,7 @@ class ControlService final : public v1::Control::Service {
   // Serves SetLimit/GetLimits on `limiter` (without one they fail with
   // FailedPrecondition). `peer_sites` are the sites a peer cap may name. Call
   // before serving; `limiter` must outlive the service.
-  void SetRateLimiter(peer::RateLimiter* limiter, std::vector<std::string> peer_sites) {
+  void SetRateLimiter(longhaul::peer::RateLimiter* limiter, std::vector<std::string> peer_sites) {
     rate_limiter_ = limiter;
     peer_sites_ = std::move(peer_sites);
   }
@@ -73,7 +73,7 @@ class ControlService final : public v1::Control::Service {
   const Caller local_caller_;
   const std::vector<RoleToken> tokens_;
   const bool tcp_;
-  peer::RateLimiter* rate_limiter_ = nullptr;
+  longhaul::peer::RateLimiter* rate_limiter_ = nullptr;
   std::vector<std::string> peer_sites_;
 };
 

@@ -26,6 +26,7 @@
 #include "daemon/peer/receiver.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/priority_gate.h"
+#include "daemon/peer/memory_budget.h"
 #include "daemon/peer/router.h"
 #include "daemon/transfer_manager.h"
 #include "daemon/transport/transport.h"
@@ -152,9 +153,12 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   auto udp = transport::MakeUdpTransport(**transport, udp_options);
   if (!udp.ok()) return Fail("cannot set up the udp transport", udp.status());
 
-  peer::Receiver receiver(*config, **journal);
+  // What each peer site may make this daemon hold (peer_limits.memory_per_peer): the receiver's
+  // buffers here, and the exchange hub's unclaimed messages, from one budget.
+  daemon::peer::PeerMemoryBudget memory_budget(config->peer_limits.memory_per_peer);
+  longhaul::peer::Receiver receiver(*config, **journal, storage::PosixFileSystem(), &memory_budget);
   receiver.FinishInterruptedPublishes();
-  peer::PeerRouter router;
+  longhaul::peer::PeerRouter router;
   auto serve_transfer = [&receiver](std::unique_ptr<transport::Channel> channel,
                                     const v1::Hello& hello) {
     receiver.Serve(std::move(channel), hello);
@@ -164,7 +168,7 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
                                                const v1::Hello& hello) {
     // Checking and storing chunks yields the CPU to exchanges (this thread
     // serves this one data channel and ends with it).
-    peer::PriorityGate::LowerThreadPriority(v1::CHECKPOINT);
+    longhaul::peer::PriorityGate::LowerThreadPriority(v1::CHECKPOINT);
     receiver.Serve(std::move(channel), hello);
   });
   router.Register(v1::Hello::PROBE, [](auto, const v1::Hello&) {});  // the handshake was the point
@@ -173,16 +177,16 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   });
   // Operators' caps: from the config, changed at run time by `longhaul limit`;
   // they apply to transfers and to exchanges alike.
-  peer::RateLimiter limiter(RealClock::Get());
+  longhaul::peer::RateLimiter limiter(RealClock::Get());
   for (const auto& [site, bps] : config->limits.peers) {
     limiter.SetPeerLimit(site, Bandwidth::BitsPerSecond(static_cast<int64_t>(bps)));
   }
   for (const auto& [name, bps] : config->limits.classes) {
-    if (auto cls = peer::ParsePriorityClass(name); cls.ok()) {
+    if (auto cls = longhaul::peer::ParsePriorityClass(name); cls.ok()) {
       limiter.SetClassLimit(*cls, Bandwidth::BitsPerSecond(static_cast<int64_t>(bps)));
     }
   }
-  peer::PriorityGate gate;
+  longhaul::peer::PriorityGate gate;
   std::vector<std::string> exchange_peers;
   for (const PeerConfig& p : config->peers) exchange_peers.push_back(p.site);
   exchange::ExchangeHub exchange_hub(
@@ -193,7 +197,7 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
         if (peer == nullptr) return absl::NotFoundError(absl::StrCat(site, " is not a configured peer"));
         v1::Hello hello;
         hello.set_role(v1::Hello::EXCHANGE);
-        auto channel = peer::DialSession(**transport, site, peer->address, hello);
+        auto channel = longhaul::peer::DialSession(**transport, site, peer->address, hello);
         // Paced at most at the link's rate, the kernel's congestion control
         // cannot overshoot into the bottleneck queue while it probes (BBR's
         // startup paces at 2.89x its estimate) and lose the message's packets

@@ -41,12 +41,12 @@ class TransferManager {
  public:
   // `transports` must hold "tcp"; transfers may pick any other by name.
   TransferManager(const DaemonConfig& config, const transport::TransportSet& transports,
-                  storage::Journal& journal, peer::PriorityGate& gate);
+                  storage::Journal& journal, longhaul::peer::PriorityGate& gate);
   ~TransferManager();
 
   // Operators' rate caps for every sender this manager starts (nullptr:
   // none). Call before Start(); `limiter` must outlive the manager.
-  void SetRateLimiter(peer::RateLimiter* limiter) { rate_limiter_ = limiter; }
+  void SetRateLimiter(longhaul::peer::RateLimiter* limiter) { rate_limiter_ = limiter; }
 
   // Loads the journal and resumes unfinished transfers.
   absl::Status Start();
@@ -79,8 +79,8 @@ class TransferManager {
   enum class StopReason { kNone, kPause, kCancel, kShutdown };
   struct Transfer {
     v1::OutgoingTransfer record;
-    peer::TransferProgress progress;
-    std::unique_ptr<peer::TransferSender> sender;
+    longhaul::peer::TransferProgress progress;
+    std::unique_ptr<longhaul::peer::TransferSender> sender;
     StopReason stop_reason = StopReason::kNone;
     // Cancel is waiting for the destination's answer: nothing else may
     // start, pause or resume the transfer meanwhile.
@@ -117,9 +117,9 @@ class TransferManager {
   const DaemonConfig& config_;
   const transport::TransportSet transports_;
   transport::Transport& control_transport_;  // "tcp"
-  peer::PriorityGate& gate_;
+  longhaul::peer::PriorityGate& gate_;
   storage::Journal& journal_;
-  peer::RateLimiter* rate_limiter_ = nullptr;
+  longhaul::peer::RateLimiter* rate_limiter_ = nullptr;
   const SourceAccess source_access_;
 
   mutable absl::Mutex mu_;

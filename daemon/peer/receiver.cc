@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -71,10 +72,14 @@ struct Receiver::Session {
 };
 
 Receiver::Receiver(const daemon::DaemonConfig& config, storage::Journal& journal,
-                   storage::FileSystem& fs)
+                   storage::FileSystem& fs, daemon::peer::PeerMemoryBudget* budget)
     : config_(config),
       journal_(journal),
       fs_(fs),
+      own_budget_(budget == nullptr ? std::make_unique<daemon::peer::PeerMemoryBudget>(
+                                          config.peer_limits.memory_per_peer)
+                                    : nullptr),
+      budget_(budget == nullptr ? own_budget_.get() : budget),
       committer_(journal),
       owners_([this] { return journal_.ListIncoming(); },
               [this](const std::string& export_name, const std::string& relative) {
@@ -204,9 +209,22 @@ void Receiver::ServeControl(transport::Channel& channel, const std::string& tran
   const uint64_t session_id = SessionIdFor(transfer_id);
   while (true) {
     v1::PeerMessage request;
-    absl::Status status = ReadProto(channel, FrameType::kControl, session_id, &request);
+    uint64_t charged = 0;
+    absl::Status status =
+        ReadProto(channel, FrameType::kControl, session_id, &request, [&](size_t added) {
+          if (!budget_->TryReserve(channel.peer_site(), added)) {
+            return absl::ResourceExhaustedError(absl::StrCat(
+                "a control message from ", channel.peer_site(),
+                " would take what it holds here past peer_limits.memory_per_peer (",
+                budget_->bytes_per_peer(), " bytes)"));
+          }
+          charged += added;
+          return absl::OkStatus();
+        });
+    if (charged > 0) budget_->Release(channel.peer_site(), charged);
     if (!status.ok()) {
-      if (status.code() == absl::StatusCode::kInvalidArgument) {
+      if (status.code() == absl::StatusCode::kInvalidArgument ||
+          status.code() == absl::StatusCode::kResourceExhausted) {
         spdlog::warn("malformed control frame from {}: {}", channel.peer_site(), status.message());
         absl::MutexLock lock(&mu_);
         ++stats_.frames_refused;
@@ -439,8 +457,15 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     chunk_size = session->record.manifest().chunk_size();
   }
   const uint64_t session_id = SessionIdFor(transfer_id);
+  const std::string& peer_site = channel.peer_site();
   std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
-  std::vector<uint8_t> buffer(chunk_size);
+  // The chunk buffer grows as payload arrives; `held` bytes of the peer's
+  // budget cover it (at least its capacity) until the channel ends.
+  GrowingBuffer buffer;
+  uint64_t held = 0;
+  absl::Cleanup release_held = [&] {
+    if (held > 0) budget_->Release(peer_site, held);
+  };
 
   auto refuse = [&](const std::string& why) {
     spdlog::warn("transfer {}: refusing frame from {}: {}", transfer_id, channel.peer_site(), why);
@@ -505,14 +530,40 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       send_ack(*chunk, ChunkAck::Result::kRefused, std::string(valid.message())).IgnoreError();
       break;
     }
-    absl::Span<uint8_t> data(buffer.data(), data_length);
-    if (absl::Status s = channel.ReadExactly(data); !s.ok()) {
+    if (held < data_length) {
+      // Give back the smaller buffer first, so that two streams each holding
+      // part of what they need cannot starve each other.
+      buffer.Release();
+      budget_->Release(peer_site, held);
+      held = 0;
+      if (!WaitForBudget(peer_site, data_length)) {
+        const std::string why = absl::StrCat(
+            config_.site, " holds ", budget_->used(peer_site), " bytes of receive buffers for ",
+            peer_site, "; a ", data_length, "-byte chunk would pass peer_limits.memory_per_peer (",
+            budget_->bytes_per_peer(), " bytes); retry later");
+        spdlog::warn("transfer {}: chunk {} of {}: {}", transfer_id, chunk->chunk_index,
+                     file.path(), why);
+        std::array<uint8_t, kReadPiece> scratch;
+        absl::Status skipped = absl::OkStatus();
+        for (uint64_t left = data_length; left > 0 && skipped.ok();) {
+          const size_t piece = std::min<uint64_t>(left, scratch.size());
+          skipped = channel.ReadExactly(absl::MakeSpan(scratch.data(), piece));
+          left -= piece;
+        }
+        if (!skipped.ok()) break;
+        if (!send_ack(*chunk, ChunkAck::Result::kRetryLater, why).ok()) break;
+        continue;
+      }
+      held = data_length;
+    }
+    if (absl::Status s = buffer.Read(channel, data_length); !s.ok()) {
       if (s.code() != absl::StatusCode::kCancelled) {
         spdlog::warn("transfer {}: data stream from {} broke mid-chunk: {}", transfer_id,
                      channel.peer_site(), s.message());
       }
       break;
     }
+    absl::Span<const uint8_t> data = buffer.data();
 
     storage::Xxh128 expected{chunk->xxh128_low, chunk->xxh128_high};
     storage::Xxh128 actual = storage::HashBytes(data);
@@ -566,6 +617,19 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
   session->data_channels.erase(&channel);
 }
 
+bool Receiver::WaitForBudget(const std::string& site, uint64_t bytes) {
+  const absl::Time deadline = absl::Now() + kBudgetWait;
+  while (!budget_->TryReserve(site, bytes)) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutting_down_) return false;
+    }
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
 absl::Status Receiver::VerifyStaged(Session& session,
                                     const absl::flat_hash_set<uint32_t>& skip_files) {
   // Every staged byte is read back and checked against the digest it was
@@ -583,9 +647,14 @@ absl::Status Receiver::VerifyStaged(Session& session,
   absl::flat_hash_set<uint32_t> bad_files;
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> bytes_read{0};
+  // Sized by the largest file too: tiny files at a large chunk size need
+  // little, and the buffers are not zero-filled.
+  uint64_t largest = 0;
+  for (const v1::ManifestFile& file : manifest.files()) largest = std::max(largest, file.size());
+  const uint64_t buffer_size = std::min<uint64_t>(manifest.chunk_size(), largest);
   auto verify_some = [&] {
     std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
-    std::vector<uint8_t> buffer(manifest.chunk_size());
+    auto buffer = std::make_unique_for_overwrite<uint8_t[]>(buffer_size);
     for (size_t i = next++; i < chunks->size(); i = next++) {
       const storage::ChunkDurability& c = (*chunks)[i];
       if (skip_files.contains(c.file_index)) continue;
@@ -608,7 +677,7 @@ absl::Status Receiver::VerifyStaged(Session& session,
       const int fd = (*staged)->fd();
       uint64_t size = storage::ChunkSize(file, c.chunk_index, manifest.chunk_size());
       auto hash = storage::ReadChunkHashed(*io, fd, c.chunk_index * manifest.chunk_size(),
-                                           absl::MakeSpan(buffer.data(), size));
+                                           absl::MakeSpan(buffer.get(), size));
       bytes_read += size;
       auto expected = storage::Xxh128::FromBytes(c.chunk.xxh128());
       if (!hash.ok() || !expected || !(*hash == *expected)) {
@@ -874,7 +943,20 @@ v1::PeerMessage Receiver::HandleVerify(const std::string& peer_site, const v1::P
   if (!dest.ok()) return fail(dest.status());
   const v1::Manifest& manifest = (*record)->manifest();
   std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
-  std::vector<uint8_t> buffer(manifest.chunk_size());
+  // One chunk at a time, no larger than the largest file, charged to the
+  // asking peer: a verify of tiny files at the largest chunk size holds
+  // little, and many verifies at once cannot take the daemon past budgets.
+  uint64_t largest = 0;
+  for (const v1::ManifestFile& file : manifest.files()) largest = std::max(largest, file.size());
+  const uint64_t buffer_size = std::min<uint64_t>(manifest.chunk_size(), largest);
+  daemon::peer::MemoryReservation reserved =
+      daemon::peer::MemoryReservation::TryTake(budget_, peer_site, buffer_size);
+  if (buffer_size > 0 && reserved.bytes() == 0) {
+    return fail(absl::ResourceExhaustedError(absl::StrCat(
+        "verifying ", id, " needs a ", buffer_size, "-byte buffer, past what ", peer_site,
+        " may hold here (peer_limits.memory_per_peer); retry later")));
+  }
+  auto buffer = std::make_unique_for_overwrite<uint8_t[]>(buffer_size);
   v1::PeerMessage answer;
   answer.set_request_id(request.request_id());
   v1::VerifyReply* reply = answer.mutable_verify_reply();
@@ -898,7 +980,7 @@ v1::PeerMessage Receiver::HandleVerify(const std::string& peer_site, const v1::P
     for (uint64_t c = 0; c < n; ++c) {
       uint64_t size = storage::ChunkSize(file, c, manifest.chunk_size());
       auto hash = storage::ReadChunkHashed(*io, fd, c * manifest.chunk_size(),
-                                           absl::MakeSpan(buffer.data(), size));
+                                           absl::MakeSpan(buffer.get(), size));
       if (!hash.ok()) {
         digest->set_error(std::string(hash.status().message()));
         break;

@@ -12,9 +12,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/config.h"
 #include "daemon/peer/destination_owners.h"
 #include "daemon/peer/durability_committer.h"
+#include "daemon/peer/memory_budget.h"
 #include "daemon/transport/transport.h"
 #include "storage/exports.h"
 #include "storage/file_system.h"
@@ -49,13 +51,26 @@ struct ReceiverStats {
 // Published files keep the manifest's mode masked by the export's umask;
 // `sync --keep` prunes only the checkpoints the same source site published.
 //
+// Memory: what a peer makes it hold grows only with bytes received and is
+// charged to the peer's PeerMemoryBudget: control messages while they are
+// read, each DATA channel's chunk buffer (the chunk's length, reserved before
+// its payload is read, and kept for the stream's next chunks), and the read
+// buffer of a verify. A chunk that would take the peer past its budget waits
+// up to kBudgetWait for its other streams to free some; then its payload is
+// read and dropped and it is answered kRetryLater, so the sender slows down.
+// A control message past the budget closes its channel.
+//
 // Thread-safe: Serve runs on each channel's own thread.
 class Receiver {
  public:
   // `fs` holds staging and destinations (storage::PosixFileSystem() in the
-  // daemon); it must outlive the Receiver.
+  // daemon); it must outlive the Receiver. `budget` is the daemon's per-peer
+  // memory budget (shared with the exchange hub); it must outlive the
+  // Receiver. Null: the Receiver keeps its own, of
+  // config.peer_limits.memory_per_peer.
   Receiver(const daemon::DaemonConfig& config, storage::Journal& journal,
-           storage::FileSystem& fs = storage::PosixFileSystem());
+           storage::FileSystem& fs = storage::PosixFileSystem(),
+           daemon::peer::PeerMemoryBudget* budget = nullptr);
   ~Receiver();
 
   // Serves a CONTROL or DATA channel (its hello already read) until it closes.
@@ -69,6 +84,10 @@ class Receiver {
   void Shutdown();
 
   ReceiverStats stats() const;
+
+  // How long a chunk waits for its peer's memory budget before it is
+  // answered kRetryLater.
+  static constexpr absl::Duration kBudgetWait = absl::Seconds(5);
 
  private:
   struct Session;
@@ -102,6 +121,9 @@ class Receiver {
   // destination go. Failures are logged; the transfer succeeded anyway.
   void PruneOldCheckpoints(const v1::IncomingTransfer& record,
                            const storage::ResolvedDestination& dest);
+  // Reserves `bytes` of `site`'s budget, waiting up to kBudgetWait (less at
+  // shutdown) for other channels to release some. False: nothing reserved.
+  bool WaitForBudget(const std::string& site, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether a destination of an export exists (true when it cannot tell).
   bool DestinationExists(const std::string& export_name, const std::string& relative);
   // Waits until no other publish into `path` runs, and claims it.
@@ -111,6 +133,8 @@ class Receiver {
   const daemon::DaemonConfig& config_;
   storage::Journal& journal_;
   storage::FileSystem& fs_;
+  std::unique_ptr<daemon::peer::PeerMemoryBudget> own_budget_;
+  daemon::peer::PeerMemoryBudget* budget_;
   std::vector<storage::Export> exports_;
   DurabilityCommitter committer_;
   DestinationOwners owners_;
