@@ -1,8 +1,11 @@
 #include "daemon/peer/messaging.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "absl/container/inlined_vector.h"
@@ -50,7 +53,11 @@ absl::Status GrowingBuffer::Read(transport::Channel& channel, size_t length, Gro
     if (filled + piece > capacity_) {
       const size_t grown = std::min(length, std::max(filled + piece, 2 * capacity_));
       if (absl::Status s = on_grow(grown - capacity_); !s.ok()) return s;
-      auto storage = std::make_unique_for_overwrite<uint8_t[]>(grown);
+      Storage storage = Allocate(grown);
+      if (storage == nullptr) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("cannot allocate a ", grown, "-byte receive buffer"));
+      }
       if (filled > 0) std::memcpy(storage.get(), storage_.get(), filled);
       storage_ = std::move(storage);
       capacity_ = grown;
@@ -67,6 +74,23 @@ absl::Status GrowingBuffer::Read(transport::Channel& channel, size_t length, Gro
 
 absl::Status GrowingBuffer::Read(transport::Channel& channel, size_t length) {
   return Read(channel, length, [](size_t) { return absl::OkStatus(); });
+}
+
+GrowingBuffer::Storage GrowingBuffer::Allocate(size_t capacity) {
+  if (capacity < kMapThreshold) {
+    return Storage(new (std::nothrow) uint8_t[capacity], Free{capacity});
+  }
+  void* p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return Storage(nullptr, Free{capacity});
+  return Storage(static_cast<uint8_t*>(p), Free{capacity});
+}
+
+void GrowingBuffer::Free::operator()(uint8_t* p) const {
+  if (capacity < kMapThreshold) {
+    delete[] p;
+  } else {
+    munmap(p, capacity);
+  }
 }
 
 void GrowingBuffer::Release() {

@@ -40,7 +40,10 @@ inline constexpr size_t kReadPiece = 64u << 10;
 // Read() reads in pieces of at most kReadPiece bytes; when the bytes that
 // arrived fill the buffer it grows to twice its size (at least one piece),
 // never past the length being read. Storage is kept across reads until
-// Release(), so a stream of equal frames allocates once. Not thread-safe.
+// Release(), so a stream of equal frames allocates once. Storage of
+// kMapThreshold bytes or more is mapped on its own and unmapped when
+// replaced, so what the buffer outgrew leaves the process rather than
+// staying in the allocator's arenas. Not thread-safe.
 class GrowingBuffer {
  public:
   // Told how many bytes the buffer is about to grow by; an error stops the
@@ -59,8 +62,20 @@ class GrowingBuffer {
   // Frees the storage.
   void Release();
 
+  static constexpr size_t kMapThreshold = 1u << 20;
+
  private:
-  std::unique_ptr<uint8_t[]> storage_;
+  // Frees `capacity` bytes allocated for a buffer of that capacity.
+  struct Free {
+    Free() : capacity(0) {}
+    explicit Free(size_t c) : capacity(c) {}
+    void operator()(uint8_t* p) const;
+    size_t capacity;
+  };
+  using Storage = std::unique_ptr<uint8_t[], Free>;
+  static Storage Allocate(size_t capacity);
+
+  Storage storage_;
   size_t capacity_ = 0;
   size_t size_ = 0;
 };

@@ -281,3 +281,23 @@ class HostilePeer:
             return control.commit(transfer_id)
         finally:
             control.close()
+
+    def tls(self):
+        """A TLS connection authenticated as `site` on which nothing was sent yet."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.load_verify_locations(os.path.join(self.pki, "ca.pem"))
+        ctx.load_cert_chain(os.path.join(self.pki, self.site + ".pem"),
+                            os.path.join(self.pki, self.site + ".key"))
+        raw = socket.create_connection((self.host, self.port), timeout=30)
+        return ctx.wrap_socket(raw, server_hostname=self.server_site)
+
+
+def frame_header(kind, payload_length, session=0):
+    """A frame header alone, declaring `payload_length` bytes that may never come."""
+    return struct.pack("<IBBHIIQ", MAGIC, 1, kind, 0, payload_length, 0, session)
+
+
+def chunk_header(file_index, chunk_index, generation=0, digest=(0, 0)):
+    """The 32 bytes that lead a CHUNK payload."""
+    return struct.pack("<IIIIQQ", file_index, chunk_index, generation, 0, *digest)
