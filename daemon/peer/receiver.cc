@@ -225,7 +225,7 @@ void Receiver::ServeControl(transport::Channel& channel, const std::string& tran
     if (!status.ok()) {
       if (status.code() == absl::StatusCode::kInvalidArgument ||
           status.code() == absl::StatusCode::kResourceExhausted) {
-        spdlog::warn("malformed control frame from {}: {}", channel.peer_site(), status.message());
+        spdlog::warn("closing control channel from {}: {}", channel.peer_site(), status.message());
         absl::MutexLock lock(&mu_);
         ++stats_.frames_refused;
       }

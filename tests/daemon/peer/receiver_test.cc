@@ -4,7 +4,9 @@
 
 #include <string>
 
+#include "daemon/peer/memory_budget.h"
 #include "daemon/peer/messaging.h"
+#include "storage/chunk_io.h"
 #include "gtest/gtest.h"
 #include "storage/staging.h"
 #include "tests/storage/fault_injection_fs.h"
@@ -255,6 +257,61 @@ TEST_F(ReceiverAuthorizationTest, AnAbortFromASiteThatMayWriteNowhereLeavesNoRec
   record = journal_->GetIncoming("t-unknown");
   ASSERT_TRUE(record.ok() && record->has_value());
   EXPECT_EQ((*record)->state(), v1::IncomingTransfer::ABORTED);
+}
+
+// Sends chunk 0 of file 0 ("shard-0") of `id` as `site` on a DATA channel;
+// returns the receiver's ack.
+absl::StatusOr<ChunkAck> SendShard0(Receiver& receiver, const std::string& site,
+                                    const std::string& id) {
+  const std::string data = "new shard-0";
+  absl::Span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(data.data()), data.size());
+  storage::Xxh128 digest = storage::HashBytes(bytes);
+  std::array<uint8_t, kChunkHeaderSize> header;
+  EncodeChunkHeader({0, 0, 0, digest.low, digest.high}, header);
+  std::vector<uint8_t> script, written;
+  ScriptedChannel encoder(site, {}, &script);
+  absl::Span<const uint8_t> header_part(header);
+  if (absl::Status s = SendFrame(encoder, FrameType::kChunk, SessionIdFor(id), {header_part, bytes});
+      !s.ok()) {
+    return s;
+  }
+  v1::Hello hello;
+  hello.set_role(v1::Hello::DATA);
+  hello.set_transfer_id(id);
+  receiver.Serve(std::make_unique<ScriptedChannel>(site, script, &written), hello);
+  ScriptedChannel decoder("site-b", written, nullptr);
+  auto frame = ReadFrameHeader(decoder, kChunkAckFixedSize + kMaxAckMessage);
+  if (!frame.ok()) return frame.status();
+  std::vector<uint8_t> payload(frame->payload_length);
+  if (absl::Status s = decoder.ReadExactly(absl::MakeSpan(payload)); !s.ok()) return s;
+  return ParseChunkAck(payload);
+}
+
+TEST_F(ReceiverAuthorizationTest, AChunkPastThePeersMemoryBudgetIsAnsweredRetryLater) {
+  daemon::peer::PeerMemoryBudget budget(1 << 20);
+  Receiver receiver(config_, *journal_, *fs_, &budget);
+  v1::PeerMessage opened = OpenAs(receiver, "site-a", "t-mem", "ckpt/mem");
+  ASSERT_TRUE(opened.error().empty()) << opened.error();
+  // The peer's other streams hold all but a few bytes of its budget.
+  ASSERT_TRUE(budget.TryReserve("site-a", (1 << 20) - 4));
+
+  auto ack = SendShard0(receiver, "site-a", "t-mem");
+  ASSERT_TRUE(ack.ok()) << ack.status();
+  EXPECT_EQ(ack->result, ChunkAck::Result::kRetryLater);
+  EXPECT_NE(ack->message.find("peer_limits.memory_per_peer"), std::string::npos) << ack->message;
+  EXPECT_EQ(budget.used("site-a"), (1u << 20) - 4);
+  // Another site's budget is its own.
+  EXPECT_EQ(budget.used("site-c"), 0u);
+
+  // Once the other streams let go, the chunk is read and goes on to be
+  // stored (which this fake file system, without real fds, cannot do), and
+  // the stream's buffer is given back when it ends.
+  budget.Release("site-a", (1 << 20) - 4);
+  ack = SendShard0(receiver, "site-a", "t-mem");
+  ASSERT_TRUE(ack.ok()) << ack.status();
+  EXPECT_EQ(ack->message.find("memory_per_peer"), std::string::npos) << ack->message;
+  EXPECT_NE(ack->message.find("write at offset 0"), std::string::npos) << ack->message;
+  EXPECT_EQ(budget.used("site-a"), 0u);
 }
 
 }  // namespace
