@@ -83,10 +83,9 @@ absl::StatusOr<FrameHeader> ParseFrameHeader(absl::Span<const uint8_t> bytes,
   header.payload_length = Load32(p + 8);
   header.session_id = Load64(p + 16);
   if (header.payload_length > max_payload) {
-    return absl::InvalidArgumentError(absl::StrCat(TypeName(header.type), " frame payload of ",
-                                                   header.payload_length,
-                                                   " bytes exceeds the limit of ", max_payload,
-                                                   " bytes for this frame here"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(TypeName(header.type), " frame payload of ", header.payload_length,
+                     " bytes exceeds the limit of ", max_payload, " bytes for this frame here"));
   }
   return header;
 }

@@ -213,10 +213,10 @@ void Receiver::ServeControl(transport::Channel& channel, const std::string& tran
     absl::Status status =
         ReadProto(channel, FrameType::kControl, session_id, &request, [&](size_t added) {
           if (!budget_->TryReserve(channel.peer_site(), added)) {
-            return absl::ResourceExhaustedError(absl::StrCat(
-                "a control message from ", channel.peer_site(),
-                " would take what it holds here past peer_limits.memory_per_peer (",
-                budget_->bytes_per_peer(), " bytes)"));
+            return absl::ResourceExhaustedError(
+                absl::StrCat("a control message from ", channel.peer_site(),
+                             " would take what it holds here past peer_limits.memory_per_peer (",
+                             budget_->bytes_per_peer(), " bytes)"));
           }
           charged += added;
           return absl::OkStatus();
@@ -268,6 +268,13 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
 
   if (absl::Status s = CheckTransferId(open.transfer_id()); !s.ok()) return fail(s);
   if (absl::Status s = CheckWriter(peer_site, open.export_name()); !s.ok()) return fail(s);
+  // Each DATA stream holds up to a chunk in memory: the receiver's maximum
+  // bounds it, whatever the sender asks for.
+  if (open.manifest().chunk_size() > config_.transfer.max_chunk_size) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("chunk size ", open.manifest().chunk_size(), " exceeds ", config_.site,
+                     "'s transfer.max_chunk_size (", config_.transfer.max_chunk_size, " bytes)")));
+  }
   storage::ManifestLimits limits;
   limits.max_chunk_size = config_.transfer.max_chunk_size;
   if (absl::Status s = storage::ValidateManifest(open.manifest(), limits); !s.ok()) {
@@ -952,9 +959,9 @@ v1::PeerMessage Receiver::HandleVerify(const std::string& peer_site, const v1::P
   daemon::peer::MemoryReservation reserved =
       daemon::peer::MemoryReservation::TryTake(budget_, peer_site, buffer_size);
   if (buffer_size > 0 && reserved.bytes() == 0) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat(
-        "verifying ", id, " needs a ", buffer_size, "-byte buffer, past what ", peer_site,
-        " may hold here (peer_limits.memory_per_peer); retry later")));
+    return fail(absl::ResourceExhaustedError(
+        absl::StrCat("verifying ", id, " needs a ", buffer_size, "-byte buffer, past what ",
+                     peer_site, " may hold here (peer_limits.memory_per_peer); retry later")));
   }
   auto buffer = std::make_unique_for_overwrite<uint8_t[]>(buffer_size);
   v1::PeerMessage answer;

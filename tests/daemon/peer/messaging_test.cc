@@ -107,10 +107,13 @@ TEST(GrowingBufferTest, KeepsItsStorageForTheNextReadOfNoMore) {
   ASSERT_TRUE(buffer.Read(channel, first.size()).ok());
   const size_t capacity = buffer.capacity();
   int growths = 0;
-  ASSERT_TRUE(buffer.Read(channel, first.size(), [&](size_t) {
-                      ++growths;
-                      return absl::OkStatus();
-                    }).ok());
+  ASSERT_TRUE(buffer
+                  .Read(channel, first.size(),
+                        [&](size_t) {
+                          ++growths;
+                          return absl::OkStatus();
+                        })
+                  .ok());
   EXPECT_EQ(growths, 0);
   EXPECT_EQ(buffer.capacity(), capacity);
   EXPECT_TRUE(std::equal(first.rbegin(), first.rend(), buffer.data().begin(), buffer.data().end()));

@@ -6,8 +6,8 @@
 
 #include "daemon/peer/memory_budget.h"
 #include "daemon/peer/messaging.h"
-#include "storage/chunk_io.h"
 #include "gtest/gtest.h"
+#include "storage/chunk_io.h"
 #include "storage/staging.h"
 #include "tests/storage/fault_injection_fs.h"
 #include "tests/storage/test_util.h"
@@ -271,7 +271,8 @@ absl::StatusOr<ChunkAck> SendShard0(Receiver& receiver, const std::string& site,
   std::vector<uint8_t> script, written;
   ScriptedChannel encoder(site, {}, &script);
   absl::Span<const uint8_t> header_part(header);
-  if (absl::Status s = SendFrame(encoder, FrameType::kChunk, SessionIdFor(id), {header_part, bytes});
+  if (absl::Status s =
+          SendFrame(encoder, FrameType::kChunk, SessionIdFor(id), {header_part, bytes});
       !s.ok()) {
     return s;
   }
