@@ -154,6 +154,7 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
 
   peer::Receiver receiver(*config, **journal);
   receiver.FinishInterruptedPublishes();
+  receiver.StartExpirySweep();
   peer::PeerRouter router;
   auto serve_transfer = [&receiver](std::unique_ptr<transport::Channel> channel,
                                     const v1::Hello& hello) {
