@@ -211,11 +211,11 @@ size_t Receiver::ExpireAbandoned() {
   for (const v1::IncomingTransfer& record : *incoming) {
     switch (record.state()) {
       case v1::IncomingTransfer::RECEIVING:
-        changed += ExpireIfAbandoned(record.id(), now, expiry);
+        changed += ExpireIfAbandoned(record, now, expiry);
         break;
       case v1::IncomingTransfer::ABORTED:
       case v1::IncomingTransfer::EXPIRED:
-        changed += RemoveIfAged(record.id(), now, expiry);
+        changed += RemoveIfAged(record, now, expiry);
         break;
       default:
         break;
@@ -224,8 +224,19 @@ size_t Receiver::ExpireAbandoned() {
   return changed;
 }
 
-bool Receiver::ExpireIfAbandoned(const std::string& id, absl::Time now, absl::Duration expiry) {
-  std::shared_ptr<Session> session = SessionFor(id);
+bool Receiver::ExpireIfAbandoned(const v1::IncomingTransfer& listed, absl::Time now,
+                                 absl::Duration expiry) {
+  const std::string& id = listed.id();
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = sessions_.find(id); it != sessions_.end()) session = it->second;
+  }
+  // Without a session only an expiry needs one: none is made for the rest.
+  if (!session) {
+    if (now - LastActive(listed) < expiry) return false;
+    session = SessionFor(id);
+  }
   bool expired = false;
   {
     absl::MutexLock lock(&session->mu);
@@ -318,7 +329,13 @@ bool Receiver::ExpireIfAbandoned(const std::string& id, absl::Time now, absl::Du
   return expired;
 }
 
-bool Receiver::RemoveIfAged(const std::string& id, absl::Time now, absl::Duration expiry) {
+bool Receiver::RemoveIfAged(const v1::IncomingTransfer& listed, absl::Time now,
+                            absl::Duration expiry) {
+  const std::string& id = listed.id();
+  if (listed.ended_unix_ms() != 0 &&
+      now - absl::FromUnixMillis(listed.ended_unix_ms()) < expiry) {
+    return false;
+  }
   std::shared_ptr<Session> session = SessionFor(id);
   bool removed = false;
   {

@@ -111,11 +111,14 @@ class Receiver {
   v1::PeerMessage HandleAbort(const std::string& peer_site, const v1::PeerMessage& request);
   v1::PeerMessage HandleVerify(const std::string& peer_site, const v1::PeerMessage& request);
 
-  // Expires `id` if it is still RECEIVING and was inactive for the expiry;
+  // Expires the transfer if it is still RECEIVING and was inactive for the expiry;
   // a session seen busy has its activity time persisted now and then.
-  bool ExpireIfAbandoned(const std::string& id, absl::Time now, absl::Duration expiry);
-  // Removes the ABORTED or EXPIRED record `id` once it ended an expiry ago.
-  bool RemoveIfAged(const std::string& id, absl::Time now, absl::Duration expiry);
+  // `listed` is the record as the sweep listed it; it is read again under
+  // the session lock before anything changes.
+  bool ExpireIfAbandoned(const v1::IncomingTransfer& listed, absl::Time now,
+                         absl::Duration expiry);
+  // Removes the ABORTED or EXPIRED record once it ended an expiry ago.
+  bool RemoveIfAged(const v1::IncomingTransfer& listed, absl::Time now, absl::Duration expiry);
   // Drops the cached session of `id` when nothing uses it and its transfer
   // ended here (ABORTED, EXPIRED or removed), so ended ids cost no memory.
   void ForgetEndedSession(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);

@@ -3,6 +3,7 @@
 #include "daemon/peer/receiver.h"
 
 #include <string>
+#include <thread>
 
 #include "daemon/peer/messaging.h"
 #include "gtest/gtest.h"
@@ -327,6 +328,68 @@ TEST_F(ReceiverExpiryTest, AnAbandonedTransferExpiresOnlyAfterItsIdleTime) {
   v1::PeerMessage again = OpenAs(*receiver_, "site-a", "t-x", "ckpt/new");
   EXPECT_EQ(again.error(), "");
   EXPECT_EQ(again.open_reply().durable_size(), 0);
+}
+
+// A data channel that blocks in its first read until released or aborted.
+class BlockingChannel : public transport::Channel {
+ public:
+  explicit BlockingChannel(std::string site) : site_(std::move(site)) {}
+  absl::Status Write(absl::Span<const absl::Span<const uint8_t>>) override {
+    return absl::OkStatus();
+  }
+  absl::Status ReadExactly(absl::Span<uint8_t>) override {
+    absl::MutexLock lock(&mu_);
+    reading_ = true;
+    mu_.Await(absl::Condition(&released_));
+    return absl::UnavailableError("closed");
+  }
+  void Abort() override { Release(); }
+  const std::string& peer_site() const override { return site_; }
+  const std::string& peer_address() const override { return site_; }
+  transport::LinkStats Stats() const override { return {}; }
+
+  void WaitUntilReading() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&reading_));
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    released_ = true;
+  }
+
+ private:
+  const std::string site_;
+  absl::Mutex mu_;
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+TEST_F(ReceiverExpiryTest, ATransferWithADataChannelOpenIsActive) {
+  ASSERT_EQ(OpenAs(*receiver_, "site-a", "t-busy", "ckpt/new").error(), "");
+  auto channel = std::make_unique<BlockingChannel>("site-a");
+  BlockingChannel* raw = channel.get();
+  v1::Hello hello;
+  hello.set_role(v1::Hello::DATA);
+  hello.set_transfer_id("t-busy");
+  std::thread serve([&] { receiver_->Serve(std::move(channel), hello); });
+  raw->WaitUntilReading();
+
+  // Busy for two expiries without a new open: never expired, and its
+  // activity is persisted so a restart would not find it stale.
+  now_ += kExpiry;
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
+  EXPECT_EQ(Record("t-busy")->active_unix_ms(), absl::ToUnixMillis(now_));
+  now_ += kExpiry;
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
+  EXPECT_EQ(Record("t-busy")->state(), v1::IncomingTransfer::RECEIVING);
+  EXPECT_TRUE(Staged("t-busy"));
+
+  raw->Release();
+  serve.join();
+  now_ += kExpiry;
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
+  EXPECT_EQ(Record("t-busy")->state(), v1::IncomingTransfer::EXPIRED);
+  EXPECT_FALSE(Staged("t-busy"));
 }
 
 TEST_F(ReceiverExpiryTest, AbortTombstonesAgeOutAfterTheSameTime) {
