@@ -67,10 +67,10 @@ v1::TransferStatus ExpiredStatus(const v1::IncomingTransfer& record, const Daemo
   status.set_bytes_total(record.expired_bytes());
   status.set_created_unix_ms(record.created_unix_ms());
   status.set_finished_unix_ms(record.ended_unix_ms());
-  status.set_error(absl::StrCat(
-      "incoming from ", record.source_site(), ": no activity for ",
-      absl::FormatDuration(absl::Microseconds(config.peer_limits.incoming_expiry_us)),
-      "; its staged data was removed"));
+  status.set_error(
+      absl::StrCat("incoming from ", record.source_site(), ": no activity for ",
+                   absl::FormatDuration(absl::Microseconds(config.peer_limits.incoming_expiry_us)),
+                   "; its staged data was removed"));
   return status;
 }
 

@@ -277,8 +277,10 @@ bool Receiver::ExpireIfAbandoned(const v1::IncomingTransfer& listed, absl::Time 
         session->record = record;
         session->dest = *dest;
         if (absl::Status s = PublishLocked(*session); !s.ok()) {
-          spdlog::error("transfer {}: abandoned past its point of no return, and its publish "
-                        "failed: {}", id, s.message());
+          spdlog::error(
+              "transfer {}: abandoned past its point of no return, and its publish "
+              "failed: {}",
+              id, s.message());
           return false;
         }
         spdlog::info("transfer {}: abandoned past its point of no return; published", id);
@@ -318,10 +320,11 @@ bool Receiver::ExpireIfAbandoned(const v1::IncomingTransfer& listed, absl::Time 
     }
     session->record = ended;
     session->durable.clear();
-    spdlog::info("transfer {} from {}: expired after {} without activity (last {}); its staging "
-                 "and chunk records were removed",
-                 id, record.source_site(), absl::FormatDuration(now - LastActive(record)),
-                 absl::FormatTime(LastActive(record)));
+    spdlog::info(
+        "transfer {} from {}: expired after {} without activity (last {}); its staging "
+        "and chunk records were removed",
+        id, record.source_site(), absl::FormatDuration(now - LastActive(record)),
+        absl::FormatTime(LastActive(record)));
     expired = true;
   }
   session.reset();
@@ -332,8 +335,7 @@ bool Receiver::ExpireIfAbandoned(const v1::IncomingTransfer& listed, absl::Time 
 bool Receiver::RemoveIfAged(const v1::IncomingTransfer& listed, absl::Time now,
                             absl::Duration expiry) {
   const std::string& id = listed.id();
-  if (listed.ended_unix_ms() != 0 &&
-      now - absl::FromUnixMillis(listed.ended_unix_ms()) < expiry) {
+  if (listed.ended_unix_ms() != 0 && now - absl::FromUnixMillis(listed.ended_unix_ms()) < expiry) {
     return false;
   }
   std::shared_ptr<Session> session = SessionFor(id);

@@ -73,8 +73,7 @@ class Receiver {
   // daemon); it must outlive the Receiver. `wall_clock` dates records and
   // decides expiry (tests pass a fake one).
   Receiver(const daemon::DaemonConfig& config, storage::Journal& journal,
-           storage::FileSystem& fs = storage::PosixFileSystem(),
-           WallClock wall_clock = &absl::Now);
+           storage::FileSystem& fs = storage::PosixFileSystem(), WallClock wall_clock = &absl::Now);
   ~Receiver();
 
   // Serves a CONTROL or DATA channel (its hello already read) until it closes.
@@ -115,8 +114,7 @@ class Receiver {
   // a session seen busy has its activity time persisted now and then.
   // `listed` is the record as the sweep listed it; it is read again under
   // the session lock before anything changes.
-  bool ExpireIfAbandoned(const v1::IncomingTransfer& listed, absl::Time now,
-                         absl::Duration expiry);
+  bool ExpireIfAbandoned(const v1::IncomingTransfer& listed, absl::Time now, absl::Duration expiry);
   // Removes the ABORTED or EXPIRED record once it ended an expiry ago.
   bool RemoveIfAged(const v1::IncomingTransfer& listed, absl::Time now, absl::Duration expiry);
   // Drops the cached session of `id` when nothing uses it and its transfer

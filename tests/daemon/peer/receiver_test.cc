@@ -307,8 +307,8 @@ TEST_F(ReceiverExpiryTest, AnAbandonedTransferExpiresOnlyAfterItsIdleTime) {
   EXPECT_EQ(expired->state(), v1::IncomingTransfer::EXPIRED);
   EXPECT_EQ(expired->manifest().files_size(), 0);
   EXPECT_EQ(expired->expired_files(), 2u);
-  EXPECT_EQ(expired->expired_bytes(), record_.manifest().files(0).size() +
-                                          record_.manifest().files(1).size());
+  EXPECT_EQ(expired->expired_bytes(),
+            record_.manifest().files(0).size() + record_.manifest().files(1).size());
   EXPECT_EQ(expired->ended_unix_ms(), absl::ToUnixMillis(now_));
   EXPECT_TRUE(journal_->ListDurableChunks("t-x")->empty());
   EXPECT_FALSE(Staged("t-x"));
