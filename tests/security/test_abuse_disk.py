@@ -4,7 +4,8 @@ transfers and leaves abort tombstones. Staging must use disk only for the
 bytes received, and with peer_limits.incoming_expiry an abandoned transfer
 must become EXPIRED (staging gone, shown by `ls --all`) and a tombstone must
 age out, while the daemon stays up and a real transfer completes and
-verifies."""
+verifies. A real sender that comes back after its transfer expired fails
+with an error saying so, and never publishes a mix."""
 
 import json
 import os
@@ -154,6 +155,35 @@ class DiskAbuseTest(lh.SitesTestCase):
         self.assertTrue(tomb.abort("t-tomb").ok())
 
         self.assert_real_transfer_verifies(src, real)
+        self.assert_alive_and_bounded()
+
+    def test_a_sender_back_after_expiry_fails_clearly_and_a_new_copy_completes(self):
+        src = self.sites.path("src-late")
+        os.makedirs(src)
+        lh.write_random(os.path.join(src, "shard.bin"), 32 * MIB, seed=9)
+        self.sites.cli("a", "limit", "--peer", "site-b", "40Mbit", check=True)
+        tid = self.sites.cli("a", "cp", src, "site-b:/ckpt/late", "--chunk-size", "1MiB",
+                             check=True).stdout.strip()
+        lh.wait_until(lambda: self.sites.status("a", tid)["bytes_done"] > 0, 60,
+                      "first durable chunk", interval=0.1)
+        self.sites.cli("a", "pause", tid, check=True)
+        lh.wait_until(lambda: (self.listed(tid) or {}).get("state") == "EXPIRED",
+                      10 * EXPIRY_S, f"{tid} EXPIRED at site-b", interval=0.2)
+        self.assertFalse(os.path.exists(self.staging(tid)))
+
+        self.sites.cli("a", "limit", "--peer", "site-b", "off", check=True)
+        self.sites.cli("a", "resume", tid, check=True)
+        done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"})
+        dest = os.path.join(self.sites.export("site-b"), "late")
+        if done["state"] == "FAILED":
+            self.assertIn("expired", done["error"])
+            self.assertFalse(os.path.exists(dest))
+        else:  # the EXPIRED record aged out first: it started over, whole
+            self.assertEqual(lh.tree_digest(src), lh.tree_digest(dest))
+
+        again = self.sites.cli("a", "cp", src, "site-b:/ckpt/late", "--chunk-size", "1MiB",
+                               check=True).stdout.strip()
+        self.assert_real_transfer_verifies(src, again)
         self.assert_alive_and_bounded()
 
 
