@@ -158,6 +158,7 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   daemon::peer::PeerMemoryBudget memory_budget(config->peer_limits.memory_per_peer);
   longhaul::peer::Receiver receiver(*config, **journal, storage::PosixFileSystem(), &memory_budget);
   receiver.FinishInterruptedPublishes();
+  receiver.StartExpirySweep();
   longhaul::peer::PeerRouter router;
   auto serve_transfer = [&receiver](std::unique_ptr<transport::Channel> channel,
                                     const v1::Hello& hello) {

@@ -56,8 +56,27 @@ std::string JournalPauseError(const absl::Status& journal_error, const std::stri
 
 }  // namespace
 
+v1::TransferStatus ExpiredStatus(const v1::IncomingTransfer& record, const DaemonConfig& config) {
+  v1::TransferStatus status;
+  status.set_id(record.id());
+  status.set_state(v1::EXPIRED);
+  status.mutable_spec()->set_dest_site(config.site);
+  status.mutable_spec()->set_dest_export(record.export_name());
+  status.mutable_spec()->set_dest_path(record.dest_path());
+  status.set_files(record.expired_files());
+  status.set_bytes_total(record.expired_bytes());
+  status.set_created_unix_ms(record.created_unix_ms());
+  status.set_finished_unix_ms(record.ended_unix_ms());
+  status.set_error(
+      absl::StrCat("incoming from ", record.source_site(), ": no activity for ",
+                   absl::FormatDuration(absl::Microseconds(config.peer_limits.incoming_expiry_us)),
+                   "; its staged data was removed"));
+  return status;
+}
+
 bool IsEndState(v1::TransferState state) {
-  return state == v1::COMPLETED || state == v1::FAILED || state == v1::CANCELLED;
+  return state == v1::COMPLETED || state == v1::FAILED || state == v1::CANCELLED ||
+         state == v1::EXPIRED;
 }
 
 TransferManager::TransferManager(const DaemonConfig& config,
@@ -426,8 +445,19 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Get(const std::string& id) c
 }
 
 std::vector<v1::TransferStatus> TransferManager::List(bool all) const {
-  absl::MutexLock lock(&mu_);
   std::vector<v1::TransferStatus> out;
+  if (all) {
+    // Incoming transfers abandoned by their sender, for the operator.
+    auto incoming = journal_.ListIncoming();
+    if (!incoming.ok()) {
+      spdlog::warn("ls --all: cannot list incoming transfers: {}", incoming.status().message());
+    } else {
+      for (const v1::IncomingTransfer& r : *incoming) {
+        if (r.state() == v1::IncomingTransfer::EXPIRED) out.push_back(ExpiredStatus(r, config_));
+      }
+    }
+  }
+  absl::MutexLock lock(&mu_);
   for (const auto& [id, t] : transfers_) {
     if (all || !IsEndState(t->record.state())) out.push_back(StatusOf(*t));
   }

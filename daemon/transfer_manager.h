@@ -61,6 +61,8 @@ class TransferManager {
   absl::StatusOr<v1::TransferStatus> Submit(const std::string& request_id, v1::TransferSpec spec,
                                             const Caller& caller);
   absl::StatusOr<v1::TransferStatus> Get(const std::string& id) const;
+  // Transfers this site sends; with `all`, ended ones too, and incoming
+  // transfers that EXPIRED here (see peer::Receiver).
   std::vector<v1::TransferStatus> List(bool all) const;
   // Stops the transfer and tells the destination to drop its staging. When
   // the destination answers that it had already published the transfer, the
@@ -131,6 +133,10 @@ class TransferManager {
 };
 
 bool IsEndState(v1::TransferState state);
+
+// How `ls --all` shows an EXPIRED incoming record of this site (`config`):
+// state EXPIRED, the destination, and what it held when it expired.
+v1::TransferStatus ExpiredStatus(const v1::IncomingTransfer& record, const DaemonConfig& config);
 
 }  // namespace longhaul::daemon
 

@@ -100,6 +100,16 @@ class PosixFile : public File {
     return absl::OkStatus();
   }
 
+  absl::Status Resize(uint64_t size) override {
+    struct stat st;
+    if (fstat(fd_.get(), &st) != 0) return ErrnoError(errno, "cannot stat", path_);
+    if (static_cast<uint64_t>(st.st_size) == size) return absl::OkStatus();
+    if (ftruncate(fd_.get(), static_cast<off_t>(size)) != 0) {
+      return ErrnoError(errno, absl::StrCat("cannot size to ", size, " bytes"), path_);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status SetMtime(int64_t mtime_ns) override {
     struct timespec times[2];
     times[0].tv_sec = 0;

@@ -58,6 +58,10 @@ class File {
   // Makes the file `size` bytes long, reserving the space where the file
   // system can (fallocate), so a full disk shows up here and not mid-write.
   virtual absl::Status Reserve(uint64_t size) = 0;
+  // Makes the file `size` bytes long without reserving space: bytes never
+  // written read as zeros and, where the file system keeps holes, take no
+  // disk space. A full disk then shows up in WriteAt.
+  virtual absl::Status Resize(uint64_t size) = 0;
   virtual absl::Status SetMtime(int64_t mtime_ns) = 0;
   virtual absl::Status SetMode(uint32_t mode) = 0;
   virtual absl::StatusOr<FileInfo> Stat() = 0;

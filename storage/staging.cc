@@ -203,7 +203,9 @@ absl::StatusOr<File*> Staging::Open(uint32_t file_index, const v1::ManifestFile&
     created = true;
   }
   if (!f.ok()) return f.status();
-  if (absl::Status st = (*f)->Reserve(file.size()); !st.ok()) return st;
+  // Sized, not reserved: disk is used only as chunks arrive, so a peer that
+  // declares a large file and sends little costs little.
+  if (absl::Status st = (*f)->Resize(file.size()); !st.ok()) return st;
   if (created) {
     // The directory entry must survive a crash once chunks are acknowledged.
     if (absl::Status st = fs.SyncDir(*s.files); !st.ok()) return st;

@@ -74,10 +74,11 @@ class Staging {
   Staging& operator=(Staging&&) noexcept;
   ~Staging();
 
-  // The staged file for `file_index`, created with the manifest size
-  // reserved. An existing staged file (resume) keeps its contents. Cached:
-  // later calls return the same File. A newly created file's directory entry
-  // is fsync'ed, so the caller's fdatasync of the data is enough to make
+  // The staged file for `file_index`, created at the manifest size without
+  // reserving it (sparse: disk is used only by the bytes written). An
+  // existing staged file (resume) keeps its contents. Cached: later calls
+  // return the same File. A newly created file's directory entry is
+  // fsync'ed, so the caller's fdatasync of the data is enough to make
   // chunks durable.
   absl::StatusOr<File*> OpenFile(uint32_t file_index, const v1::ManifestFile& file);
 

@@ -3,15 +3,18 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "daemon/config.h"
 #include "daemon/peer/destination_owners.h"
@@ -60,17 +63,31 @@ struct ReceiverStats {
 // read and dropped and it is answered kRetryLater, so the sender slows down.
 // A control message past the budget closes its channel.
 //
-// Thread-safe: Serve runs on each channel's own thread.
+// Expiry: an incoming RECEIVING transfer with no open and no data channel
+// for peer_limits.incoming_expiry becomes EXPIRED: its staging and chunk
+// records are removed, its record shrinks to what `ls --all` shows, and a
+// later open of it is refused (FailedPrecondition). ABORTED and EXPIRED
+// records are removed one expiry after they ended; an open after that
+// starts over from nothing. A transfer past its publish's point of no
+// return is published instead of expired. Times are wall-clock
+// (`wall_clock`), persisted in the records, so a restart does not reset
+// them.
+//
+// Thread-safe: Serve runs on each channel's own thread; the expiry sweep
+// (StartExpirySweep) on one thread of its own.
 class Receiver {
  public:
+  using WallClock = std::function<absl::Time()>;
+
   // `fs` holds staging and destinations (storage::PosixFileSystem() in the
   // daemon); it must outlive the Receiver. `budget` is the daemon's per-peer
   // memory budget (shared with the exchange hub); it must outlive the
   // Receiver. Null: the Receiver keeps its own, of
-  // config.peer_limits.memory_per_peer.
+  // config.peer_limits.memory_per_peer. `wall_clock` dates records and
+  // decides expiry (tests pass a fake one).
   Receiver(const daemon::DaemonConfig& config, storage::Journal& journal,
            storage::FileSystem& fs = storage::PosixFileSystem(),
-           daemon::peer::PeerMemoryBudget* budget = nullptr);
+           daemon::peer::PeerMemoryBudget* budget = nullptr, WallClock wall_clock = &absl::Now);
   ~Receiver();
 
   // Serves a CONTROL or DATA channel (its hello already read) until it closes.
@@ -80,7 +97,19 @@ class Receiver {
   // sender (which may have cancelled, or be gone). Errors are logged; the
   // sender's next commit tries again.
   void FinishInterruptedPublishes();
-  // Aborts every open channel; Serve calls return soon after.
+  // One expiry pass over the journal (see the class comment), at
+  // wall_clock() now. Returns how many records it expired or removed.
+  // Errors are logged; the next pass tries again.
+  size_t ExpireAbandoned();
+  // Starts the thread that calls ExpireAbandoned at once and then every
+  // ExpirySweepInterval(incoming_expiry) until Shutdown. Call once.
+  void StartExpirySweep();
+  // A tenth of the expiry, between 100 ms and 1 h: an abandoned transfer
+  // goes within 1.1 expiries, and a tiny expiry (tests) is still honoured.
+  static absl::Duration ExpirySweepInterval(absl::Duration expiry);
+
+  // Aborts every open channel and stops the expiry sweep; Serve calls
+  // return soon after.
   void Shutdown();
 
   ReceiverStats stats() const;
@@ -98,6 +127,17 @@ class Receiver {
   v1::PeerMessage HandleCommit(const std::string& peer_site, const v1::PeerMessage& request);
   v1::PeerMessage HandleAbort(const std::string& peer_site, const v1::PeerMessage& request);
   v1::PeerMessage HandleVerify(const std::string& peer_site, const v1::PeerMessage& request);
+
+  // Expires the transfer if it is still RECEIVING and was inactive for the expiry;
+  // a session seen busy has its activity time persisted now and then.
+  // `listed` is the record as the sweep listed it; it is read again under
+  // the session lock before anything changes.
+  bool ExpireIfAbandoned(const v1::IncomingTransfer& listed, absl::Time now, absl::Duration expiry);
+  // Removes the ABORTED or EXPIRED record once it ended an expiry ago.
+  bool RemoveIfAged(const v1::IncomingTransfer& listed, absl::Time now, absl::Duration expiry);
+  // Drops the cached session of `id` when nothing uses it and its transfer
+  // ended here (ABORTED, EXPIRED or removed), so ended ids cost no memory.
+  void ForgetEndedSession(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The session of `transfer_id`, created empty if there is none.
   std::shared_ptr<Session> SessionFor(const std::string& transfer_id);
@@ -135,6 +175,7 @@ class Receiver {
   storage::FileSystem& fs_;
   std::unique_ptr<daemon::peer::PeerMemoryBudget> own_budget_;
   daemon::peer::PeerMemoryBudget* budget_;
+  const WallClock wall_clock_;
   std::vector<storage::Export> exports_;
   DurabilityCommitter committer_;
   DestinationOwners owners_;
@@ -143,6 +184,7 @@ class Receiver {
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<transport::Channel*> channels_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sweep_thread_;
   ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> staged_corruptions_{0};
   // Its own lock: refusals are counted while a session lock is held, and

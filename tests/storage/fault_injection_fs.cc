@@ -80,6 +80,16 @@ class FaultInjectionFileSystem::MemFile : public File {
     return absl::OkStatus();
   }
 
+  absl::Status Resize(uint64_t size) override {
+    absl::MutexLock lock(&fs_->mu_);
+    if (absl::Status s = Writable(); !s.ok()) return s;
+    std::string& d = fs_->nodes_[ino_].data;
+    if (d.size() == size) return absl::OkStatus();
+    if (absl::Status s = fs_->Step(absl::StrCat("resize ", path_, " ", size)); !s.ok()) return s;
+    d.resize(size, '\0');
+    return absl::OkStatus();
+  }
+
   absl::Status SetMtime(int64_t mtime_ns) override {
     absl::MutexLock lock(&fs_->mu_);
     if (absl::Status s = fs_->Live(epoch_); !s.ok()) return s;

@@ -107,7 +107,7 @@ TEST_F(StagingTest, StagesByIndexNotByPath) {
   EXPECT_GE((*file)->fd(), 0);
   struct stat st;
   ASSERT_EQ(stat((s->dir() + "/f/1").c_str(), &st), 0);
-  EXPECT_EQ(static_cast<uint64_t>(st.st_size), m_.files(1).size());  // preallocated
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), m_.files(1).size());
   EXPECT_FALSE(Exists(s->dir() + "/f/nested"));
   EXPECT_FALSE(Exists(dir_.Sub("export/ckpt")));  // nothing at the destination yet
 
@@ -410,6 +410,32 @@ TEST_F(StagingTest, RefusesToPublishThroughASymlink) {
   absl::Status st = s->Publish(m_, opts_);
   EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
   EXPECT_FALSE(Exists(dir_.Sub("outside/step")));
+}
+
+TEST_F(StagingTest, AStagedFileUsesDiskOnlyForTheBytesReceived) {
+  auto s = Open("ckpt/big", "t11");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const v1::ManifestFile big = File("big.bin", 8ull << 30, 0644, kMtime);
+  auto file = s->OpenFile(0, big);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto data = Bytes(64 << 10, 7);
+  ASSERT_TRUE((*file)->WriteAt(0, data).ok());
+  ASSERT_TRUE((*file)->Sync().ok());
+  struct stat st;
+  ASSERT_EQ(stat((s->dir() + "/f/0").c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), big.size());
+  EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, 16ull << 20);
+  // Resumed: the staged bytes stay, nothing more is reserved.
+  auto again = Open("ckpt/big", "t11");
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto reopened = again->OpenFile(0, big);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  std::vector<uint8_t> back(data.size());
+  auto n = (*reopened)->ReadAt(0, absl::MakeSpan(back));
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(back, data);
+  ASSERT_EQ(stat((s->dir() + "/f/0").c_str(), &st), 0);
+  EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, 16ull << 20);
 }
 
 TEST_F(StagingTest, RemoveDeletesStaging) {

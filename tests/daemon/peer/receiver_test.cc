@@ -3,6 +3,7 @@
 #include "daemon/peer/receiver.h"
 
 #include <string>
+#include <thread>
 
 #include "daemon/peer/memory_budget.h"
 #include "daemon/peer/messaging.h"
@@ -313,6 +314,175 @@ TEST_F(ReceiverAuthorizationTest, AChunkPastThePeersMemoryBudgetIsAnsweredRetryL
   EXPECT_EQ(ack->message.find("memory_per_peer"), std::string::npos) << ack->message;
   EXPECT_NE(ack->message.find("write at offset 0"), std::string::npos) << ack->message;
   EXPECT_EQ(budget.used("site-a"), 0u);
+}
+
+// Expiry of abandoned transfers and of ended records, on a wall clock the
+// test moves.
+class ReceiverExpiryTest : public ReceiverAuthorizationTest {
+ protected:
+  void SetUp() override {
+    ReceiverAuthorizationTest::SetUp();
+    ASSERT_TRUE(journal_->DeleteIncoming("t1").ok());
+    config_.peer_limits.incoming_expiry_us = absl::ToInt64Microseconds(kExpiry);
+    receiver_ = std::make_unique<Receiver>(config_, *journal_, *fs_, nullptr, [this] { return now_; });
+  }
+
+  std::optional<v1::IncomingTransfer> Record(const std::string& id) {
+    auto record = journal_->GetIncoming(id);
+    EXPECT_TRUE(record.ok()) << record.status();
+    return record.ok() ? *record : std::nullopt;
+  }
+
+  bool Staged(const std::string& id) {
+    return fs_->Tree(export_ + "/.longhaul/staging/" + id).has_value();
+  }
+
+  static constexpr absl::Duration kExpiry = absl::Hours(1);
+  absl::Time now_ = absl::FromUnixSeconds(1800000000);
+  std::unique_ptr<Receiver> receiver_;
+};
+
+TEST_F(ReceiverExpiryTest, AnAbandonedTransferExpiresOnlyAfterItsIdleTime) {
+  ASSERT_EQ(OpenAs(*receiver_, "site-a", "t-x", "ckpt/new").error(), "");
+  storage::ChunkDurability chunk;
+  chunk.chunk.set_size(1);
+  ASSERT_TRUE(journal_->RecordDurableChunks("t-x", {chunk}).ok());
+  ASSERT_TRUE(Staged("t-x"));
+
+  now_ += kExpiry - absl::Minutes(1);
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
+  // An open is activity: the expiry counts from it.
+  ASSERT_EQ(OpenAs(*receiver_, "site-a", "t-x", "ckpt/new").error(), "");
+  now_ += kExpiry - absl::Minutes(1);
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
+  EXPECT_EQ(Record("t-x")->state(), v1::IncomingTransfer::RECEIVING);
+  EXPECT_TRUE(Staged("t-x"));
+
+  now_ += absl::Minutes(1);
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
+  std::optional<v1::IncomingTransfer> expired = Record("t-x");
+  ASSERT_TRUE(expired.has_value());
+  EXPECT_EQ(expired->state(), v1::IncomingTransfer::EXPIRED);
+  EXPECT_EQ(expired->manifest().files_size(), 0);
+  EXPECT_EQ(expired->expired_files(), 2u);
+  EXPECT_EQ(expired->expired_bytes(),
+            record_.manifest().files(0).size() + record_.manifest().files(1).size());
+  EXPECT_EQ(expired->ended_unix_ms(), absl::ToUnixMillis(now_));
+  EXPECT_TRUE(journal_->ListDurableChunks("t-x")->empty());
+  EXPECT_FALSE(Staged("t-x"));
+
+  // Its sender coming back is told, and nothing is staged for it.
+  v1::PeerMessage late = OpenAs(*receiver_, "site-a", "t-x", "ckpt/new");
+  EXPECT_EQ(late.error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_NE(late.error().find("expired at site-b"), std::string::npos) << late.error();
+  EXPECT_FALSE(Staged("t-x"));
+
+  // The EXPIRED record goes one expiry later; an open then starts over.
+  now_ += kExpiry - absl::Minutes(1);
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
+  now_ += absl::Minutes(1);
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
+  EXPECT_FALSE(Record("t-x").has_value());
+  v1::PeerMessage again = OpenAs(*receiver_, "site-a", "t-x", "ckpt/new");
+  EXPECT_EQ(again.error(), "");
+  EXPECT_EQ(again.open_reply().durable_size(), 0);
+}
+
+// A data channel that blocks in its first read until released or aborted.
+class BlockingChannel : public transport::Channel {
+ public:
+  explicit BlockingChannel(std::string site) : site_(std::move(site)) {}
+  absl::Status Write(absl::Span<const absl::Span<const uint8_t>>) override {
+    return absl::OkStatus();
+  }
+  absl::Status ReadExactly(absl::Span<uint8_t>) override {
+    absl::MutexLock lock(&mu_);
+    reading_ = true;
+    mu_.Await(absl::Condition(&released_));
+    return absl::UnavailableError("closed");
+  }
+  void Abort() override { Release(); }
+  const std::string& peer_site() const override { return site_; }
+  const std::string& peer_address() const override { return site_; }
+  transport::LinkStats Stats() const override { return {}; }
+
+  void WaitUntilReading() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&reading_));
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    released_ = true;
+  }
+
+ private:
+  const std::string site_;
+  absl::Mutex mu_;
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+TEST_F(ReceiverExpiryTest, ATransferWithADataChannelOpenIsActive) {
+  ASSERT_EQ(OpenAs(*receiver_, "site-a", "t-busy", "ckpt/new").error(), "");
+  auto channel = std::make_unique<BlockingChannel>("site-a");
+  BlockingChannel* raw = channel.get();
+  v1::Hello hello;
+  hello.set_role(v1::Hello::DATA);
+  hello.set_transfer_id("t-busy");
+  std::thread serve([&] { receiver_->Serve(std::move(channel), hello); });
+  raw->WaitUntilReading();
+
+  // Busy for two expiries without a new open: never expired, and its
+  // activity is persisted so a restart would not find it stale.
+  now_ += kExpiry;
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
+  EXPECT_EQ(Record("t-busy")->active_unix_ms(), absl::ToUnixMillis(now_));
+  now_ += kExpiry;
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
+  EXPECT_EQ(Record("t-busy")->state(), v1::IncomingTransfer::RECEIVING);
+  EXPECT_TRUE(Staged("t-busy"));
+
+  raw->Release();
+  serve.join();
+  now_ += kExpiry;
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
+  EXPECT_EQ(Record("t-busy")->state(), v1::IncomingTransfer::EXPIRED);
+  EXPECT_FALSE(Staged("t-busy"));
+}
+
+TEST_F(ReceiverExpiryTest, AbortTombstonesAgeOutAfterTheSameTime) {
+  v1::PeerMessage abort;
+  abort.mutable_abort()->set_transfer_id("t-gone");
+  ASSERT_EQ(Call(*receiver_, "site-a", "t-gone", abort).error(), "");
+  ASSERT_EQ(Record("t-gone")->state(), v1::IncomingTransfer::ABORTED);
+
+  now_ += kExpiry - absl::Minutes(1);
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
+  EXPECT_NE(OpenAs(*receiver_, "site-a", "t-gone", "ckpt/new").error().find("was cancelled"),
+            std::string::npos);
+  now_ += absl::Minutes(1);
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
+  EXPECT_FALSE(Record("t-gone").has_value());
+  EXPECT_EQ(OpenAs(*receiver_, "site-a", "t-gone", "ckpt/new").error(), "");
+}
+
+TEST_F(ReceiverExpiryTest, AnUndatedTombstoneAgesFromTheFirstPassThatSeesIt) {
+  v1::IncomingTransfer old;
+  old.set_id("t-old");
+  old.set_source_site("site-a");
+  old.set_state(v1::IncomingTransfer::ABORTED);
+  ASSERT_TRUE(journal_->PutIncoming(old).ok());
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
+  EXPECT_EQ(Record("t-old")->ended_unix_ms(), absl::ToUnixMillis(now_));
+  now_ += kExpiry;
+  EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
+  EXPECT_FALSE(Record("t-old").has_value());
+}
+
+TEST(ReceiverExpirySweepTest, SweepsTenTimesPerExpiryWithinBounds) {
+  EXPECT_EQ(Receiver::ExpirySweepInterval(absl::Seconds(3)), absl::Milliseconds(300));
+  EXPECT_EQ(Receiver::ExpirySweepInterval(absl::Hours(24 * 7)), absl::Hours(1));
+  EXPECT_EQ(Receiver::ExpirySweepInterval(absl::Milliseconds(1)), absl::Milliseconds(100));
 }
 
 }  // namespace
