@@ -10,6 +10,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/fmt_absl.h"
@@ -113,10 +114,11 @@ struct ExchangeHub::Draining {
 
 struct ExchangeHub::PeerUse {
   std::atomic<uint32_t> messages{0};
-  // Refusals of this peer's messages, and of ours by it, not yet logged,
-  // and when each was last logged. Guarded by the hub's mu_.
-  uint64_t refused = 0;
-  absl::Time refused_logged = absl::InfinitePast();
+  // Refusals of this peer's messages (by the limit on messages, by bytes),
+  // and of ours by it, not yet logged, and when each was last logged.
+  // Guarded by the hub's mu_.
+  uint64_t refused[2] = {0, 0};
+  absl::Time refused_logged[2] = {absl::InfinitePast(), absl::InfinitePast()};
   uint64_t refusals = 0;
   absl::Time refusals_logged = absl::InfinitePast();
 };
@@ -774,12 +776,14 @@ void ExchangeHub::Refuse(const std::string& from, uint64_t msg_id, const absl::S
     absl::MutexLock lock(&mu_);
     std::shared_ptr<PeerUse>& use = unclaimed_[from];
     if (!use) use = std::make_shared<PeerUse>();
-    ++use->refused;
+    const int limit = absl::StrContains(why.message(), "memory_per_peer") ? 1 : 0;
+    ++use->refused[limit];
     const absl::Time now = MonotonicNow();
-    if (now - use->refused_logged >= kRefusalLogEvery) {
-      spdlog::warn("exchange: refused {} message(s) from {}: {}", use->refused, from, why.message());
-      use->refused = 0;
-      use->refused_logged = now;
+    if (now - use->refused_logged[limit] >= kRefusalLogEvery) {
+      spdlog::warn("exchange: refused {} message(s) from {}: {}", use->refused[limit], from,
+                   why.message());
+      use->refused[limit] = 0;
+      use->refused_logged[limit] = now;
     }
     auto link = outbound_.find(from);
     tell = link != outbound_.end() && !link->second->broken.load();
