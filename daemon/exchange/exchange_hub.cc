@@ -771,7 +771,7 @@ absl::StatusOr<ExchangeHub::Unclaimed> ExchangeHub::TryClaim(const std::string& 
 }
 
 void ExchangeHub::Refuse(const std::string& from, uint64_t msg_id, const absl::Status& why) {
-  bool tell;
+  std::shared_ptr<Outbound> link;
   {
     absl::MutexLock lock(&mu_);
     std::shared_ptr<PeerUse>& use = unclaimed_[from];
@@ -785,16 +785,31 @@ void ExchangeHub::Refuse(const std::string& from, uint64_t msg_id, const absl::S
       use->refused[limit] = 0;
       use->refused_logged[limit] = now;
     }
-    auto link = outbound_.find(from);
-    tell = link != outbound_.end() && !link->second->broken.load();
+    // Only on a link this site already has: it dials no one for this.
+    auto it = outbound_.find(from);
+    if (it == outbound_.end() || it->second->broken.load()) return;
+    link = it->second;
   }
-  if (!tell) return;  // never dialed it: nothing of ours is waiting on this
-  Msg notice;
-  notice.set_kind(Msg::REFUSED);
-  notice.set_refused_msg_id(msg_id);
-  notice.set_reason(std::string(why.message()));
-  // A peer that does not read its notices slows only its own link.
-  SendMessage(from, notice, {}, nullptr).IgnoreError();
+  // The notice never blocks this reader: it is skipped while another
+  // message is being written on the link or the link has bytes unsent (two
+  // sites refusing each other's messages while neither reads would
+  // otherwise wait on each other for good).
+  if (!link->write_mu.TryLock()) return;
+  absl::Status s;
+  if (link->channel->UnsentBytes() == 0) {
+    Msg notice;
+    notice.set_kind(Msg::REFUSED);
+    notice.set_msg_id(next_msg_id_.fetch_add(1));
+    notice.set_refused_msg_id(msg_id);
+    notice.set_reason(std::string(why.message()));
+    s = peer::SendProto(*link->channel, peer::FrameType::kControl, 0, notice);
+  }
+  link->write_mu.Unlock();
+  if (!s.ok()) {
+    link->broken = true;
+    link->channel->Abort();
+    PeerLost(from, std::string(s.message()));
+  }
 }
 
 void ExchangeHub::Refused(const std::string& from, const Msg& notice) {

@@ -64,9 +64,10 @@
 // included) counts against its sender's limits until it is taken:
 // HubOptions::max_unclaimed_messages_per_peer messages, and its bytes
 // against the sender's share of HubOptions::memory_budget. Past either the
-// message is dropped unread and the hub tells the sender (REFUSED); a Send
-// or AllReduce still sending that message fails with ResourceExhausted and
-// the reason, and both sites log the refusal.
+// message is read and discarded and the hub tells the sender (REFUSED, on
+// the link to it if there is one and it is idle); a Send or AllReduce still
+// sending that message fails with ResourceExhausted and the reason, and both
+// sites log the refusal.
 //
 // Thread-safe. Calls block up to their deadline; they end early on
 // Cancel(op_id), on a lost peer and on Shutdown.
@@ -271,8 +272,8 @@ class ExchangeHub {
   // against from's limits; ResourceExhausted (and nothing counted) past one.
   absl::StatusOr<Unclaimed> TryClaim(const std::string& from, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Logs (at most every few seconds per peer) and tells `from` that its
-  // message `msg_id` was dropped for `why`.
+  // Logs (at most every few seconds per peer and limit) and tells `from`
+  // that its message `msg_id` was dropped for `why`; never blocks.
   void Refuse(const std::string& from, uint64_t msg_id, const absl::Status& why);
   // A REFUSED notice from `from`: fails the Send still sending that message.
   void Refused(const std::string& from, const v1::ExchangePeerMessage& notice)
