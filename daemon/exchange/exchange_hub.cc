@@ -1096,6 +1096,21 @@ absl::StatusOr<v1::GroupView> ExchangeHub::Join(const std::string& group,
 void ExchangeHub::Leave(const std::string& group) {
   absl::MutexLock lock(&mu_);
   groups_.erase(group);
+  // What the group's sites sent that no call took is stale now.
+  for (auto it = mailbox_.begin(); it != mailbox_.end();) {
+    auto next = std::next(it);
+    auto& queue = it->second;
+    for (auto m = queue.begin(); m != queue.end();) {
+      if (m->header.group() == group) {
+        buffered_bytes_ -= m->payload.size();
+        m = queue.erase(m);
+      } else {
+        ++m;
+      }
+    }
+    if (queue.empty()) mailbox_.erase(it);
+    it = next;
+  }
 }
 
 absl::StatusOr<v1::GroupView> ExchangeHub::View(const std::string& group) {

@@ -195,6 +195,7 @@ class ExchangeHub {
 
   absl::StatusOr<v1::GroupView> Join(const std::string& group, std::vector<std::string> sites,
                                      absl::Duration timeout);
+  // Forgets the group and drops the messages held for it.
   void Leave(const std::string& group);
   absl::StatusOr<v1::GroupView> View(const std::string& group);
 

@@ -1256,5 +1256,23 @@ TEST(ExchangeHubLimitsTest, MessagesPastThePeersMemoryBudgetAreRefused) {
   EXPECT_EQ(net.hub("site-a").unclaimed_messages("site-b"), 0u);
 }
 
+// Leaving a group drops what its sites sent that no call took, and frees
+// their share of the limits.
+TEST(ExchangeHubLimitsTest, LeaveDropsTheGroupsUnclaimedMessages) {
+  Net net(2, nullptr, {}, kMiB);
+  net.JoinAll("g", net.names());
+  const std::vector<uint8_t> message = Pattern(1000, 35);
+  for (int i = 0; i < 3; ++i) {
+    P2PArgs send{"g", absl::StrCat("s", i), "site-a", absl::StrCat("t", i), absl::Seconds(10),
+                 nullptr};
+    ASSERT_TRUE(net.hub("site-b").Send(send, absl::MakeConstSpan(message)).status.ok());
+  }
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").unclaimed_messages("site-b") == 3; }));
+  EXPECT_EQ(net.budget("site-a").used("site-b"), 3 * message.size());
+  net.hub("site-a").Leave("g");
+  EXPECT_EQ(net.hub("site-a").unclaimed_messages("site-b"), 0u);
+  EXPECT_EQ(net.budget("site-a").used("site-b"), 0u);
+}
+
 }  // namespace
 }  // namespace longhaul::exchange
