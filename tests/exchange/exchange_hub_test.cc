@@ -1274,5 +1274,37 @@ TEST(ExchangeHubLimitsTest, LeaveDropsTheGroupsUnclaimedMessages) {
   EXPECT_EQ(net.budget("site-a").used("site-b"), 0u);
 }
 
+// A group of site-a + site-b re-formed with site-c: each site starts its
+// all-reduce as soon as its own Join returns, so site-c's contribution can
+// reach a site whose Join is still waiting; it is taken, being a member's
+// of the Join in progress there.
+TEST(ExchangeHubMembershipTest, NewMembersDataDuringTheJoinInProgressIsTaken) {
+  Net net(3);
+  net.JoinAll("g", {"site-a", "site-b"});
+  const size_t count = 1000;
+  for (int round = 0; round < 5; ++round) {
+    std::map<std::string, std::vector<float>> buffers;
+    std::map<std::string, std::future<std::pair<absl::Status, OpResult>>> done;
+    for (size_t k = 0; k < net.names().size(); ++k) {
+      const std::string site = net.names()[k];
+      buffers[site].assign(count, static_cast<float>(k + 1));
+      done[site] = std::async(std::launch::async, [&, site] {
+        auto view = net.hub(site).Join("g", net.names(), absl::Seconds(10));
+        if (!view.ok()) return std::make_pair(view.status(), OpResult{});
+        AllReduceArgs args = Args(round, v1::FLOAT32);
+        args.op_id = absl::StrCat("join-", round, "@", site);
+        return std::make_pair(absl::OkStatus(),
+                              net.hub(site).AllReduce(args, Bytes(buffers[site])));
+      });
+    }
+    for (const auto& site : net.names()) {
+      auto [joined, result] = done[site].get();
+      ASSERT_TRUE(joined.ok()) << site << " round " << round << ": " << joined;
+      ASSERT_TRUE(result.status.ok()) << site << " round " << round << ": " << result.status;
+      for (float x : buffers[site]) ASSERT_EQ(x, 6.0f) << site << " round " << round;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace longhaul::exchange
