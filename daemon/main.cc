@@ -25,6 +25,7 @@
 #include "daemon/peer/rate_limiter.h"
 #include "daemon/peer/receiver.h"
 #include "daemon/peer/messaging.h"
+#include "daemon/peer/memory_budget.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/memory_budget.h"
 #include "daemon/peer/router.h"
@@ -37,6 +38,11 @@
 #include "storage/journal.h"
 
 namespace longhaul::daemon {
+// daemon/peer/memory_budget.h declares longhaul::daemon::peer, which hides
+// longhaul::peer here: its names are found through it.
+namespace peer {
+using namespace ::longhaul::peer;  // NOLINT(build/namespaces)
+}  // namespace peer
 namespace {
 
 int Fail(absl::string_view what, const absl::Status& status) {
@@ -190,6 +196,12 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   longhaul::peer::PriorityGate gate;
   std::vector<std::string> exchange_peers;
   for (const PeerConfig& p : config->peers) exchange_peers.push_back(p.site);
+  // What each peer may make this daemon hold (peer_limits.memory_per_peer).
+  peer::PeerMemoryBudget peer_memory_budget(config->peer_limits.memory_per_peer);
+  exchange::HubOptions hub_options;
+  hub_options.max_unclaimed_messages_per_peer =
+      config->peer_limits.max_unclaimed_messages_per_peer;
+  hub_options.memory_budget = &peer_memory_budget;
   exchange::ExchangeHub exchange_hub(
       config->site, exchange_peers,
       [&config, &transport](const std::string& site)
@@ -209,7 +221,7 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
         }
         return channel;
       },
-      &gate, exchange::HubOptions{}, &limiter);
+      &gate, hub_options, &limiter);
   router.Register(v1::Hello::EXCHANGE, [&exchange_hub](std::unique_ptr<transport::Channel> channel,
                                                        const v1::Hello&) {
     exchange_hub.ServeInbound(std::move(channel));

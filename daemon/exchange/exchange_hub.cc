@@ -7,8 +7,10 @@
 #include <optional>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "common/clock.h"
 #include "common/fmt_absl.h"
@@ -45,6 +47,12 @@ constexpr uint64_t kInPlacePieceBytes = 256 << 10;
 // and bulk traffic may as well use the time.
 constexpr absl::Duration kDrainPoll = absl::Milliseconds(1);
 constexpr absl::Duration kDrainLimit = absl::Seconds(2);
+// Refusals to and from one peer are logged at most this often.
+constexpr absl::Duration kRefusalLogEvery = absl::Seconds(10);
+
+bool Contains(const std::vector<std::string>& sites, const std::string& site) {
+  return std::find(sites.begin(), sites.end(), site) != sites.end();
+}
 
 std::string Members(const std::vector<std::string>& members) {
   return absl::StrCat("[", absl::StrJoin(members, ", "), "]");
@@ -104,10 +112,58 @@ struct ExchangeHub::Draining {
   absl::Time until;
 };
 
+struct ExchangeHub::PeerUse {
+  std::atomic<uint32_t> messages{0};
+  // Refusals of this peer's messages (by the limit on messages, by bytes),
+  // and of ours by it, not yet logged, and when each was last logged.
+  // Guarded by the hub's mu_.
+  uint64_t refused[2] = {0, 0};
+  absl::Time refused_logged[2] = {absl::InfinitePast(), absl::InfinitePast()};
+  uint64_t refusals = 0;
+  absl::Time refusals_logged = absl::InfinitePast();
+};
+
+// One unclaimed message's share of its sender's limits, returned when it
+// goes (thread-safe: no hub lock needed).
+class ExchangeHub::Unclaimed {
+ public:
+  Unclaimed() = default;
+  Unclaimed(daemon::peer::MemoryReservation bytes, std::shared_ptr<PeerUse> use)
+      : bytes_(std::move(bytes)), use_(std::move(use)) {
+    use_->messages.fetch_add(1);
+  }
+  Unclaimed(Unclaimed&& other) noexcept = default;
+  Unclaimed& operator=(Unclaimed&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      bytes_ = std::move(other.bytes_);
+      use_ = std::move(other.use_);
+    }
+    return *this;
+  }
+  ~Unclaimed() { Reset(); }
+
+  void Reset() {
+    if (use_) use_->messages.fetch_sub(1);
+    use_.reset();
+    bytes_ = {};
+  }
+
+ private:
+  daemon::peer::MemoryReservation bytes_;
+  std::shared_ptr<PeerUse> use_;
+};
+
+struct ExchangeHub::Sending {
+  std::string to;
+  std::string refusal;  // guarded by the hub's mu_; set by a REFUSED notice
+};
+
 struct ExchangeHub::Message {
   std::string from;
   Msg header;
   Payload payload;
+  Unclaimed claim;
 };
 
 struct ExchangeHub::Group {
@@ -115,6 +171,8 @@ struct ExchangeHub::Group {
   std::vector<std::string> members;  // sorted, local site included
   uint64_t generation = 0;
   bool formed = false;
+  // The sites of a Join in progress here (sorted), else empty.
+  std::vector<std::string> joining;
   // The peer whose loss ended each generation, and why.
   absl::flat_hash_map<uint64_t, std::pair<std::string, std::string>> lost_after;
   // All-reduce sequence numbers already finished here: late messages for
@@ -149,6 +207,7 @@ struct ExchangeHub::Landing {
   std::string key;
   absl::Span<uint8_t> out;
   State state = State::kWaiting;
+  std::string from;                       // sender of the bound message
   Msg header;                             // of the bound message
   uint64_t filled = 0;                    // bytes of the bound message in `out`
   // Where the Recv's client learns what has landed (same lifetime as
@@ -162,6 +221,7 @@ struct ExchangeHub::Landing {
   // kWithdrawn: the bytes that arrived and room for the rest (counted in
   // buffered_bytes_); empty when the memory limit dropped the message.
   std::optional<Payload> spill;
+  Unclaimed spill_claim;  // the spilled message's share of its sender's limits
 
   // Publishes `filled` to the client. Only while the Recv has not left
   // (state before kWithdrawn), under the hub's mu_.
@@ -321,6 +381,24 @@ absl::Status ExchangeHub::SendMessage(const std::string& site, Msg header,
   if (!link.ok()) return link.status();
   header.set_msg_id(next_msg_id_.fetch_add(1));
   header.set_total_bytes(payload.size());
+  // A message of several segments can still be stopped by a REFUSED notice.
+  std::shared_ptr<Sending> sending;
+  if (payload.size() > kSegmentBytes) {
+    sending = std::make_shared<Sending>();
+    sending->to = site;
+    absl::MutexLock lock(&mu_);
+    sending_[header.msg_id()] = sending;
+  }
+  absl::Cleanup unregister = [&] {
+    if (!sending) return;
+    absl::MutexLock lock(&mu_);
+    sending_.erase(header.msg_id());
+  };
+  auto refusal = [&]() -> std::string {
+    if (!sending) return "";
+    absl::MutexLock lock(&mu_);
+    return sending->refusal;
+  };
   auto stopped = [&] {
     return (stop != nullptr && stop->load()) ||
            (deadline != absl::InfiniteFuture() && MonotonicNow() >= deadline);
@@ -329,7 +407,12 @@ absl::Status ExchangeHub::SendMessage(const std::string& site, Msg header,
   do {
     const uint64_t n = std::min<uint64_t>(kSegmentBytes, payload.size() - offset);
     absl::Status stop_status;
-    if (ready && n > 0) stop_status = ready(offset + n);
+    if (offset > 0) {
+      if (std::string why = refusal(); !why.empty()) {
+        stop_status = absl::ResourceExhaustedError(absl::StrCat(site, " refused the message: ", why));
+      }
+    }
+    if (stop_status.ok() && ready && n > 0) stop_status = ready(offset + n);
     // The operators' caps, charged per segment like a transfer's chunk.
     bool capped_out = false;
     if (stop_status.ok() && limiter_ != nullptr && n > 0 && !stopped()) {
@@ -395,8 +478,9 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
     Msg header;
     Payload payload;
     uint64_t received = 0;
-    bool dropped = false;  // over the memory limit: read and discarded
+    bool dropped = false;  // refused or not admitted: read and discarded
     std::shared_ptr<Landing> landing;
+    Unclaimed claim;  // while in a hub buffer
   };
   // Brings a partial that fills a Recv's buffer up to date (mu_ held): waits
   // out a Recv that is handing it over, and once the Recv has left, carries
@@ -409,6 +493,7 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
     if (l->state != State::kWithdrawn) return;
     if (l->spill) {
       p.payload = std::move(*l->spill);
+      p.claim = std::move(l->spill_claim);
     } else {
       p.dropped = true;
     }
@@ -449,8 +534,31 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
         }
         continue;
       }
-      absl::MutexLock lock(&mu_);
-      Deliver(from, std::move(h), {});
+      absl::Status refused;
+      {
+        absl::MutexLock lock(&mu_);
+        if (h.kind() == Msg::REFUSED) {
+          Refused(from, h);
+          continue;
+        }
+        if (!Admits(from, h)) {
+          spdlog::debug("exchange: dropping a message for group {} from {}, not a member",
+                        h.group(), from);
+          continue;
+        }
+        // A zero-byte message a Recv is waiting for is not unclaimed.
+        Unclaimed claim;
+        if (h.kind() != Msg::P2P || !waiting_.contains(Key(h.group(), Msg::P2P, from, h.tag()))) {
+          auto c = TryClaim(from, 0);
+          if (c.ok()) {
+            claim = *std::move(c);
+          } else {
+            refused = c.status();
+          }
+        }
+        if (refused.ok()) Deliver(from, h, {}, std::move(claim));
+      }
+      if (!refused.ok()) Refuse(from, h.msg_id(), refused);
       continue;
     }
     if (h.payload_bytes() == 0 || h.payload_bytes() > kSegmentBytes ||
@@ -469,6 +577,8 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
         break;
       }
       Partial p;
+      bool over_memory = false;
+      absl::Status refused;
       {
         absl::MutexLock lock(&mu_);
         if (h.kind() == Msg::P2P) {
@@ -484,6 +594,7 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
             w->second.pop_front();
             if (w->second.empty()) waiting_.erase(w);
             p.landing->state = State::kFilling;
+            p.landing->from = from;
             p.landing->header = h;
             p.landing->filled = 0;
             ++p.landing->epoch;
@@ -491,14 +602,28 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
           }
         }
         if (!p.landing) {
-          p.dropped = buffered_bytes_ + h.total_bytes() > options_.max_buffered_bytes;
-          if (!p.dropped) buffered_bytes_ += h.total_bytes();
+          if (!Admits(from, h)) {
+            p.dropped = true;
+            spdlog::debug("exchange: dropping a message for group {} from {}, not a member",
+                          h.group(), from);
+          } else if (buffered_bytes_ + h.total_bytes() > options_.max_buffered_bytes) {
+            p.dropped = true;
+            over_memory = true;
+          } else if (auto c = TryClaim(from, h.total_bytes()); !c.ok()) {
+            p.dropped = true;
+            refused = c.status();
+          } else {
+            p.claim = *std::move(c);
+            buffered_bytes_ += h.total_bytes();
+          }
         }
       }
-      if (p.dropped) {
+      if (over_memory) {
         spdlog::warn("dropping a {}-byte exchange message from {}: {} bytes already buffered",
                      h.total_bytes(), from, options_.max_buffered_bytes);
-      } else if (!p.landing) {
+      } else if (!refused.ok()) {
+        Refuse(from, h.msg_id(), refused);
+      } else if (!p.dropped && !p.landing) {
         p.payload = TakeBuffer(h.total_bytes());
       }
       p.header = h;
@@ -559,7 +684,7 @@ absl::Status ExchangeHub::ReadLoop(transport::Channel& channel) {
     if (p.received == p.header.total_bytes()) {
       if (!p.dropped && !p.landing) {
         absl::MutexLock lock(&mu_);
-        Deliver(from, std::move(p.header), std::move(p.payload));
+        Deliver(from, std::move(p.header), std::move(p.payload), std::move(p.claim));
       }
       partial.erase(it);
     }
@@ -608,9 +733,115 @@ void ExchangeHub::Recycle(Payload payload) {
   spare_.push_back(std::move(payload));
 }
 
-void ExchangeHub::Deliver(const std::string& from, Msg header, Payload payload) {
+bool ExchangeHub::Admits(const std::string& from, const Msg& header) const {
+  if (header.kind() == Msg::JOIN) {
+    const std::vector<std::string> sites(header.members().begin(), header.members().end());
+    return Contains(sites, from) && Contains(sites, local_site_);
+  }
+  auto it = groups_.find(header.group());
+  if (it == groups_.end()) return true;  // kept for a Join to come, which sorts it out
+  const Group& g = *it->second;
+  if (Contains(g.joining, from)) return true;
+  if (g.formed) return Contains(g.members, from);
+  return g.joining.empty();
+}
+
+absl::StatusOr<ExchangeHub::Unclaimed> ExchangeHub::TryClaim(const std::string& from,
+                                                             uint64_t bytes) {
+  std::shared_ptr<PeerUse>& use = unclaimed_[from];
+  if (!use) use = std::make_shared<PeerUse>();
+  if (use->messages.load() >= options_.max_unclaimed_messages_per_peer) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        local_site_, " already holds ", options_.max_unclaimed_messages_per_peer,
+        " exchange messages from ", from,
+        " that no call there has asked for (peer_limits.max_unclaimed_messages_per_peer)"));
+  }
+  daemon::peer::MemoryReservation reserved;
+  if (options_.memory_budget != nullptr && bytes > 0) {
+    reserved = daemon::peer::MemoryReservation::TryTake(options_.memory_budget, from, bytes);
+    if (reserved.bytes() == 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a ", bytes, "-byte exchange message from ", from, " would take what ", from,
+          " holds at ", local_site_, " (", options_.memory_budget->used(from),
+          " bytes) past peer_limits.memory_per_peer (", options_.memory_budget->bytes_per_peer(),
+          " bytes)"));
+    }
+  }
+  return Unclaimed(std::move(reserved), use);
+}
+
+void ExchangeHub::Refuse(const std::string& from, uint64_t msg_id, const absl::Status& why) {
+  std::shared_ptr<Outbound> link;
+  {
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<PeerUse>& use = unclaimed_[from];
+    if (!use) use = std::make_shared<PeerUse>();
+    const int limit = absl::StrContains(why.message(), "memory_per_peer") ? 1 : 0;
+    ++use->refused[limit];
+    const absl::Time now = MonotonicNow();
+    if (now - use->refused_logged[limit] >= kRefusalLogEvery) {
+      spdlog::warn("exchange: refused {} message(s) from {}: {}", use->refused[limit], from,
+                   why.message());
+      use->refused[limit] = 0;
+      use->refused_logged[limit] = now;
+    }
+    // Only on a link this site already has: it dials no one for this.
+    auto it = outbound_.find(from);
+    if (it == outbound_.end() || it->second->broken.load()) return;
+    link = it->second;
+  }
+  // The notice never blocks this reader: it is skipped while another
+  // message is being written on the link or the link has bytes unsent (two
+  // sites refusing each other's messages while neither reads would
+  // otherwise wait on each other for good).
+  if (!link->write_mu.TryLock()) return;
+  absl::Status s;
+  if (link->channel->UnsentBytes() == 0) {
+    Msg notice;
+    notice.set_kind(Msg::REFUSED);
+    notice.set_msg_id(next_msg_id_.fetch_add(1));
+    notice.set_refused_msg_id(msg_id);
+    notice.set_reason(std::string(why.message()));
+    s = peer::SendProto(*link->channel, peer::FrameType::kControl, 0, notice);
+  }
+  link->write_mu.Unlock();
+  if (!s.ok()) {
+    link->broken = true;
+    link->channel->Abort();
+    PeerLost(from, std::string(s.message()));
+  }
+}
+
+void ExchangeHub::Refused(const std::string& from, const Msg& notice) {
+  ++refusals_received_;
+  const std::string reason(notice.reason().substr(0, 512));
+  auto it = sending_.find(notice.refused_msg_id());
+  if (it != sending_.end() && it->second->to == from) it->second->refusal = reason;
+  std::shared_ptr<PeerUse>& use = unclaimed_[from];
+  if (!use) use = std::make_shared<PeerUse>();
+  ++use->refusals;
+  const absl::Time now = MonotonicNow();
+  if (now - use->refusals_logged >= kRefusalLogEvery) {
+    spdlog::warn("exchange: {} refused {} message(s) from this site: {}", from, use->refusals,
+                 reason);
+    use->refusals = 0;
+    use->refusals_logged = now;
+  }
+}
+
+uint32_t ExchangeHub::unclaimed_messages(const std::string& site) {
+  absl::MutexLock lock(&mu_);
+  auto it = unclaimed_.find(site);
+  return it == unclaimed_.end() ? 0 : it->second->messages.load();
+}
+
+void ExchangeHub::Deliver(const std::string& from, Msg header, Payload payload, Unclaimed claim) {
   // Delivered payload bytes stay counted in buffered_bytes_ until taken.
   auto drop = [&] { buffered_bytes_ -= payload.size(); };
+  if (!Admits(from, header)) {
+    drop();
+    return;
+  }
   auto git = groups_.find(header.group());
   Group* g = git == groups_.end() ? nullptr : git->second.get();
   std::string key;
@@ -628,8 +859,7 @@ void ExchangeHub::Deliver(const std::string& from, Msg header, Payload payload) 
         drop();  // an op this site already ended, or an older generation's
         return;
       }
-      key = Key(header.group(), header.kind(), header.kind() == Msg::ABORT ? "" : from,
-                absl::StrCat(header.seq()));
+      key = Key(header.group(), header.kind(), from, absl::StrCat(header.seq()));
       break;
     case Msg::P2P:
       key = Key(header.group(), Msg::P2P, from, header.tag());
@@ -638,7 +868,7 @@ void ExchangeHub::Deliver(const std::string& from, Msg header, Payload payload) 
       drop();
       return;
   }
-  mailbox_[key].push_back(Message{from, std::move(header), std::move(payload)});
+  mailbox_[key].push_back(Message{from, std::move(header), std::move(payload), std::move(claim)});
 }
 
 void ExchangeHub::PeerLost(const std::string& site, const std::string& reason) {
@@ -773,7 +1003,16 @@ absl::StatusOr<v1::GroupView> ExchangeHub::Join(const std::string& group,
       g->name = group;
     }
     proposal = g->generation + 1;
+    // From now on the new members' messages are taken (they may form and
+    // send before this site has their JOIN).
+    g->joining = sites;
   }
+  absl::Cleanup not_joining = [&] {
+    absl::MutexLock lock(&mu_);
+    if (auto it = groups_.find(group); it != groups_.end() && it->second->joining == sites) {
+      it->second->joining.clear();
+    }
+  };
   Msg join;
   join.set_kind(Msg::JOIN);
   join.set_group(group);
@@ -831,13 +1070,16 @@ absl::StatusOr<v1::GroupView> ExchangeHub::Join(const std::string& group,
   g.generation = generation;
   g.formed = true;
   g.finished.clear();
-  // Drop what older generations of this group left behind.
+  g.joining.clear();
+  // Drop what non-members and older generations left for this group.
   for (auto it = mailbox_.begin(); it != mailbox_.end();) {
     auto next = std::next(it);
     auto& queue = it->second;
     for (auto m = queue.begin(); m != queue.end();) {
-      if (m->header.group() == group && m->header.kind() == Msg::REDUCE_DATA &&
-          m->header.generation() < generation) {
+      const Msg::Kind kind = m->header.kind();
+      const bool stale = (kind == Msg::REDUCE_DATA || kind == Msg::DONE || kind == Msg::ABORT) &&
+                         m->header.generation() < generation;
+      if (m->header.group() == group && (stale || !Contains(sites, m->from))) {
         buffered_bytes_ -= m->payload.size();
         m = queue.erase(m);
       } else {
@@ -854,6 +1096,21 @@ absl::StatusOr<v1::GroupView> ExchangeHub::Join(const std::string& group,
 void ExchangeHub::Leave(const std::string& group) {
   absl::MutexLock lock(&mu_);
   groups_.erase(group);
+  // What the group's sites sent that no call took is stale now.
+  for (auto it = mailbox_.begin(); it != mailbox_.end();) {
+    auto next = std::next(it);
+    auto& queue = it->second;
+    for (auto m = queue.begin(); m != queue.end();) {
+      if (m->header.group() == group) {
+        buffered_bytes_ -= m->payload.size();
+        m = queue.erase(m);
+      } else {
+        ++m;
+      }
+    }
+    if (queue.empty()) mailbox_.erase(it);
+    it = next;
+  }
 }
 
 absl::StatusOr<v1::GroupView> ExchangeHub::View(const std::string& group) {
@@ -866,6 +1123,16 @@ absl::StatusOr<v1::GroupView> ExchangeHub::View(const std::string& group) {
 }
 
 // ---------------------------------------------------------------- operations
+
+const ExchangeHub::Message* ExchangeHub::AbortFrom(const std::string& group,
+                                                   const std::string& seq_id,
+                                                   const std::vector<std::string>& peers) {
+  for (const std::string& p : peers) {
+    auto it = mailbox_.find(Key(group, Msg::ABORT, p, seq_id));
+    if (it != mailbox_.end() && !it->second.empty()) return &it->second.front();
+  }
+  return nullptr;
+}
 
 absl::Status ExchangeHub::Commit(const AllReduceArgs& args, const std::string& what,
                                  uint64_t generation, const std::vector<std::string>& peers,
@@ -880,7 +1147,6 @@ absl::Status ExchangeHub::Commit(const AllReduceArgs& args, const std::string& w
     SendMessage(p, done, {}, nullptr).IgnoreError();
   }
   const std::string seq_id = absl::StrCat(args.seq);
-  const std::string abort_key = Key(args.group, Msg::ABORT, "", seq_id);
   std::vector<std::string> keys;
   for (const auto& p : peers) keys.push_back(Key(args.group, Msg::DONE, p, seq_id));
   // Committed: a cancel or the deadline no longer ends the op (a peer may
@@ -903,11 +1169,12 @@ absl::Status ExchangeHub::Commit(const AllReduceArgs& args, const std::string& w
     return true;
   };
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return shutdown_ || has(abort_key) || all_done() || group_moved();
+    return shutdown_ || AbortFrom(args.group, seq_id, peers) != nullptr || all_done() ||
+           group_moved();
   };
   mu_.AwaitWithTimeout(absl::Condition(&ready), give_up - MonotonicNow());
-  if (has(abort_key)) {
-    const Message& m = mailbox_[abort_key].front();
+  if (const Message* abort = AbortFrom(args.group, seq_id, peers); abort != nullptr) {
+    const Message& m = *abort;
     return absl::AbortedError(absl::StrCat(what, ": ", m.from, " gave up on it (", m.header.reason(), ")"));
   }
   if (all_done()) return absl::OkStatus();
@@ -997,7 +1264,6 @@ OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> b
 
   // Wait for every peer's contribution, or for a reason to stop.
   const std::string seq_id = absl::StrCat(args.seq);
-  const std::string abort_key = Key(args.group, Msg::ABORT, "", seq_id);
   std::vector<std::string> keys;
   for (const auto& p : peers) keys.push_back(Key(args.group, Msg::REDUCE_DATA, p, seq_id));
   std::vector<Message> taken(peers.size());
@@ -1020,14 +1286,15 @@ OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> b
       return true;
     };
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return shutdown_ || op->cancelled || has(abort_key) || all_here() || group_moved();
+      return shutdown_ || op->cancelled || AbortFrom(args.group, seq_id, peers) != nullptr ||
+             all_here() || group_moved();
     };
     while (!ready() && MonotonicNow() < deadline) {
       mu_.AwaitWithTimeout(absl::Condition(&ready), std::min(deadline - MonotonicNow(), kPoll));
       if (!op->cancelled && args.client_gone && args.client_gone()) op->cancelled = true;
     }
-    if (has(abort_key)) {
-      const Message& m = mailbox_[abort_key].front();
+    if (const Message* abort = AbortFrom(args.group, seq_id, peers); abort != nullptr) {
+      const Message& m = *abort;
       failure = absl::AbortedError(
           absl::StrCat(what, ": ", m.from, " gave up on it (", m.header.reason(), ")"));
     } else if (op->cancelled) {
@@ -1041,6 +1308,7 @@ OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> b
         queue.pop_front();
         if (queue.empty()) mailbox_.erase(keys[i]);
         buffered_bytes_ -= taken[i].payload.size();
+        taken[i].claim.Reset();
       }
     } else if (group_moved()) {
       auto it = groups_.find(args.group);
@@ -1105,6 +1373,8 @@ OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> b
     const absl::Status& s = senders.statuses()[i];
     if (s.ok()) {
       sent += own.size();
+    } else if (failure.ok() && s.code() == absl::StatusCode::kResourceExhausted) {
+      failure = absl::ResourceExhaustedError(absl::StrCat(what, ": ", s.message()));
     } else if (failure.ok()) {
       // A peer that missed our contribution cannot finish: neither may we.
       absl::MutexLock lock(&mu_);
@@ -1133,14 +1403,16 @@ OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> b
     if (it->second->generation == generation) it->second->finished.insert(args.seq);
     result.view = ViewOf(*it->second);
   }
-  for (const auto& p : peers) keys.push_back(Key(args.group, Msg::DONE, p, seq_id));
+  for (const auto& p : peers) {
+    keys.push_back(Key(args.group, Msg::DONE, p, seq_id));
+    keys.push_back(Key(args.group, Msg::ABORT, p, seq_id));
+  }
   for (const auto& k : keys) {
     if (auto m = mailbox_.find(k); m != mailbox_.end()) {
       for (const auto& msg : m->second) buffered_bytes_ -= msg.payload.size();
       mailbox_.erase(m);
     }
   }
-  mailbox_.erase(abort_key);
   result.status = failure;
   result.lost_peer = lost_peer;
   uint64_t received = 0;
@@ -1224,6 +1496,8 @@ OpResult ExchangeHub::Send(const P2PArgs& args, absl::Span<const uint8_t> data) 
           absl::StrCat(what, " timed out after ", DurationText(args.timeout), ": ", s.message()));
     } else if (s.code() == absl::StatusCode::kAborted) {
       result.status = absl::CancelledError(absl::StrCat(what, ": ", s.message()));
+    } else if (s.code() == absl::StatusCode::kResourceExhausted) {
+      result.status = absl::ResourceExhaustedError(absl::StrCat(what, ": ", s.message()));
     } else if (s.code() == absl::StatusCode::kCancelled && !op->cancelled && !shutdown_) {
       result.status = absl::DeadlineExceededError(
           absl::StrCat(what, " timed out after ", DurationText(args.timeout)));
@@ -1293,7 +1567,13 @@ bool ExchangeHub::Withdraw(Landing& l) {
   // buffer holding what arrived so far.
   const uint64_t total = l.header.total_bytes();
   std::optional<Payload> spill;
-  if (buffered_bytes_ + total <= options_.max_buffered_bytes) {
+  absl::StatusOr<Unclaimed> claim =
+      buffered_bytes_ + total <= options_.max_buffered_bytes
+          ? TryClaim(l.from, total)
+          : absl::ResourceExhaustedError(
+                absl::StrCat(options_.max_buffered_bytes, " bytes already buffered"));
+  if (claim.ok()) {
+    l.spill_claim = *std::move(claim);
     buffered_bytes_ += total;
     // Unlocked: TakeBuffer takes mu_, and the copy may be large. The reader
     // waits while the landing is kHandingOver, so `out` and `filled` are
@@ -1303,10 +1583,9 @@ bool ExchangeHub::Withdraw(Landing& l) {
     std::memcpy(spill->data(), l.out.data(), l.filled);
     mu_.Lock();
   } else {
-    spdlog::warn(
-        "dropping a {}-byte exchange message (group {}, tag '{}') whose receive ended: "
-        "{} bytes already buffered",
-        total, l.header.group(), l.header.tag(), options_.max_buffered_bytes);
+    spdlog::warn("dropping a {}-byte exchange message from {} (group {}, tag '{}') whose receive "
+                 "ended: {}",
+                 total, l.from, l.header.group(), l.header.tag(), claim.status().message());
   }
   l.spill = std::move(spill);
   l.state = State::kWithdrawn;

@@ -51,6 +51,24 @@
 // across sites by the client's sequence number, which every member must
 // issue in the same program order.
 //
+// Membership. JOIN is taken from any configured peer whose proposal names
+// both it and this site. Every other message for a group (data, DONE,
+// ABORT, P2P) is taken only from a member of the group as formed here, or
+// of the Join in progress here; before this site joins, it is held keyed by
+// its sender (the authenticated site of the channel it came on, never a
+// name inside the message), and when the group forms, what non-members and
+// older generations left for it is dropped. So a site outside a group
+// cannot fail, finish or feed that group's operations.
+//
+// Limits. A message no operation has asked for yet (zero-byte ones
+// included) counts against its sender's limits until it is taken:
+// HubOptions::max_unclaimed_messages_per_peer messages, and its bytes
+// against the sender's share of HubOptions::memory_budget. Past either the
+// message is read and discarded and the hub tells the sender (REFUSED, on
+// the link to it if there is one and it is idle); a Send or AllReduce still
+// sending that message fails with ResourceExhausted and the reason, and both
+// sites log the refusal.
+//
 // Thread-safe. Calls block up to their deadline; they end early on
 // Cancel(op_id), on a lost peer and on Shutdown.
 
@@ -75,6 +93,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "daemon/peer/memory_budget.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
 #include "daemon/transport/transport.h"
@@ -110,6 +129,11 @@ struct HubOptions {
   uint64_t max_buffered_bytes = 8ull << 30;
   // Largest single message (one all-reduce contribution, one send).
   uint64_t max_message_bytes = 4ull << 30;
+  // Messages from one peer site that no operation has asked for yet.
+  uint32_t max_unclaimed_messages_per_peer = 4096;
+  // Not owned, may be null (no byte limit per peer): the bytes of a peer's
+  // unclaimed messages are reserved here under its site while they wait.
+  daemon::peer::PeerMemoryBudget* memory_budget = nullptr;
 };
 
 struct OpResult {
@@ -171,6 +195,7 @@ class ExchangeHub {
 
   absl::StatusOr<v1::GroupView> Join(const std::string& group, std::vector<std::string> sites,
                                      absl::Duration timeout);
+  // Forgets the group and drops the messages held for it.
   void Leave(const std::string& group);
   absl::StatusOr<v1::GroupView> View(const std::string& group);
 
@@ -208,6 +233,10 @@ class ExchangeHub {
   uint64_t bytes_received_in_place() const { return bytes_in_place_.load(); }
   // Recv calls waiting with their buffer offered to a message not yet begun.
   size_t receives_waiting();
+  // Messages from `site` held for no operation yet (see Limits above).
+  uint32_t unclaimed_messages(const std::string& site);
+  // REFUSED notices this hub has received from its peers.
+  uint64_t refusals_received() const { return refusals_received_.load(); }
 
  private:
   struct Outbound;
@@ -217,6 +246,9 @@ class ExchangeHub {
   struct Group;
   struct Op;
   struct Draining;
+  struct PeerUse;
+  class Unclaimed;
+  struct Sending;
 
   absl::StatusOr<std::shared_ptr<Outbound>> LinkTo(const std::string& site);
   // Waits until payload[0, end) may be read; an error stops the message.
@@ -232,8 +264,21 @@ class ExchangeHub {
                            absl::Time deadline = absl::InfiniteFuture(),
                            const ReadyFn& ready = nullptr);
   absl::Status ReadLoop(transport::Channel& channel);
-  void Deliver(const std::string& from, v1::ExchangePeerMessage header,
-               Payload payload) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Deliver(const std::string& from, v1::ExchangePeerMessage header, Payload payload,
+               Unclaimed claim) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a message from `from` with `header` may be kept (Membership).
+  bool Admits(const std::string& from, const v1::ExchangePeerMessage& header) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a message of `bytes` from `from` that no operation has asked for
+  // against from's limits; ResourceExhausted (and nothing counted) past one.
+  absl::StatusOr<Unclaimed> TryClaim(const std::string& from, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs (at most every few seconds per peer and limit) and tells `from`
+  // that its message `msg_id` was dropped for `why`; never blocks.
+  void Refuse(const std::string& from, uint64_t msg_id, const absl::Status& why);
+  // A REFUSED notice from `from`: fails the Send still sending that message.
+  void Refused(const std::string& from, const v1::ExchangePeerMessage& notice)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A buffer of `bytes` for an arriving message, reused from a message that
   // was taken if one is large enough (its pages are already mapped).
   Payload TakeBuffer(uint64_t bytes);
@@ -257,6 +302,9 @@ class ExchangeHub {
   void SendAborts(const std::string& group, uint64_t generation, uint64_t seq,
                   const std::vector<std::string>& peers, const std::string& reason);
 
+  // The first of `peers`' ABORTs of the all-reduce `seq_id` in `group`, or null.
+  const Message* AbortFrom(const std::string& group, const std::string& seq_id,
+                           const std::vector<std::string>& peers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Op> StartOp(const std::string& op_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndOp(const std::string& op_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::GroupView ViewOf(const Group& g) const;
@@ -288,6 +336,12 @@ class ExchangeHub {
   absl::flat_hash_map<std::string, std::deque<std::shared_ptr<Landing>>> waiting_
       ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> bytes_in_place_{0};
+  std::atomic<uint64_t> refusals_received_{0};
+  // Unclaimed messages by sender site.
+  absl::flat_hash_map<std::string, std::shared_ptr<PeerUse>> unclaimed_ ABSL_GUARDED_BY(mu_);
+  // Messages of more than one segment being sent, by msg_id, so a REFUSED
+  // notice can stop them.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Sending>> sending_ ABSL_GUARDED_BY(mu_);
   uint64_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Buffers of taken messages kept for the next ones (faulting in and
   // zeroing fresh pages costs more CPU than the copy itself).

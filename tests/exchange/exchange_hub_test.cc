@@ -74,17 +74,25 @@ class SocketChannel final : public transport::Channel {
 // Sites site-a, site-b, ... each with a hub; every hub may dial every other.
 class Net {
  public:
-  // `limiter` (may be null) is every hub's rate limiter.
-  explicit Net(int sites, peer::RateLimiter* limiter = nullptr) {
+  // `limiter` (may be null) is every hub's rate limiter; every hub gets
+  // `options` and, if `budget_bytes` is not 0, a PeerMemoryBudget of its own
+  // of that many bytes per peer.
+  explicit Net(int sites, peer::RateLimiter* limiter = nullptr, HubOptions options = {},
+               uint64_t budget_bytes = 0) {
     for (int i = 0; i < sites; ++i) names_.push_back(std::string("site-") + static_cast<char>('a' + i));
     for (const auto& name : names_) {
       std::vector<std::string> peers;
       for (const auto& other : names_) {
         if (other != name) peers.push_back(other);
       }
+      HubOptions hub_options = options;
+      if (budget_bytes > 0) {
+        budgets_[name] = std::make_unique<daemon::peer::PeerMemoryBudget>(budget_bytes);
+        hub_options.memory_budget = budgets_[name].get();
+      }
       hubs_[name] = std::make_unique<ExchangeHub>(
           name, peers, [this, name](const std::string& site) { return Dial(name, site); }, &gate_,
-          HubOptions{}, limiter);
+          hub_options, limiter);
     }
   }
   ~Net() {
@@ -94,6 +102,7 @@ class Net {
   }
 
   ExchangeHub& hub(const std::string& site) { return *hubs_.at(site); }
+  daemon::peer::PeerMemoryBudget& budget(const std::string& site) { return *budgets_.at(site); }
   peer::PriorityGate& gate() { return gate_; }
   // What every outbound channel reports as not yet sent.
   void SetUnsent(uint64_t bytes) { unsent_ = bytes; }
@@ -136,6 +145,7 @@ class Net {
   std::atomic<uint64_t> unsent_{0};
   std::vector<std::string> names_;
   peer::PriorityGate gate_;
+  std::map<std::string, std::unique_ptr<daemon::peer::PeerMemoryBudget>> budgets_;
   std::map<std::string, std::unique_ptr<ExchangeHub>> hubs_;
   absl::Mutex mu_;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
@@ -1032,6 +1042,268 @@ TEST(ExchangeHubStreamedTest, RecvOfABufferedMessagePublishesItWhole) {
   const shm::Landed landed = word.view().LoadLanded();
   EXPECT_GE(landed.epoch, 1u);
   EXPECT_EQ(landed.bytes, message.size());
+}
+
+
+// ---------------------------------------------------------------- membership and limits
+
+// Writes one exchange message on a raw link, as a hostile site would: its
+// header and its payload (if any) in one segment.
+absl::Status Plant(transport::Channel& raw, v1::ExchangePeerMessage h,
+                   absl::Span<const uint8_t> payload = {}) {
+  static std::atomic<uint64_t> next_id{1};
+  h.set_msg_id(next_id++);
+  h.set_total_bytes(payload.size());
+  h.set_payload_bytes(payload.size());
+  h.set_offset(0);
+  if (absl::Status s = peer::SendProto(raw, peer::FrameType::kControl, 0, h); !s.ok()) return s;
+  if (payload.empty()) return absl::OkStatus();
+  return raw.Write({payload});
+}
+
+// What a non-member plants for the all-reduces #0-3 of `group`: at each of
+// generations 0-3 an ABORT, a DONE and a contribution of `count` floats of
+// 1000, and two JOINs (one naming it, one not).
+void PlantReduceTraffic(transport::Channel& raw, const std::string& group, size_t count) {
+  using Msg = v1::ExchangePeerMessage;
+  std::vector<float> junk(count, 1000.0f);
+  for (uint64_t seq = 0; seq < 4; ++seq) {
+    for (uint64_t gen = 0; gen < 4; ++gen) {
+      Msg h;
+      h.set_group(group);
+      h.set_seq(seq);
+      h.set_generation(gen);
+      h.set_kind(Msg::ABORT);
+      h.set_reason("planted");
+      ASSERT_TRUE(Plant(raw, h).ok());
+      h.set_kind(Msg::DONE);
+      h.clear_reason();
+      ASSERT_TRUE(Plant(raw, h).ok());
+      h.set_kind(Msg::REDUCE_DATA);
+      h.set_dtype(v1::FLOAT32);
+      h.set_op(v1::SUM);
+      h.set_count(count);
+      ASSERT_TRUE(Plant(raw, h, Bytes(junk)).ok());
+    }
+  }
+  Msg join;
+  join.set_kind(Msg::JOIN);
+  join.set_group(group);
+  join.set_generation(7);
+  for (const char* s : {"site-a", "site-b", "site-c"}) join.add_members(s);
+  ASSERT_TRUE(Plant(raw, join).ok());
+  join.clear_members();  // a proposal without its sender is not kept
+  for (const char* s : {"site-a", "site-b"}) join.add_members(s);
+  ASSERT_TRUE(Plant(raw, join).ok());
+}
+
+// A zero-byte message for a group no one has: kept (and counted) as
+// unclaimed, so once the count shows it, everything sent before it on the
+// same link has been read.
+void Probe(transport::Channel& raw, const std::string& tag) {
+  v1::ExchangePeerMessage h;
+  h.set_kind(v1::ExchangePeerMessage::P2P);
+  h.set_group("probe");
+  h.set_tag(tag);
+  ASSERT_TRUE(Plant(raw, h).ok());
+}
+
+// site-c is a configured peer but not a member of site-a + site-b's group.
+// What it plants for that group, before the group forms and after, neither
+// fails (ABORT), finishes (DONE) nor feeds (data) the members' all-reduces,
+// which all complete with the members' sum; and what it left before the
+// group formed is gone once it has.
+TEST(ExchangeHubMembershipTest, NonMemberCannotAbortFinishOrFeedTheMembersAllReduce) {
+  Net net(3);
+  const std::vector<std::string> members = {"site-a", "site-b"};
+  const size_t count = 1000;
+  std::map<std::string, std::unique_ptr<transport::Channel>> raw;
+  for (const auto& m : members) {
+    raw[m] = net.RawDial("site-c", m);
+    PlantReduceTraffic(*raw[m], "g", count);
+    Probe(*raw[m], "before");
+  }
+  for (const auto& m : members) {
+    ASSERT_TRUE(Eventually([&] { return net.hub(m).unclaimed_messages("site-c") == 50; }))
+        << m << ": " << net.hub(m).unclaimed_messages("site-c");
+  }
+  net.JoinAll("g", members);
+  for (const auto& m : members) EXPECT_EQ(net.hub(m).unclaimed_messages("site-c"), 1u) << m;
+  for (const auto& m : members) {
+    PlantReduceTraffic(*raw[m], "g", count);
+    Probe(*raw[m], "after");
+  }
+  for (const auto& m : members) {
+    // The probe before, and site-c's JOIN naming it: a proposal for a group
+    // that would have it, kept (and counted) for a Join that may come.
+    ASSERT_TRUE(Eventually([&] { return net.hub(m).unclaimed_messages("site-c") == 3; }))
+        << m << ": " << net.hub(m).unclaimed_messages("site-c");
+  }
+  for (uint64_t seq = 0; seq < 4; ++seq) {
+    std::map<std::string, std::vector<uint8_t>> buffers;
+    for (size_t k = 0; k < members.size(); ++k) {
+      std::vector<float> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>((k + 1) * i + seq);
+      buffers[members[k]].resize(count * 4);
+      std::memcpy(buffers[members[k]].data(), v.data(), count * 4);
+    }
+    auto results = RunAll(net, members, Args(seq, v1::FLOAT32), buffers);
+    for (const auto& m : members) {
+      ASSERT_TRUE(results[m].status.ok()) << m << " #" << seq << ": " << results[m].status;
+      std::vector<float> got(count);
+      std::memcpy(got.data(), buffers[m].data(), count * 4);
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(got[i], static_cast<float>(3 * i + 2 * seq)) << m << " #" << seq << " [" << i << "]";
+      }
+    }
+  }
+}
+
+// 100 zero-byte messages no one has asked for: site-a keeps the limit's 32,
+// refuses the rest back to site-b, and takes new ones again once calls have
+// claimed those. A raw flood of 5,000 more for a group no one has stays at
+// the limit too.
+TEST(ExchangeHubLimitsTest, ZeroByteFloodStopsAtTheMessageLimit) {
+  HubOptions options;
+  options.max_unclaimed_messages_per_peer = 32;
+  Net net(2, nullptr, options);
+  net.JoinAll("g", net.names());
+  std::vector<uint8_t> none;
+  for (int i = 0; i < 100; ++i) {
+    P2PArgs send{"g", absl::StrCat("s", i), "site-a", absl::StrCat("t", i), absl::Seconds(10),
+                 nullptr};
+    OpResult s = net.hub("site-b").Send(send, absl::MakeConstSpan(none));
+    ASSERT_TRUE(s.status.ok()) << s.status;
+  }
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").refusals_received() == 68; }));
+  EXPECT_EQ(net.hub("site-a").unclaimed_messages("site-b"), 32u);
+  uint8_t byte = 0;
+  for (int i = 0; i < 32; ++i) {
+    P2PArgs recv{"g", absl::StrCat("r", i), "site-b", absl::StrCat("t", i), absl::Seconds(10),
+                 nullptr};
+    OpResult r = net.hub("site-a").Recv(recv, {&byte, 1});
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status;
+    EXPECT_EQ(r.bytes, 0u);
+  }
+  EXPECT_EQ(net.hub("site-a").unclaimed_messages("site-b"), 0u);
+  P2PArgs refused{"g", "r32", "site-b", "t32", absl::Milliseconds(50), nullptr};
+  EXPECT_EQ(net.hub("site-a").Recv(refused, {&byte, 1}).status.code(),
+            absl::StatusCode::kDeadlineExceeded);
+  P2PArgs again{"g", "s-again", "site-a", "again", absl::Seconds(10), nullptr};
+  ASSERT_TRUE(net.hub("site-b").Send(again, absl::MakeConstSpan(none)).status.ok());
+  again.op_id = "r-again";
+  again.peer = "site-b";
+  EXPECT_TRUE(net.hub("site-a").Recv(again, {&byte, 1}).status.ok());
+
+  auto raw = net.RawDial("site-c", "site-a");
+  for (int i = 0; i < 5000; ++i) Probe(*raw, absl::StrCat("flood-", i));
+  // A malformed segment after them closes the link: once it has, site-a
+  // has read all of them.
+  v1::ExchangePeerMessage bad;
+  bad.set_kind(v1::ExchangePeerMessage::P2P);
+  bad.set_group("x");
+  bad.set_total_bytes(1ull << 40);
+  bad.set_payload_bytes(kSegmentBytes);
+  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, bad).ok());
+  EXPECT_FALSE(raw->ReadExactly({&byte, 1}).ok());
+  EXPECT_EQ(net.hub("site-a").unclaimed_messages("site-c"), 32u);
+}
+
+// Bytes of unclaimed messages are charged to the sender's PeerMemoryBudget:
+// past it a message is refused, and a Send still sending one fails with the
+// reason; what was kept is still received whole.
+TEST(ExchangeHubLimitsTest, MessagesPastThePeersMemoryBudgetAreRefused) {
+  Net net(2, nullptr, {}, kMiB);
+  net.JoinAll("g", net.names());
+  const std::vector<uint8_t> kept = Pattern(600 << 10, 31);
+  P2PArgs send{"g", "s0", "site-a", "x0", absl::Seconds(10), nullptr};
+  ASSERT_TRUE(net.hub("site-b").Send(send, absl::MakeConstSpan(kept)).status.ok());
+  ASSERT_TRUE(Eventually([&] { return net.budget("site-a").used("site-b") == kept.size(); }));
+  send.op_id = "s1";
+  send.tag = "x1";
+  ASSERT_TRUE(net.hub("site-b").Send(send, absl::MakeConstSpan(kept)).status.ok());
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").refusals_received() == 1; }));
+  EXPECT_EQ(net.budget("site-a").used("site-b"), kept.size());
+
+  // Three segments; the second waits for its client until site-a's
+  // refusal of the first is back, so the third is not sent.
+  const std::vector<uint8_t> large = Pattern(10 * kMiB, 33);
+  Word word;
+  word.view().PublishReady(kSegmentBytes);
+  P2PArgs streamed{"g", "s2", "site-a", "x2", absl::Seconds(30), nullptr, word.view()};
+  auto sent = std::async(std::launch::async, [&] {
+    return net.hub("site-b").Send(streamed, absl::MakeConstSpan(large));
+  });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").refusals_received() == 2; }));
+  word.view().PublishReady(large.size());
+  OpResult s = sent.get();
+  EXPECT_EQ(s.status.code(), absl::StatusCode::kResourceExhausted) << s.status;
+  EXPECT_THAT(std::string(s.status.message()), HasSubstr("site-a refused the message"));
+  EXPECT_THAT(std::string(s.status.message()), HasSubstr("peer_limits.memory_per_peer"));
+
+  std::vector<uint8_t> out(large.size());
+  P2PArgs recv{"g", "r0", "site-b", "x0", absl::Seconds(10), nullptr};
+  OpResult r = net.hub("site-a").Recv(recv, absl::MakeSpan(out));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  ASSERT_EQ(r.bytes, kept.size());
+  EXPECT_TRUE(std::equal(kept.begin(), kept.end(), out.begin()));
+  EXPECT_EQ(net.budget("site-a").used("site-b"), 0u);
+  recv.op_id = "r1";
+  recv.tag = "x1";
+  recv.timeout = absl::Milliseconds(50);
+  EXPECT_EQ(net.hub("site-a").Recv(recv, absl::MakeSpan(out)).status.code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(net.hub("site-a").unclaimed_messages("site-b"), 0u);
+}
+
+// Leaving a group drops what its sites sent that no call took, and frees
+// their share of the limits.
+TEST(ExchangeHubLimitsTest, LeaveDropsTheGroupsUnclaimedMessages) {
+  Net net(2, nullptr, {}, kMiB);
+  net.JoinAll("g", net.names());
+  const std::vector<uint8_t> message = Pattern(1000, 35);
+  for (int i = 0; i < 3; ++i) {
+    P2PArgs send{"g", absl::StrCat("s", i), "site-a", absl::StrCat("t", i), absl::Seconds(10),
+                 nullptr};
+    ASSERT_TRUE(net.hub("site-b").Send(send, absl::MakeConstSpan(message)).status.ok());
+  }
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").unclaimed_messages("site-b") == 3; }));
+  EXPECT_EQ(net.budget("site-a").used("site-b"), 3 * message.size());
+  net.hub("site-a").Leave("g");
+  EXPECT_EQ(net.hub("site-a").unclaimed_messages("site-b"), 0u);
+  EXPECT_EQ(net.budget("site-a").used("site-b"), 0u);
+}
+
+// A group of site-a + site-b re-formed with site-c: each site starts its
+// all-reduce as soon as its own Join returns, so site-c's contribution can
+// reach a site whose Join is still waiting; it is taken, being a member's
+// of the Join in progress there.
+TEST(ExchangeHubMembershipTest, NewMembersDataDuringTheJoinInProgressIsTaken) {
+  Net net(3);
+  net.JoinAll("g", {"site-a", "site-b"});
+  const size_t count = 1000;
+  for (int round = 0; round < 5; ++round) {
+    std::map<std::string, std::vector<float>> buffers;
+    std::map<std::string, std::future<std::pair<absl::Status, OpResult>>> done;
+    for (size_t k = 0; k < net.names().size(); ++k) {
+      const std::string site = net.names()[k];
+      buffers[site].assign(count, static_cast<float>(k + 1));
+      done[site] = std::async(std::launch::async, [&, site] {
+        auto view = net.hub(site).Join("g", net.names(), absl::Seconds(10));
+        if (!view.ok()) return std::make_pair(view.status(), OpResult{});
+        AllReduceArgs args = Args(round, v1::FLOAT32);
+        args.op_id = absl::StrCat("join-", round, "@", site);
+        return std::make_pair(absl::OkStatus(),
+                              net.hub(site).AllReduce(args, Bytes(buffers[site])));
+      });
+    }
+    for (const auto& site : net.names()) {
+      auto [joined, result] = done[site].get();
+      ASSERT_TRUE(joined.ok()) << site << " round " << round << ": " << joined;
+      ASSERT_TRUE(result.status.ok()) << site << " round " << round << ": " << result.status;
+      for (float x : buffers[site]) ASSERT_EQ(x, 6.0f) << site << " round " << round;
+    }
+  }
 }
 
 }  // namespace

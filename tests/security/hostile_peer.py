@@ -301,3 +301,52 @@ def frame_header(kind, payload_length, session=0):
 def chunk_header(file_index, chunk_index, generation=0, digest=(0, 0)):
     """The 32 bytes that lead a CHUNK payload."""
     return struct.pack("<IIIIQQ", file_index, chunk_index, generation, 0, *digest)
+
+
+# ------------------------------------------------------- exchange frames ----
+# daemon <-> daemon exchange messages (proto/longhaul/v1/exchange.proto,
+# ExchangePeerMessage), on a channel opened with role EXCHANGE.
+
+ROLE_EXCHANGE = 5
+EX_JOIN, EX_REDUCE_DATA, EX_ABORT, EX_P2P, EX_LEAVE, EX_DISCARD, EX_DONE, EX_REFUSED = range(1, 9)
+EX_FLOAT32, EX_SUM = 1, 1
+EX_SEGMENT_BYTES = 4 << 20
+
+
+def exchange_message(kind, group="", generation=None, members=(), seq=None, tag=None, dtype=None,
+                     op=None, count=None, reason=None, msg_id=None, offset=None, total_bytes=None,
+                     payload_bytes=None):
+    """An ExchangePeerMessage, by field number."""
+    return message((1, kind), (2, group or None), (3, generation), (4, list(members)), (5, seq),
+                   (6, tag), (7, dtype), (8, op), (9, count), (11, payload_bytes), (12, reason),
+                   (14, msg_id), (15, offset), (16, total_bytes))
+
+
+def connect_exchange(peer):
+    """An EXCHANGE channel of HostilePeer `peer` to its daemon."""
+    return peer.connect(ROLE_EXCHANGE, "")
+
+
+def send_exchange(channel, msg_id, kind, payload=b"", **fields):
+    """Sends one exchange message (its payload, if any, as one segment of
+    at most EX_SEGMENT_BYTES) on an EXCHANGE channel."""
+    header = exchange_message(kind, msg_id=msg_id, offset=0, total_bytes=len(payload),
+                              payload_bytes=len(payload), **fields)
+    channel.sock.sendall(_frame(CONTROL, header) + bytes(payload))
+
+
+def end_exchange(channel, timeout=60):
+    """Sends a malformed segment, which makes the daemon close the channel,
+    and waits for that: once it has, the daemon has read everything sent
+    before. True if the daemon closed it."""
+    channel.sock.sendall(_frame(CONTROL, exchange_message(
+        EX_P2P, group="end", msg_id=1 << 62, total_bytes=1 << 50, payload_bytes=EX_SEGMENT_BYTES)))
+    channel.sock.settimeout(timeout)
+    try:
+        while channel.sock.recv(4096):
+            pass
+        return True
+    except (ConnectionError, ssl.SSLError):
+        return True
+    except socket.timeout:
+        return False
