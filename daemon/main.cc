@@ -233,6 +233,9 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   std::string socket_path = config->control_socket;
   std::filesystem::create_directories(std::filesystem::path(socket_path).parent_path(), ec);
   exchange::ExchangeService exchange_service(exchange_hub);
+  if (absl::Status s = exchange_service.ServeSegments({socket_path + ".shm", 0660}); !s.ok()) {
+    return Fail("cannot serve the exchange segment socket", s);
+  }
   auto local_server =
       LocalControlServer::Start({socket_path, 0660},
                                 [&manager, &limiter, &identity](const Caller& caller) {

@@ -37,16 +37,14 @@ def daemon_alive(pid):
 
 
 def own_segments():
-    """Paths through which this process's exchange segments can be reached:
-    its memfds, or its /dev/shm segments."""
+    """Paths through which this process's exchange segments can be opened:
+    its mapped memfds (through /proc/self/map_files, as root), or its
+    /dev/shm segments."""
     paths = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("/memfd:longhaul"):
-            paths.append(f"/proc/self/fd/{fd}")
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "/memfd:longhaul" in line:
+                paths.append("/proc/self/map_files/" + line.split()[0])
     return paths + glob.glob(f"/dev/shm/longhaul-{os.getpid()}-*")
 
 
