@@ -84,6 +84,23 @@ std::string RandomHex() {
   return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
 }
 
+// The daemon's segment socket as this process reaches it: beside the
+// control socket at `address`, under the name the daemon advertised. The
+// two processes may see that directory at different paths (containers of
+// one pod sharing a volume); an address that is not a Unix path takes the
+// advertised path as it is.
+std::string SegmentSocketPath(absl::string_view address, const std::string& advertised) {
+  if (advertised.empty() || !absl::ConsumePrefix(&address, "unix:")) return advertised;
+  if (absl::StartsWith(address, "//")) address.remove_prefix(2);
+  const size_t name_at = advertised.rfind('/');
+  const absl::string_view name =
+      name_at == std::string::npos ? absl::string_view(advertised)
+                                   : absl::string_view(advertised).substr(name_at + 1);
+  const size_t dir_end = address.rfind('/');
+  if (dir_end == absl::string_view::npos) return std::string(name);
+  return absl::StrCat(address.substr(0, dir_end + 1), name);
+}
+
 // Sends `memfd` to the daemon's segment socket at `socket_path`; returns
 // the connection (its registration lasts as long as it stays open) and the
 // token the daemon answered.
@@ -237,7 +254,8 @@ struct ExchangeGroup::Impl {
   std::unique_ptr<v1::Exchange::Stub> stub;
   // The daemon said at Join that it takes streamed Send and Recv buffers.
   bool streamed = false;
-  // Where the daemon takes segments (JoinResponse.segment_socket).
+  // Where the daemon takes segments (JoinResponse.segment_socket, as seen
+  // from here).
   std::string segment_socket;
 
   absl::Mutex mu;
@@ -497,7 +515,7 @@ absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(const std::st
   if (absl::Status s = FromExchangeError(response.error()); !s.ok()) return s;
   impl->local_site = response.view().local_site();
   impl->streamed = response.streamed_buffers();
-  impl->segment_socket = response.segment_socket();
+  impl->segment_socket = SegmentSocketPath(daemon_address, response.segment_socket());
   impl->Observe(response.view());
   return std::unique_ptr<ExchangeGroup>(new ExchangeGroup(std::move(impl)));
 }

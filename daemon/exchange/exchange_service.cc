@@ -77,8 +77,8 @@ absl::Status CheckSealedSegment(int fd) {
   if (!S_ISREG(st.st_mode)) return absl::FailedPreconditionError("the segment is not a memfd");
   if ((seals & F_SEAL_SHRINK) == 0) {
     return absl::FailedPreconditionError(
-        "the segment is not sealed with F_SEAL_SHRINK: its owner could truncate it while the "
-        "daemon has it mapped");
+        "the segment is not a memfd sealed with F_SEAL_SHRINK: its owner could truncate it "
+        "while the daemon has it mapped");
   }
   return absl::OkStatus();
 }

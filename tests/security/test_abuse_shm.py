@@ -183,7 +183,7 @@ class ShmAbuseTest(unittest.TestCase):
         self.assertTrue(answer.startswith("error "), answer)
         self.assertIn("F_SEAL_SHRINK", answer)
 
-        # Not a memfd at all: a regular file.
+        # Not a memfd at all: a regular file (on tmpfs, refused for its seals).
         path = self.sites.path("regular")
         with open(path, "wb") as f:
             f.truncate(4 * MIB)
