@@ -275,8 +275,8 @@ void SegmentRegistry::Drop(Connection& conn) {
 }
 
 absl::StatusOr<ShmMapping> ShmMapping::Open(const SegmentRegistry* registry,
-                                            const v1::ShmRegion& region, bool writable,
-                                            bool populate) {
+                                            const v1::ShmRegion& region, uint64_t max_length,
+                                            bool writable, bool populate) {
   if (region.segment().empty() && !region.name().empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shared memory named '", region.name(),
@@ -285,6 +285,11 @@ absl::StatusOr<ShmMapping> ShmMapping::Open(const SegmentRegistry* registry,
         "daemon?)"));
   }
   if (region.length() == 0) return ShmMapping(nullptr, 0, {});
+  if (region.length() > max_length) {
+    return absl::InvalidArgumentError(absl::StrCat("a buffer of ", region.length(),
+                                                   " bytes is larger than the largest exchange "
+                                                   "message (", max_length, " bytes)"));
+  }
   if (registry == nullptr) {
     return absl::FailedPreconditionError("this daemon serves no segment socket");
   }
@@ -393,7 +398,8 @@ grpc::Status ExchangeService::Group(grpc::ServerContext*, const v1::GroupRequest
 grpc::Status ExchangeService::AllReduce(grpc::ServerContext* context,
                                         const v1::AllReduceRequest* request,
                                         v1::OpResponse* response) {
-  auto shm = ShmMapping::Open(segments_.get(), request->buffer(), /*writable=*/true);
+  auto shm = ShmMapping::Open(segments_.get(), request->buffer(), max_buffer_bytes_,
+                              /*writable=*/true);
   if (!shm.ok()) {
     SetError(shm.status(), "", response->mutable_error());
     return grpc::Status::OK;
@@ -418,7 +424,8 @@ grpc::Status ExchangeService::Send(grpc::ServerContext* context, const v1::SendR
   // A streamed buffer is still being written: its pages fault in as the
   // hub reads each segment, overlapping the transfer, instead of delaying
   // the first segment by populating them all (~5 ms for 64 MiB here).
-  auto shm = ShmMapping::Open(segments_.get(), request->buffer(), /*writable=*/false,
+  auto shm = ShmMapping::Open(segments_.get(), request->buffer(), max_buffer_bytes_,
+                              /*writable=*/false,
                               /*populate=*/!request->streamed());
   if (!shm.ok()) {
     SetError(shm.status(), "", response->mutable_error());
@@ -437,7 +444,8 @@ grpc::Status ExchangeService::Send(grpc::ServerContext* context, const v1::SendR
 
 grpc::Status ExchangeService::Recv(grpc::ServerContext* context, const v1::RecvRequest* request,
                                    v1::OpResponse* response) {
-  auto shm = ShmMapping::Open(segments_.get(), request->buffer(), /*writable=*/true);
+  auto shm = ShmMapping::Open(segments_.get(), request->buffer(), max_buffer_bytes_,
+                              /*writable=*/true);
   if (!shm.ok()) {
     SetError(shm.status(), "", response->mutable_error());
     return grpc::Status::OK;

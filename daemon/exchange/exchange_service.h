@@ -91,12 +91,14 @@ class ShmMapping {
  public:
   // Checks that the region names a segment of `registry` (a request naming
   // a POSIX shm_open segment is refused: it could be truncated under the
-  // mapping) and that the segment holds offset + length bytes. With
+  // mapping), that length is at most `max_length` (mapping populates the
+  // pages, charged to the daemon) and that the segment holds offset +
+  // length bytes. With
   // `populate`, maps every page up front (one call instead of a fault per
   // page while the call copies).
   static absl::StatusOr<ShmMapping> Open(const SegmentRegistry* registry,
-                                         const v1::ShmRegion& region, bool writable,
-                                         bool populate = true);
+                                         const v1::ShmRegion& region, uint64_t max_length,
+                                         bool writable, bool populate = true);
   ShmMapping(ShmMapping&& other) noexcept;
   ShmMapping& operator=(ShmMapping&&) = delete;
   ~ShmMapping();
@@ -165,6 +167,8 @@ class ExchangeService final : public v1::Exchange::Service {
  private:
   ExchangeHub& hub_;
   std::unique_ptr<SegmentRegistry> segments_;  // set before serving, then read-only
+  // No buffer can carry more than the largest message the hub takes.
+  const uint64_t max_buffer_bytes_ = HubOptions{}.max_message_bytes;
   MappingReaper reaper_;
 };
 

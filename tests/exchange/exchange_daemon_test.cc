@@ -237,6 +237,18 @@ TEST_F(ExchangeDaemonTest, RequestsNamingUnsealedMemoryFailAloneWithAReason) {
     EXPECT_NE(response.error().message().find("no segment is registered"), std::string::npos)
         << response.error().message();
   }
+  // A buffer no message could fill would only make the daemon populate it.
+  request.set_op_id("raw-huge");
+  request.mutable_buffer()->set_length(uint64_t{8} << 30);
+  {
+    grpc::ClientContext context;
+    v1::OpResponse response;
+    ASSERT_TRUE(stub->Recv(&context, request, &response).ok());
+    EXPECT_EQ(response.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(response.error().message().find("larger than the largest exchange message"),
+              std::string::npos)
+        << response.error().message();
+  }
 
   std::string msg(1 << 20, 'r');
   ASSERT_TRUE(b->Send("site-a", "after", msg.data(), msg.size()).ok());
