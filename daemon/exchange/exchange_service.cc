@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -192,14 +193,33 @@ void SegmentRegistry::Loop() {
       }
       continue;
     }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) {
+      spdlog::error("segment socket {}: cannot tell who connected (SO_PEERCRED: {})",
+                    options_.path, std::strerror(errno));
+      close(fd);
+      continue;
+    }
+    const size_t of_user = std::count_if(connections_.begin(), connections_.end(),
+                                         [&](const Connection& c) { return c.uid == cred.uid; });
+    std::string refusal;
     if (connections_.size() >= options_.max_segments) {
-      const std::string answer = absl::StrCat("error the daemon holds ", connections_.size(),
-                                              " segments already, the most it takes\n");
+      refusal = absl::StrCat("the daemon holds ", connections_.size(),
+                             " segments already, the most it takes");
+    } else if (of_user >= options_.max_segments_per_user) {
+      refusal = absl::StrCat("the daemon holds ", of_user, " segments of uid ", cred.uid,
+                             " already, the most it takes per user");
+    }
+    if (!refusal.empty()) {
+      spdlog::warn("segment socket {}: refused a connection from pid {}: {}", options_.path,
+                   cred.pid, refusal);
+      const std::string answer = absl::StrCat("error ", refusal, "\n");
       send(fd, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
       close(fd);
       continue;
     }
-    connections_.push_back(Connection{fd, ""});
+    connections_.push_back(Connection{fd, cred.uid, ""});
   }
 }
 
@@ -243,22 +263,23 @@ bool SegmentRegistry::Register(Connection& conn) {
           absl::string_view(reinterpret_cast<const char*>(random), sizeof(random)));
     }
   }
+  // Registered before the answer: the client may name the token at once.
+  if (status.ok()) {
+    absl::MutexLock lock(&mu_);
+    segments_.emplace(token, received[0]);
+    conn.token = token;
+  }
   const std::string answer = status.ok() ? absl::StrCat("ok ", token, "\n")
                                          : absl::StrCat("error ", status.message(), "\n");
   const bool sent = send(conn.fd, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL) ==
                     static_cast<ssize_t>(answer.size());
-  if (!status.ok() || !sent) {
-    if (!status.ok()) {
-      spdlog::warn("segment socket {}: refused a segment: {}", options_.path,
-                   std::string(status.message()));
-    }
+  if (!status.ok()) {
+    spdlog::warn("segment socket {}: refused a segment: {}", options_.path,
+                 std::string(status.message()));
     for (int fd : received) close(fd);
     return false;
   }
-  absl::MutexLock lock(&mu_);
-  segments_.emplace(token, received[0]);
-  conn.token = std::move(token);
-  return true;
+  return sent;  // if not, Drop unregisters it
 }
 
 void SegmentRegistry::Drop(Connection& conn) {

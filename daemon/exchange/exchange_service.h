@@ -42,7 +42,8 @@ absl::Status CheckSealedSegment(int fd);
 // ShmRegion). Each connection registers one segment, answered by a random
 // 128-bit token; the segment stays registered until the client closes that
 // connection. A refused segment gets "error <reason>" and the connection is
-// closed. At most `max_segments` connections are open at once; further ones
+// closed. At most `max_segments` connections are open at once, at most
+// `max_segments_per_user` of them from one uid (SO_PEERCRED); further ones
 // are answered with an error and closed.
 //
 // Thread-safe. One thread accepts, reads registrations and notices closed
@@ -53,6 +54,7 @@ class SegmentRegistry {
     std::string path;  // the socket; a stale socket there is replaced
     mode_t mode = 0660;
     size_t max_segments = 1024;
+    size_t max_segments_per_user = 256;
   };
   static absl::StatusOr<std::unique_ptr<SegmentRegistry>> Start(Options options);
   ~SegmentRegistry();  // stops the thread, closes every connection and segment
@@ -67,6 +69,7 @@ class SegmentRegistry {
  private:
   struct Connection {
     int fd = -1;
+    uid_t uid = 0;
     std::string token;  // empty until its segment is registered
   };
   SegmentRegistry(Options options, int listen_fd, int wake_fd);

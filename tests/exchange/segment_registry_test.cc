@@ -34,7 +34,7 @@ class SegmentRegistryTest : public ::testing::Test {
     char tmpl[] = "/tmp/longhaul-segments-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
-    auto registry = SegmentRegistry::Start({dir_ + "/control.sock.shm", 0660, 2});
+    auto registry = SegmentRegistry::Start({dir_ + "/control.sock.shm", 0660, 2, 2});
     ASSERT_TRUE(registry.ok()) << registry.status();
     registry_ = *std::move(registry);
   }
@@ -138,9 +138,24 @@ TEST_F(SegmentRegistryTest, ConnectionsBeyondTheCapAreRefused) {
   const int second = Offer(memfd, answer);
   ASSERT_TRUE(absl::StartsWith(answer, "ok ")) << answer;
   close(Offer(memfd, answer));
-  EXPECT_TRUE(absl::StrContains(answer, "the most it takes")) << answer;
+  EXPECT_TRUE(absl::StrContains(answer, "segments already, the most it takes")) << answer;
   close(first);
   close(second);
+  close(memfd);
+}
+
+TEST_F(SegmentRegistryTest, OneUserCannotTakeEverySlot) {
+  registry_.reset();
+  auto registry = SegmentRegistry::Start({dir_ + "/per-user.shm", 0660, 4, 1});
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  registry_ = *std::move(registry);
+  const int memfd = SealedMemfd(4096, F_SEAL_SHRINK);
+  std::string answer;
+  const int first = Offer(memfd, answer);
+  ASSERT_TRUE(absl::StartsWith(answer, "ok ")) << answer;
+  close(Offer(memfd, answer));
+  EXPECT_TRUE(absl::StrContains(answer, "the most it takes per user")) << answer;
+  close(first);
   close(memfd);
 }
 

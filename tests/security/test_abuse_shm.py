@@ -9,6 +9,7 @@ shrunk; the daemon stays up, refuses what it cannot trust with an error that
 says why, and the next exchange and a checkpoint transfer started meanwhile
 both complete."""
 
+import errno
 import fcntl
 import glob
 import json
@@ -141,11 +142,14 @@ class ShmAbuseTest(unittest.TestCase):
         # client polls stays, the buffer the daemon writes into goes.
         truncated = []
         for path in segments:
+            fd = os.open(path, os.O_RDWR)
             try:
-                os.truncate(path, 4096)
+                os.ftruncate(fd, 4096)
                 truncated.append(path)
             except OSError as e:
-                self.assertIn(e.errno, (1,), f"truncating {path}: {e}")  # EPERM: sealed
+                self.assertEqual(e.errno, errno.EPERM, f"truncating {path}: {e}")  # sealed
+            finally:
+                os.close(fd)
         transfer_id = self.start_transfer()
         payload = os.urandom(MESSAGE)
         try:
