@@ -1,6 +1,7 @@
 #include "longhaul/exchange.h"
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -14,15 +15,13 @@
 #include <thread>
 #include <utility>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "client/deadline.h"
 #include "longhaul/shm_progress.h"
@@ -93,9 +92,9 @@ std::string SegmentSocketPath(absl::string_view address, const std::string& adve
   if (advertised.empty() || !absl::ConsumePrefix(&address, "unix:")) return advertised;
   if (absl::StartsWith(address, "//")) address.remove_prefix(2);
   const size_t name_at = advertised.rfind('/');
-  const absl::string_view name =
-      name_at == std::string::npos ? absl::string_view(advertised)
-                                   : absl::string_view(advertised).substr(name_at + 1);
+  const absl::string_view name = name_at == std::string::npos
+                                     ? absl::string_view(advertised)
+                                     : absl::string_view(advertised).substr(name_at + 1);
   const size_t dir_end = address.rfind('/');
   if (dir_end == absl::string_view::npos) return std::string(name);
   return absl::StrCat(address.substr(0, dir_end + 1), name);
@@ -151,9 +150,9 @@ absl::StatusOr<std::pair<int, std::string>> RegisterSegment(const std::string& s
     const ssize_t n = read(conn, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      return fail(absl::UnavailableError(absl::StrCat(
-          "the daemon did not answer the segment registration: ",
-          n == 0 ? "connection closed" : std::strerror(errno))));
+      return fail(absl::UnavailableError(
+          absl::StrCat("the daemon did not answer the segment registration: ",
+                       n == 0 ? "connection closed" : std::strerror(errno))));
     }
     answer.append(buf, n);
   }
@@ -171,8 +170,8 @@ absl::StatusOr<std::pair<int, std::string>> RegisterSegment(const std::string& s
 // longhaul/shm_progress.h says: the progress word, then the buffer (`base`,
 // `capacity` bytes) at shm::kDataOffset.
 struct Segment {
-  std::string token;         // names it in requests
-  int registration = -1;     // the connection to the segment socket; open while registered
+  std::string token;      // names it in requests
+  int registration = -1;  // the connection to the segment socket; open while registered
   uint8_t* mapping = nullptr;
   uint8_t* base = nullptr;
   size_t capacity = 0;
@@ -202,8 +201,8 @@ struct Segment {
           "cannot size a memfd segment to ", seg->mapped(), " bytes: ", std::strerror(errno))));
     }
     if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-      return fail(absl::InternalError(
-          absl::StrCat("cannot seal a memfd segment: ", std::strerror(errno))));
+      return fail(
+          absl::InternalError(absl::StrCat("cannot seal a memfd segment: ", std::strerror(errno))));
     }
     void* base = mmap(nullptr, seg->mapped(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
@@ -322,7 +321,8 @@ class Work final : public ExchangeWork {
                  finish = std::move(finish)]() mutable {
       grpc::ClientContext context;
       auto response = rpc(&context, seg.get());
-      absl::Status status = response.ok() ? FromExchangeError(response->error()) : response.status();
+      absl::Status status =
+          response.ok() ? FromExchangeError(response->error()) : response.status();
       if (response.ok()) group_->Observe(response->view());
       if (status.ok() && finish) finish(*response, *seg);
       if (seg) group_->Release(std::move(seg));
@@ -359,8 +359,8 @@ class Work final : public ExchangeWork {
     absl::MutexLock lock(&mu_);
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "exchange operation still running after ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("exchange operation still running after ", absl::FormatDuration(timeout)));
     }
     return status_;
   }
@@ -484,16 +484,16 @@ ExchangeGroup::~ExchangeGroup() {
   impl_->stub->Leave(&context, request, &response);  // best effort
 }
 
-absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(const std::string& daemon_address,
-                                                                   const std::string& name,
-                                                                   std::vector<std::string> sites,
-                                                                   absl::Duration deadline) {
+absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(
+    const std::string& daemon_address, const std::string& name, std::vector<std::string> sites,
+    absl::Duration deadline) {
   auto impl = std::make_shared<Impl>();
   impl->address = daemon_address;
   impl->name = name;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  impl->channel = grpc::CreateCustomChannel(daemon_address, grpc::InsecureChannelCredentials(), args);
+  impl->channel =
+      grpc::CreateCustomChannel(daemon_address, grpc::InsecureChannelCredentials(), args);
   const absl::Time until = client_internal::MonotonicNow() + deadline;
   if (!impl->channel->WaitForConnected(client_internal::GrpcDeadlineAt(
           std::min(until, client_internal::MonotonicNow() + absl::Seconds(10))))) {
@@ -623,7 +623,7 @@ std::unique_ptr<Work> StartRecv(const std::shared_ptr<ExchangeGroup::Impl>& grou
   return std::make_unique<Work>(
       group, request.op_id(), std::move(*seg),
       [impl, request, timeout, streamed, out, bytes, drained](grpc::ClientContext* context,
-                                                               Segment* seg) {
+                                                              Segment* seg) {
         if (!streamed) return CallOp(*impl, &v1::Exchange::Stub::Recv, request, timeout, context);
         return CallOpWorking(
             *impl, &v1::Exchange::Stub::PrepareAsyncRecv, request, timeout, context, nullptr,
@@ -632,7 +632,8 @@ std::unique_ptr<Work> StartRecv(const std::shared_ptr<ExchangeGroup::Impl>& grou
       [out, bytes, streamed, drained](const v1::OpResponse& r, Segment& seg) {
         const size_t n = std::min<size_t>(r.bytes(), bytes);
         size_t from = 0;
-        if (streamed && drained->epoch != 0 && seg.progress().LoadLanded().epoch == drained->epoch) {
+        if (streamed && drained->epoch != 0 &&
+            seg.progress().LoadLanded().epoch == drained->epoch) {
           from = std::min<size_t>(drained->bytes, n);
         }
         std::memcpy(out + from, seg.base + from, n - from);
@@ -656,7 +657,8 @@ std::unique_ptr<ExchangeWork> ExchangeGroup::RecvAsync(const std::string& site,
 
 absl::Status ExchangeGroup::Send(const std::string& site, const std::string& tag, const void* data,
                                  size_t bytes, absl::Duration timeout) {
-  return StartSend(impl_, site, tag, data, bytes, timeout, /*on_caller=*/true)->Wait(absl::InfiniteDuration());
+  return StartSend(impl_, site, tag, data, bytes, timeout, /*on_caller=*/true)
+      ->Wait(absl::InfiniteDuration());
 }
 
 absl::StatusOr<size_t> ExchangeGroup::Recv(const std::string& site, const std::string& tag,

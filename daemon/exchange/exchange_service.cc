@@ -49,9 +49,9 @@ absl::Status ShareProgress(bool streamed, const ShmMapping& shm, P2PArgs& args) 
   if (!streamed || shm.bytes().empty()) return absl::OkStatus();
   uint64_t* word = shm.progress_word();
   if (word == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a streamed buffer must start at least ", shm::kDataOffset,
-        " bytes into its segment (the progress word comes first)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a streamed buffer must start at least ", shm::kDataOffset,
+                     " bytes into its segment (the progress word comes first)"));
   }
   args.progress.emplace(word);
   return absl::OkStatus();
@@ -62,9 +62,9 @@ absl::Status ShareProgress(bool streamed, const ShmMapping& shm, P2PArgs& args) 
 absl::Status CheckSealedSegment(int fd) {
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the segment is not a memfd made with MFD_ALLOW_SEALING (F_GET_SEALS: ",
-        std::strerror(errno), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the segment is not a memfd made with MFD_ALLOW_SEALING (F_GET_SEALS: ",
+                     std::strerror(errno), ")"));
   }
   struct statfs fs;
   if (fstatfs(fd, &fs) != 0) return ErrnoError("fstatfs of a segment");
@@ -196,8 +196,8 @@ void SegmentRegistry::Loop() {
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) {
-      spdlog::error("segment socket {}: cannot tell who connected (SO_PEERCRED: {})",
-                    options_.path, std::strerror(errno));
+      spdlog::error("segment socket {}: cannot tell who connected (SO_PEERCRED: {})", options_.path,
+                    std::strerror(errno));
       close(fd);
       continue;
     }
@@ -309,7 +309,8 @@ absl::StatusOr<ShmMapping> ShmMapping::Open(const SegmentRegistry* registry,
   if (region.length() > max_length) {
     return absl::InvalidArgumentError(absl::StrCat("a buffer of ", region.length(),
                                                    " bytes is larger than the largest exchange "
-                                                   "message (", max_length, " bytes)"));
+                                                   "message (",
+                                                   max_length, " bytes)"));
   }
   if (registry == nullptr) {
     return absl::FailedPreconditionError("this daemon serves no segment socket");
@@ -334,8 +335,7 @@ absl::StatusOr<ShmMapping> ShmMapping::Open(const SegmentRegistry* registry,
   int e = errno;
   close(*fd);
   if (base == MAP_FAILED) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot map the segment: ", std::strerror(e)));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map the segment: ", std::strerror(e)));
   }
   return ShmMapping(base, end,
                     absl::MakeSpan(static_cast<uint8_t*>(base) + region.offset(), region.length()));
@@ -353,7 +353,8 @@ ShmMapping::~ShmMapping() {
 MappingReaper::MappingReaper()
     : thread_([this] {
         absl::MutexLock lock(&mu_);
-        auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !retired_.empty(); };
+        auto work = [this]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !retired_.empty(); };
         while (true) {
           mu_.Await(absl::Condition(&work));
           if (retired_.empty()) return;  // stopping, and nothing left
@@ -452,8 +453,12 @@ grpc::Status ExchangeService::Send(grpc::ServerContext* context, const v1::SendR
     SetError(shm.status(), "", response->mutable_error());
     return grpc::Status::OK;
   }
-  P2PArgs args{request->group(), request->op_id(), request->peer(), request->tag(),
-               Timeout(request->timeout_ms()), [context] { return context->IsCancelled(); }};
+  P2PArgs args{request->group(),
+               request->op_id(),
+               request->peer(),
+               request->tag(),
+               Timeout(request->timeout_ms()),
+               [context] { return context->IsCancelled(); }};
   if (absl::Status s = ShareProgress(request->streamed(), *shm, args); !s.ok()) {
     SetError(s, "", response->mutable_error());
     return grpc::Status::OK;
@@ -471,8 +476,12 @@ grpc::Status ExchangeService::Recv(grpc::ServerContext* context, const v1::RecvR
     SetError(shm.status(), "", response->mutable_error());
     return grpc::Status::OK;
   }
-  P2PArgs args{request->group(), request->op_id(), request->peer(), request->tag(),
-               Timeout(request->timeout_ms()), [context] { return context->IsCancelled(); }};
+  P2PArgs args{request->group(),
+               request->op_id(),
+               request->peer(),
+               request->tag(),
+               Timeout(request->timeout_ms()),
+               [context] { return context->IsCancelled(); }};
   if (absl::Status s = ShareProgress(request->streamed(), *shm, args); !s.ok()) {
     SetError(s, "", response->mutable_error());
     return grpc::Status::OK;

@@ -1,6 +1,7 @@
 // Two real daemons (deploy/local-sites.sh on loopback) and the C++ client:
 // all-reduce through shared memory and the EXCHANGE peer links.
 
+#include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -12,8 +13,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -208,7 +207,8 @@ TEST_F(ExchangeDaemonTest, SendRecvCancelAndTimeout) {
 TEST_F(ExchangeDaemonTest, RequestsNamingUnsealedMemoryFailAloneWithAReason) {
   auto [a, b] = JoinBoth("raw");
   ASSERT_TRUE(a && b);
-  auto stub = v1::Exchange::NewStub(grpc::CreateChannel(site_a_, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::Exchange::NewStub(grpc::CreateChannel(site_a_, grpc::InsecureChannelCredentials()));
   v1::RecvRequest request;
   request.set_group("raw");
   request.set_op_id("raw-legacy");

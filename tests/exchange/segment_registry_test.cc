@@ -24,7 +24,9 @@ int SealedMemfd(size_t bytes, unsigned seals) {
   const int fd = memfd_create("longhaul-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   EXPECT_GE(fd, 0);
   EXPECT_EQ(ftruncate(fd, bytes), 0);
-  if (seals != 0) EXPECT_EQ(fcntl(fd, F_ADD_SEALS, seals), 0);
+  if (seals != 0) {
+    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, seals), 0);
+  }
   return fd;
 }
 
