@@ -1,22 +1,27 @@
 #include "longhaul/exchange.h"
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "client/deadline.h"
 #include "longhaul/shm_progress.h"
@@ -78,11 +83,95 @@ std::string RandomHex() {
   return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
 }
 
-// A POSIX shared-memory segment the daemon maps by name. Owned by one group.
-// Laid out as longhaul/shm_progress.h says: the progress word, then the
-// buffer (`base`, `capacity` bytes) at shm::kDataOffset.
+// The daemon's segment socket as this process reaches it: beside the
+// control socket at `address`, under the name the daemon advertised. The
+// two processes may see that directory at different paths (containers of
+// one pod sharing a volume); an address that is not a Unix path takes the
+// advertised path as it is.
+std::string SegmentSocketPath(absl::string_view address, const std::string& advertised) {
+  if (advertised.empty() || !absl::ConsumePrefix(&address, "unix:")) return advertised;
+  if (absl::StartsWith(address, "//")) address.remove_prefix(2);
+  const size_t name_at = advertised.rfind('/');
+  const absl::string_view name = name_at == std::string::npos
+                                     ? absl::string_view(advertised)
+                                     : absl::string_view(advertised).substr(name_at + 1);
+  const size_t dir_end = address.rfind('/');
+  if (dir_end == absl::string_view::npos) return std::string(name);
+  return absl::StrCat(address.substr(0, dir_end + 1), name);
+}
+
+// Sends `memfd` to the daemon's segment socket at `socket_path`; returns
+// the connection (its registration lasts as long as it stays open) and the
+// token the daemon answered.
+absl::StatusOr<std::pair<int, std::string>> RegisterSegment(const std::string& socket_path,
+                                                            int memfd) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the daemon's segment socket path '", socket_path, "' is unusable"));
+  }
+  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
+  const int conn = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (conn < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("socket: ", std::strerror(errno)));
+  }
+  auto fail = [conn](absl::Status status) {
+    close(conn);
+    return status;
+  };
+  // The daemon answers at once; this bounds a daemon that hangs.
+  const timeval timeout{10, 0};
+  setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  if (connect(conn, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return fail(absl::UnavailableError(absl::StrCat("cannot reach the daemon's segment socket ",
+                                                    socket_path, ": ", std::strerror(errno))));
+  }
+  char byte = 'S';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
+  if (sendmsg(conn, &msg, MSG_NOSIGNAL) != 1) {
+    return fail(absl::UnavailableError(
+        absl::StrCat("cannot register a segment with the daemon: ", std::strerror(errno))));
+  }
+  std::string answer;
+  char buf[256];
+  while (answer.find('\n') == std::string::npos && answer.size() < 4096) {
+    const ssize_t n = read(conn, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return fail(absl::UnavailableError(
+          absl::StrCat("the daemon did not answer the segment registration: ",
+                       n == 0 ? "connection closed" : std::strerror(errno))));
+    }
+    answer.append(buf, n);
+  }
+  answer = answer.substr(0, answer.find('\n'));
+  if (!absl::StartsWith(answer, "ok ")) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("the daemon refused the segment: ", absl::StripPrefix(answer, "error "))));
+  }
+  return std::make_pair(conn, answer.substr(3));
+}
+
+// A sealed memfd segment lent to the daemon (exchange.proto, ShmRegion).
+// Owned by one group. Sealed against shrinking and growing, so the daemon's
+// mapping of it stays valid whatever happens here. Laid out as
+// longhaul/shm_progress.h says: the progress word, then the buffer (`base`,
+// `capacity` bytes) at shm::kDataOffset.
 struct Segment {
-  std::string name;
+  std::string token;      // names it in requests
+  int registration = -1;  // the connection to the segment socket; open while registered
   uint8_t* mapping = nullptr;
   uint8_t* base = nullptr;
   size_t capacity = 0;
@@ -90,46 +179,56 @@ struct Segment {
   shm::ProgressWord progress() { return shm::ProgressWord(reinterpret_cast<uint64_t*>(mapping)); }
   size_t mapped() const { return shm::kDataOffset + capacity; }
 
-  static absl::StatusOr<std::unique_ptr<Segment>> Create(size_t bytes) {
+  static absl::StatusOr<std::unique_ptr<Segment>> Create(size_t bytes,
+                                                         const std::string& socket_path) {
+    if (socket_path.empty()) {
+      return absl::FailedPreconditionError(
+          "longhauld takes no sealed shared-memory segments (too old?)");
+    }
     auto seg = std::make_unique<Segment>();
-    seg->name = absl::StrCat("/longhaul-", getpid(), "-", RandomHex());
     seg->capacity = std::max<size_t>(bytes, 4096);
-    int fd = shm_open(seg->name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    const int fd = memfd_create("longhaul-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("cannot create shared memory ", seg->name, ": ", std::strerror(errno)));
+          absl::StrCat("cannot create a memfd segment: ", std::strerror(errno)));
     }
-    // The daemon may run as another user of the control socket's group.
-    fchmod(fd, 0660);
-    if (ftruncate(fd, seg->mapped()) != 0) {
-      int e = errno;
+    auto fail = [fd](absl::Status status) {
       close(fd);
-      shm_unlink(seg->name.c_str());
-      return absl::ResourceExhaustedError(absl::StrCat("cannot size shared memory to ", seg->mapped(),
-                                                       " bytes: ", std::strerror(e)));
+      return status;
+    };
+    if (ftruncate(fd, seg->mapped()) != 0) {
+      return fail(absl::ResourceExhaustedError(absl::StrCat(
+          "cannot size a memfd segment to ", seg->mapped(), " bytes: ", std::strerror(errno))));
+    }
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      return fail(
+          absl::InternalError(absl::StrCat("cannot seal a memfd segment: ", std::strerror(errno))));
     }
     void* base = mmap(nullptr, seg->mapped(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int e = errno;
-    close(fd);
     if (base == MAP_FAILED) {
-      shm_unlink(seg->name.c_str());
-      return absl::ResourceExhaustedError(absl::StrCat("cannot map shared memory: ", std::strerror(e)));
+      return fail(absl::ResourceExhaustedError(
+          absl::StrCat("cannot map a memfd segment: ", std::strerror(errno))));
     }
     seg->mapping = static_cast<uint8_t*>(base);
     seg->base = seg->mapping + shm::kDataOffset;
+    auto registered = RegisterSegment(socket_path, fd);
+    close(fd);  // the mapping and the daemon hold the memory from here on
+    if (!registered.ok()) return registered.status();
+    seg->registration = registered->first;
+    seg->token = std::move(registered->second);
     return seg;
   }
 
   // Names `bytes` of the buffer in a request.
   void Describe(size_t bytes, v1::ShmRegion* region) const {
-    region->set_name(name);
+    region->set_segment(token);
     region->set_offset(shm::kDataOffset);
     region->set_length(bytes);
   }
 
   ~Segment() {
     if (mapping != nullptr) munmap(mapping, mapped());
-    if (!name.empty()) shm_unlink(name.c_str());
+    if (registration >= 0) close(registration);
   }
 };
 
@@ -154,6 +253,9 @@ struct ExchangeGroup::Impl {
   std::unique_ptr<v1::Exchange::Stub> stub;
   // The daemon said at Join that it takes streamed Send and Recv buffers.
   bool streamed = false;
+  // Where the daemon takes segments (JoinResponse.segment_socket, as seen
+  // from here).
+  std::string segment_socket;
 
   absl::Mutex mu;
   uint64_t generation ABSL_GUARDED_BY(mu) = 0;
@@ -177,7 +279,7 @@ struct ExchangeGroup::Impl {
         return seg;
       }
     }
-    return Segment::Create(bytes);
+    return Segment::Create(bytes, segment_socket);
   }
 
   void Release(std::unique_ptr<Segment> seg) {
@@ -219,7 +321,8 @@ class Work final : public ExchangeWork {
                  finish = std::move(finish)]() mutable {
       grpc::ClientContext context;
       auto response = rpc(&context, seg.get());
-      absl::Status status = response.ok() ? FromExchangeError(response->error()) : response.status();
+      absl::Status status =
+          response.ok() ? FromExchangeError(response->error()) : response.status();
       if (response.ok()) group_->Observe(response->view());
       if (status.ok() && finish) finish(*response, *seg);
       if (seg) group_->Release(std::move(seg));
@@ -256,8 +359,8 @@ class Work final : public ExchangeWork {
     absl::MutexLock lock(&mu_);
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "exchange operation still running after ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("exchange operation still running after ", absl::FormatDuration(timeout)));
     }
     return status_;
   }
@@ -381,16 +484,16 @@ ExchangeGroup::~ExchangeGroup() {
   impl_->stub->Leave(&context, request, &response);  // best effort
 }
 
-absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(const std::string& daemon_address,
-                                                                   const std::string& name,
-                                                                   std::vector<std::string> sites,
-                                                                   absl::Duration deadline) {
+absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(
+    const std::string& daemon_address, const std::string& name, std::vector<std::string> sites,
+    absl::Duration deadline) {
   auto impl = std::make_shared<Impl>();
   impl->address = daemon_address;
   impl->name = name;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  impl->channel = grpc::CreateCustomChannel(daemon_address, grpc::InsecureChannelCredentials(), args);
+  impl->channel =
+      grpc::CreateCustomChannel(daemon_address, grpc::InsecureChannelCredentials(), args);
   const absl::Time until = client_internal::MonotonicNow() + deadline;
   if (!impl->channel->WaitForConnected(client_internal::GrpcDeadlineAt(
           std::min(until, client_internal::MonotonicNow() + absl::Seconds(10))))) {
@@ -412,6 +515,7 @@ absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(const std::st
   if (absl::Status s = FromExchangeError(response.error()); !s.ok()) return s;
   impl->local_site = response.view().local_site();
   impl->streamed = response.streamed_buffers();
+  impl->segment_socket = SegmentSocketPath(daemon_address, response.segment_socket());
   impl->Observe(response.view());
   return std::unique_ptr<ExchangeGroup>(new ExchangeGroup(std::move(impl)));
 }
@@ -519,7 +623,7 @@ std::unique_ptr<Work> StartRecv(const std::shared_ptr<ExchangeGroup::Impl>& grou
   return std::make_unique<Work>(
       group, request.op_id(), std::move(*seg),
       [impl, request, timeout, streamed, out, bytes, drained](grpc::ClientContext* context,
-                                                               Segment* seg) {
+                                                              Segment* seg) {
         if (!streamed) return CallOp(*impl, &v1::Exchange::Stub::Recv, request, timeout, context);
         return CallOpWorking(
             *impl, &v1::Exchange::Stub::PrepareAsyncRecv, request, timeout, context, nullptr,
@@ -528,7 +632,8 @@ std::unique_ptr<Work> StartRecv(const std::shared_ptr<ExchangeGroup::Impl>& grou
       [out, bytes, streamed, drained](const v1::OpResponse& r, Segment& seg) {
         const size_t n = std::min<size_t>(r.bytes(), bytes);
         size_t from = 0;
-        if (streamed && drained->epoch != 0 && seg.progress().LoadLanded().epoch == drained->epoch) {
+        if (streamed && drained->epoch != 0 &&
+            seg.progress().LoadLanded().epoch == drained->epoch) {
           from = std::min<size_t>(drained->bytes, n);
         }
         std::memcpy(out + from, seg.base + from, n - from);
@@ -552,7 +657,8 @@ std::unique_ptr<ExchangeWork> ExchangeGroup::RecvAsync(const std::string& site,
 
 absl::Status ExchangeGroup::Send(const std::string& site, const std::string& tag, const void* data,
                                  size_t bytes, absl::Duration timeout) {
-  return StartSend(impl_, site, tag, data, bytes, timeout, /*on_caller=*/true)->Wait(absl::InfiniteDuration());
+  return StartSend(impl_, site, tag, data, bytes, timeout, /*on_caller=*/true)
+      ->Wait(absl::InfiniteDuration());
 }
 
 absl::StatusOr<size_t> ExchangeGroup::Recv(const std::string& site, const std::string& tag,

@@ -25,7 +25,6 @@
 #include "daemon/peer/rate_limiter.h"
 #include "daemon/peer/receiver.h"
 #include "daemon/peer/messaging.h"
-#include "daemon/peer/memory_budget.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/memory_budget.h"
 #include "daemon/peer/router.h"
@@ -38,11 +37,6 @@
 #include "storage/journal.h"
 
 namespace longhaul::daemon {
-// daemon/peer/memory_budget.h declares longhaul::daemon::peer, which hides
-// longhaul::peer here: its names are found through it.
-namespace peer {
-using namespace ::longhaul::peer;  // NOLINT(build/namespaces)
-}  // namespace peer
 namespace {
 
 int Fail(absl::string_view what, const absl::Status& status) {
@@ -161,7 +155,7 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
 
   // What each peer site may make this daemon hold (peer_limits.memory_per_peer): the receiver's
   // buffers here, and the exchange hub's unclaimed messages, from one budget.
-  daemon::peer::PeerMemoryBudget memory_budget(config->peer_limits.memory_per_peer);
+  peer::PeerMemoryBudget memory_budget(config->peer_limits.memory_per_peer);
   longhaul::peer::Receiver receiver(*config, **journal, storage::PosixFileSystem(), &memory_budget);
   receiver.FinishInterruptedPublishes();
   receiver.StartExpirySweep();
@@ -196,12 +190,10 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   longhaul::peer::PriorityGate gate;
   std::vector<std::string> exchange_peers;
   for (const PeerConfig& p : config->peers) exchange_peers.push_back(p.site);
-  // What each peer may make this daemon hold (peer_limits.memory_per_peer).
-  peer::PeerMemoryBudget peer_memory_budget(config->peer_limits.memory_per_peer);
   exchange::HubOptions hub_options;
   hub_options.max_unclaimed_messages_per_peer =
       config->peer_limits.max_unclaimed_messages_per_peer;
-  hub_options.memory_budget = &peer_memory_budget;
+  hub_options.memory_budget = &memory_budget;
   exchange::ExchangeHub exchange_hub(
       config->site, exchange_peers,
       [&config, &transport](const std::string& site)
@@ -250,6 +242,9 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   std::string socket_path = config->control_socket;
   std::filesystem::create_directories(std::filesystem::path(socket_path).parent_path(), ec);
   exchange::ExchangeService exchange_service(exchange_hub);
+  if (absl::Status s = exchange_service.ServeSegments({socket_path + ".shm", 0660}); !s.ok()) {
+    return Fail("cannot serve the exchange segment socket", s);
+  }
   auto local_server =
       LocalControlServer::Start({socket_path, 0660},
                                 [&manager, &limiter, &identity](const Caller& caller) {

@@ -128,7 +128,7 @@ struct ExchangeHub::PeerUse {
 class ExchangeHub::Unclaimed {
  public:
   Unclaimed() = default;
-  Unclaimed(daemon::peer::MemoryReservation bytes, std::shared_ptr<PeerUse> use)
+  Unclaimed(peer::MemoryReservation bytes, std::shared_ptr<PeerUse> use)
       : bytes_(std::move(bytes)), use_(std::move(use)) {
     use_->messages.fetch_add(1);
   }
@@ -150,7 +150,7 @@ class ExchangeHub::Unclaimed {
   }
 
  private:
-  daemon::peer::MemoryReservation bytes_;
+  peer::MemoryReservation bytes_;
   std::shared_ptr<PeerUse> use_;
 };
 
@@ -756,9 +756,9 @@ absl::StatusOr<ExchangeHub::Unclaimed> ExchangeHub::TryClaim(const std::string& 
         " exchange messages from ", from,
         " that no call there has asked for (peer_limits.max_unclaimed_messages_per_peer)"));
   }
-  daemon::peer::MemoryReservation reserved;
+  peer::MemoryReservation reserved;
   if (options_.memory_budget != nullptr && bytes > 0) {
-    reserved = daemon::peer::MemoryReservation::TryTake(options_.memory_budget, from, bytes);
+    reserved = peer::MemoryReservation::TryTake(options_.memory_budget, from, bytes);
     if (reserved.bytes() == 0) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "a ", bytes, "-byte exchange message from ", from, " would take what ", from,

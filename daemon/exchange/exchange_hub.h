@@ -133,7 +133,7 @@ struct HubOptions {
   uint32_t max_unclaimed_messages_per_peer = 4096;
   // Not owned, may be null (no byte limit per peer): the bytes of a peer's
   // unclaimed messages are reserved here under its site while they wait.
-  daemon::peer::PeerMemoryBudget* memory_budget = nullptr;
+  peer::PeerMemoryBudget* memory_budget = nullptr;
 };
 
 struct OpResult {

@@ -1,20 +1,28 @@
 #include "daemon/exchange/exchange_service.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
+#include "common/errno_status.h"
+#include "spdlog/spdlog.h"
 
 namespace longhaul::exchange {
 namespace {
-
-constexpr absl::string_view kShmPrefix = "/longhaul-";
 
 absl::Duration Timeout(uint32_t timeout_ms) {
   return timeout_ms == 0 ? absl::Seconds(60) : absl::Milliseconds(timeout_ms);
@@ -41,9 +49,9 @@ absl::Status ShareProgress(bool streamed, const ShmMapping& shm, P2PArgs& args) 
   if (!streamed || shm.bytes().empty()) return absl::OkStatus();
   uint64_t* word = shm.progress_word();
   if (word == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a streamed buffer must start at least ", shm::kDataOffset,
-        " bytes into its segment (the progress word comes first)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a streamed buffer must start at least ", shm::kDataOffset,
+                     " bytes into its segment (the progress word comes first)"));
   }
   args.progress.emplace(word);
   return absl::OkStatus();
@@ -51,45 +59,283 @@ absl::Status ShareProgress(bool streamed, const ShmMapping& shm, P2PArgs& args) 
 
 }  // namespace
 
-absl::StatusOr<ShmMapping> ShmMapping::Open(const v1::ShmRegion& region, bool writable,
-                                            bool populate) {
-  const std::string& name = region.name();
-  bool name_ok = absl::StartsWith(name, kShmPrefix) && name.size() > kShmPrefix.size() &&
-                 name.size() <= 255;
-  for (size_t i = kShmPrefix.size(); name_ok && i < name.size(); ++i) {
-    char c = name[i];
-    name_ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-';
+absl::Status CheckSealedSegment(int fd) {
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the segment is not a memfd made with MFD_ALLOW_SEALING (F_GET_SEALS: ",
+                     std::strerror(errno), ")"));
   }
-  if (!name_ok) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shared-memory name '", name, "' is not /longhaul-[A-Za-z0-9._-]+"));
-  }
-  if (region.length() == 0) return ShmMapping(nullptr, 0, {});
-  int fd = shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0);
-  if (fd < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot open shared memory ", name, ": ", std::strerror(errno)));
+  struct statfs fs;
+  if (fstatfs(fd, &fs) != 0) return ErrnoError("fstatfs of a segment");
+  if (fs.f_type != TMPFS_MAGIC) {
+    return absl::FailedPreconditionError(
+        "the segment is not a memfd on tmpfs (a hugetlbfs memfd faults when the huge page pool "
+        "runs out)");
   }
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
+  if (fstat(fd, &st) != 0) return ErrnoError("fstat of a segment");
+  if (!S_ISREG(st.st_mode)) return absl::FailedPreconditionError("the segment is not a memfd");
+  if ((seals & F_SEAL_SHRINK) == 0) {
+    return absl::FailedPreconditionError(
+        "the segment is not a memfd sealed with F_SEAL_SHRINK: its owner could truncate it "
+        "while the daemon has it mapped");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SegmentRegistry>> SegmentRegistry::Start(Options options) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (options.path.empty() || options.path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("segment socket path '", options.path,
+                                                   "' must be 1 to ", sizeof(addr.sun_path) - 1,
+                                                   " bytes long"));
+  }
+  std::memcpy(addr.sun_path, options.path.data(), options.path.size());
+  struct stat st;
+  if (lstat(options.path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) unlink(options.path.c_str());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return ErrnoError("cannot create the segment socket");
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    absl::Status s = ErrnoError(absl::StrCat("cannot bind the segment socket ", options.path));
     close(fd);
-    return absl::InternalError(absl::StrCat("fstat of ", name, ": ", std::strerror(e)));
+    return s;
+  }
+  // Before listen(2), so nobody connects under the mode it was created with.
+  if (chmod(options.path.c_str(), options.mode) != 0 || listen(fd, SOMAXCONN) != 0) {
+    absl::Status s = ErrnoError(absl::StrCat("cannot listen on the segment socket ", options.path));
+    close(fd);
+    return s;
+  }
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    absl::Status s = ErrnoError("cannot create an eventfd");
+    close(fd);
+    return s;
+  }
+  auto registry =
+      std::unique_ptr<SegmentRegistry>(new SegmentRegistry(std::move(options), fd, wake));
+  registry->thread_ = std::thread([r = registry.get()] { r->Loop(); });
+  return registry;
+}
+
+SegmentRegistry::SegmentRegistry(Options options, int listen_fd, int wake_fd)
+    : options_(std::move(options)), listen_fd_(listen_fd), wake_fd_(wake_fd) {}
+
+SegmentRegistry::~SegmentRegistry() {
+  const uint64_t one = 1;
+  if (write(wake_fd_, &one, sizeof(one)) != sizeof(one)) {
+    spdlog::error("cannot wake the segment socket's thread: {}", std::strerror(errno));
+  }
+  thread_.join();
+  for (Connection& conn : connections_) Drop(conn);
+  close(listen_fd_);
+  close(wake_fd_);
+  unlink(options_.path.c_str());
+}
+
+absl::StatusOr<int> SegmentRegistry::Dup(absl::string_view token) const {
+  absl::MutexLock lock(&mu_);
+  auto it = segments_.find(token);
+  if (it == segments_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no segment is registered under token '", token,
+                     "' (the client closed its registration, or never made it)"));
+  }
+  const int fd = fcntl(it->second, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return ErrnoError("cannot duplicate a segment's fd");
+  return fd;
+}
+
+void SegmentRegistry::Loop() {
+  std::vector<pollfd> fds;
+  for (;;) {
+    fds.assign({{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}});
+    for (const Connection& conn : connections_) fds.push_back({conn.fd, POLLIN, 0});
+    if (poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::critical("segment socket {}: poll failed: {}; no new segments are taken",
+                       options_.path, std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    // Connections first: fds[i + 2] is connections_[i] until one is erased.
+    size_t kept = 0;
+    for (size_t i = 0; i < connections_.size(); ++i) {
+      Connection& conn = connections_[i];
+      bool open = true;
+      if (fds[i + 2].revents != 0) {
+        if (conn.token.empty()) {
+          open = Register(conn);
+        } else {
+          // A registered connection has nothing more to say: data or EOF
+          // both end it.
+          char byte;
+          const ssize_t n = recv(conn.fd, &byte, 1, MSG_DONTWAIT);
+          open = n < 0 && (errno == EAGAIN || errno == EINTR);
+        }
+      }
+      if (open) {
+        connections_[kept++] = conn;
+      } else {
+        Drop(conn);
+      }
+    }
+    connections_.resize(kept);
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+      spdlog::error("segment socket {}: accept failed: {}", options_.path, std::strerror(errno));
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        poll(nullptr, 0, 100);
+      }
+      continue;
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) {
+      spdlog::error("segment socket {}: cannot tell who connected (SO_PEERCRED: {})", options_.path,
+                    std::strerror(errno));
+      close(fd);
+      continue;
+    }
+    const size_t of_user = std::count_if(connections_.begin(), connections_.end(),
+                                         [&](const Connection& c) { return c.uid == cred.uid; });
+    std::string refusal;
+    if (connections_.size() >= options_.max_segments) {
+      refusal = absl::StrCat("the daemon holds ", connections_.size(),
+                             " segments already, the most it takes");
+    } else if (of_user >= options_.max_segments_per_user) {
+      refusal = absl::StrCat("the daemon holds ", of_user, " segments of uid ", cred.uid,
+                             " already, the most it takes per user");
+    }
+    if (!refusal.empty()) {
+      spdlog::warn("segment socket {}: refused a connection from pid {}: {}", options_.path,
+                   cred.pid, refusal);
+      const std::string answer = absl::StrCat("error ", refusal, "\n");
+      send(fd, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      close(fd);
+      continue;
+    }
+    connections_.push_back(Connection{fd, cred.uid, ""});
+  }
+}
+
+bool SegmentRegistry::Register(Connection& conn) {
+  char byte;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(conn.fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n < 0) return errno == EAGAIN || errno == EINTR;
+  if (n == 0) return false;
+  std::vector<int> received;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      received.push_back(fd);
+    }
+  }
+  absl::Status status = absl::OkStatus();
+  if ((msg.msg_flags & MSG_CTRUNC) != 0 || received.size() != 1) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "a registration is one byte carrying exactly one memfd (SCM_RIGHTS); this one carried ",
+        received.size(), (msg.msg_flags & MSG_CTRUNC) != 0 ? " or more" : ""));
+  } else {
+    status = CheckSealedSegment(received[0]);
+  }
+  std::string token;
+  if (status.ok()) {
+    uint8_t random[16];
+    if (getrandom(random, sizeof(random), 0) != sizeof(random)) {
+      status = ErrnoError("getrandom for a segment token");
+    } else {
+      token = absl::BytesToHexString(
+          absl::string_view(reinterpret_cast<const char*>(random), sizeof(random)));
+    }
+  }
+  // Registered before the answer: the client may name the token at once.
+  if (status.ok()) {
+    absl::MutexLock lock(&mu_);
+    segments_.emplace(token, received[0]);
+    conn.token = token;
+  }
+  const std::string answer = status.ok() ? absl::StrCat("ok ", token, "\n")
+                                         : absl::StrCat("error ", status.message(), "\n");
+  const bool sent = send(conn.fd, answer.data(), answer.size(), MSG_DONTWAIT | MSG_NOSIGNAL) ==
+                    static_cast<ssize_t>(answer.size());
+  if (!status.ok()) {
+    spdlog::warn("segment socket {}: refused a segment: {}", options_.path,
+                 std::string(status.message()));
+    for (int fd : received) close(fd);
+    return false;
+  }
+  return sent;  // if not, Drop unregisters it
+}
+
+void SegmentRegistry::Drop(Connection& conn) {
+  if (!conn.token.empty()) {
+    absl::MutexLock lock(&mu_);
+    auto it = segments_.find(conn.token);
+    if (it != segments_.end()) {
+      close(it->second);
+      segments_.erase(it);
+    }
+  }
+  close(conn.fd);
+  conn.fd = -1;
+}
+
+absl::StatusOr<ShmMapping> ShmMapping::Open(const SegmentRegistry* registry,
+                                            const v1::ShmRegion& region, uint64_t max_length,
+                                            bool writable, bool populate) {
+  if (region.segment().empty() && !region.name().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared memory named '", region.name(),
+        "' (shm_open) is not accepted: its owner could truncate it under the daemon; the client "
+        "must register a sealed memfd on the daemon's segment socket (a client older than the "
+        "daemon?)"));
+  }
+  if (region.length() == 0) return ShmMapping(nullptr, 0, {});
+  if (region.length() > max_length) {
+    return absl::InvalidArgumentError(absl::StrCat("a buffer of ", region.length(),
+                                                   " bytes is larger than the largest exchange "
+                                                   "message (",
+                                                   max_length, " bytes)"));
+  }
+  if (registry == nullptr) {
+    return absl::FailedPreconditionError("this daemon serves no segment socket");
+  }
+  absl::StatusOr<int> fd = registry->Dup(region.segment());
+  if (!fd.ok()) return fd.status();
+  struct stat st;
+  if (fstat(*fd, &st) != 0) {
+    absl::Status s = ErrnoError("fstat of a segment");
+    close(*fd);
+    return s;
   }
   uint64_t end = region.offset() + region.length();
   if (end < region.offset() || end > static_cast<uint64_t>(st.st_size)) {
-    close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("shared memory ", name, " holds ", st.st_size,
+    close(*fd);
+    return absl::InvalidArgumentError(absl::StrCat("the segment holds ", st.st_size,
                                                    " bytes, the request names ", region.offset(),
                                                    "+", region.length()));
   }
   void* base = mmap(nullptr, end, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                    MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
+                    MAP_SHARED | (populate ? MAP_POPULATE : 0), *fd, 0);
   int e = errno;
-  close(fd);
+  close(*fd);
   if (base == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot map ", name, ": ", std::strerror(e)));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map the segment: ", std::strerror(e)));
   }
   return ShmMapping(base, end,
                     absl::MakeSpan(static_cast<uint8_t*>(base) + region.offset(), region.length()));
@@ -107,7 +353,8 @@ ShmMapping::~ShmMapping() {
 MappingReaper::MappingReaper()
     : thread_([this] {
         absl::MutexLock lock(&mu_);
-        auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !retired_.empty(); };
+        auto work = [this]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !retired_.empty(); };
         while (true) {
           mu_.Await(absl::Condition(&work));
           if (retired_.empty()) return;  // stopping, and nothing left
@@ -132,6 +379,13 @@ void MappingReaper::Retire(ShmMapping mapping) {
   retired_.push_back(std::move(mapping));
 }
 
+absl::Status ExchangeService::ServeSegments(SegmentRegistry::Options options) {
+  auto registry = SegmentRegistry::Start(std::move(options));
+  if (!registry.ok()) return registry.status();
+  segments_ = *std::move(registry);
+  return absl::OkStatus();
+}
+
 grpc::Status ExchangeService::Join(grpc::ServerContext*, const v1::JoinRequest* request,
                                    v1::JoinResponse* response) {
   std::vector<std::string> sites(request->sites().begin(), request->sites().end());
@@ -141,6 +395,7 @@ grpc::Status ExchangeService::Join(grpc::ServerContext*, const v1::JoinRequest* 
   } else {
     *response->mutable_view() = *view;
     response->set_streamed_buffers(true);
+    if (segments_) response->set_segment_socket(segments_->path());
   }
   return grpc::Status::OK;
 }
@@ -165,7 +420,8 @@ grpc::Status ExchangeService::Group(grpc::ServerContext*, const v1::GroupRequest
 grpc::Status ExchangeService::AllReduce(grpc::ServerContext* context,
                                         const v1::AllReduceRequest* request,
                                         v1::OpResponse* response) {
-  auto shm = ShmMapping::Open(request->buffer(), /*writable=*/true);
+  auto shm = ShmMapping::Open(segments_.get(), request->buffer(), max_buffer_bytes_,
+                              /*writable=*/true);
   if (!shm.ok()) {
     SetError(shm.status(), "", response->mutable_error());
     return grpc::Status::OK;
@@ -190,14 +446,19 @@ grpc::Status ExchangeService::Send(grpc::ServerContext* context, const v1::SendR
   // A streamed buffer is still being written: its pages fault in as the
   // hub reads each segment, overlapping the transfer, instead of delaying
   // the first segment by populating them all (~5 ms for 64 MiB here).
-  auto shm = ShmMapping::Open(request->buffer(), /*writable=*/false,
+  auto shm = ShmMapping::Open(segments_.get(), request->buffer(), max_buffer_bytes_,
+                              /*writable=*/false,
                               /*populate=*/!request->streamed());
   if (!shm.ok()) {
     SetError(shm.status(), "", response->mutable_error());
     return grpc::Status::OK;
   }
-  P2PArgs args{request->group(), request->op_id(), request->peer(), request->tag(),
-               Timeout(request->timeout_ms()), [context] { return context->IsCancelled(); }};
+  P2PArgs args{request->group(),
+               request->op_id(),
+               request->peer(),
+               request->tag(),
+               Timeout(request->timeout_ms()),
+               [context] { return context->IsCancelled(); }};
   if (absl::Status s = ShareProgress(request->streamed(), *shm, args); !s.ok()) {
     SetError(s, "", response->mutable_error());
     return grpc::Status::OK;
@@ -209,13 +470,18 @@ grpc::Status ExchangeService::Send(grpc::ServerContext* context, const v1::SendR
 
 grpc::Status ExchangeService::Recv(grpc::ServerContext* context, const v1::RecvRequest* request,
                                    v1::OpResponse* response) {
-  auto shm = ShmMapping::Open(request->buffer(), /*writable=*/true);
+  auto shm = ShmMapping::Open(segments_.get(), request->buffer(), max_buffer_bytes_,
+                              /*writable=*/true);
   if (!shm.ok()) {
     SetError(shm.status(), "", response->mutable_error());
     return grpc::Status::OK;
   }
-  P2PArgs args{request->group(), request->op_id(), request->peer(), request->tag(),
-               Timeout(request->timeout_ms()), [context] { return context->IsCancelled(); }};
+  P2PArgs args{request->group(),
+               request->op_id(),
+               request->peer(),
+               request->tag(),
+               Timeout(request->timeout_ms()),
+               [context] { return context->IsCancelled(); }};
   if (absl::Status s = ShareProgress(request->streamed(), *shm, args); !s.ok()) {
     SetError(s, "", response->mutable_error());
     return grpc::Status::OK;

@@ -4,7 +4,7 @@
 #include <cassert>
 #include <utility>
 
-namespace longhaul::daemon::peer {
+namespace longhaul::peer {
 
 PeerMemoryBudget::PeerMemoryBudget(uint64_t bytes_per_peer) : bytes_per_peer_(bytes_per_peer) {}
 
@@ -59,4 +59,4 @@ MemoryReservation::~MemoryReservation() {
   if (budget_ != nullptr) budget_->Release(site_, bytes_);
 }
 
-}  // namespace longhaul::daemon::peer
+}  // namespace longhaul::peer

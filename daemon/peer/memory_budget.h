@@ -15,7 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
-namespace longhaul::daemon::peer {
+namespace longhaul::peer {
 
 // Thread-safe.
 class PeerMemoryBudget {
@@ -58,6 +58,6 @@ class MemoryReservation {
   uint64_t bytes_ = 0;
 };
 
-}  // namespace longhaul::daemon::peer
+}  // namespace longhaul::peer
 
 #endif  // LONGHAUL_DAEMON_PEER_MEMORY_BUDGET_H_

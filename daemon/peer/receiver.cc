@@ -77,12 +77,12 @@ struct Receiver::Session {
 };
 
 Receiver::Receiver(const daemon::DaemonConfig& config, storage::Journal& journal,
-                   storage::FileSystem& fs, daemon::peer::PeerMemoryBudget* budget,
+                   storage::FileSystem& fs, PeerMemoryBudget* budget,
                    WallClock wall_clock)
     : config_(config),
       journal_(journal),
       fs_(fs),
-      own_budget_(budget == nullptr ? std::make_unique<daemon::peer::PeerMemoryBudget>(
+      own_budget_(budget == nullptr ? std::make_unique<PeerMemoryBudget>(
                                           config.peer_limits.memory_per_peer)
                                     : nullptr),
       budget_(budget == nullptr ? own_budget_.get() : budget),
@@ -1184,8 +1184,8 @@ v1::PeerMessage Receiver::HandleVerify(const std::string& peer_site, const v1::P
   uint64_t largest = 0;
   for (const v1::ManifestFile& file : manifest.files()) largest = std::max(largest, file.size());
   const uint64_t buffer_size = std::min<uint64_t>(manifest.chunk_size(), largest);
-  daemon::peer::MemoryReservation reserved =
-      daemon::peer::MemoryReservation::TryTake(budget_, peer_site, buffer_size);
+  MemoryReservation reserved =
+      MemoryReservation::TryTake(budget_, peer_site, buffer_size);
   if (buffer_size > 0 && reserved.bytes() == 0) {
     return fail(absl::ResourceExhaustedError(
         absl::StrCat("verifying ", id, " needs a ", buffer_size, "-byte buffer, past what ",

@@ -87,7 +87,7 @@ class Receiver {
   // decides expiry (tests pass a fake one).
   Receiver(const daemon::DaemonConfig& config, storage::Journal& journal,
            storage::FileSystem& fs = storage::PosixFileSystem(),
-           daemon::peer::PeerMemoryBudget* budget = nullptr, WallClock wall_clock = &absl::Now);
+           PeerMemoryBudget* budget = nullptr, WallClock wall_clock = &absl::Now);
   ~Receiver();
 
   // Serves a CONTROL or DATA channel (its hello already read) until it closes.
@@ -173,8 +173,8 @@ class Receiver {
   const daemon::DaemonConfig& config_;
   storage::Journal& journal_;
   storage::FileSystem& fs_;
-  std::unique_ptr<daemon::peer::PeerMemoryBudget> own_budget_;
-  daemon::peer::PeerMemoryBudget* budget_;
+  std::unique_ptr<PeerMemoryBudget> own_budget_;
+  PeerMemoryBudget* budget_;
   const WallClock wall_clock_;
   std::vector<storage::Export> exports_;
   DurabilityCommitter committer_;

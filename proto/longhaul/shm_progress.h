@@ -28,8 +28,9 @@
 //
 // Both sides access the word through std::atomic_ref, which is lock-free and
 // address-free for uint64_t on every platform longhaul builds for, so it works
-// between processes. A segment the other side truncates is outside this
-// contract (the access faults).
+// between processes. Segments are memfds sealed against shrinking
+// (exchange.proto, ShmRegion), so neither side can truncate one under the
+// other's mapping.
 
 #include <atomic>
 #include <cstdint>

@@ -1,6 +1,7 @@
 // Two real daemons (deploy/local-sites.sh on loopback) and the C++ client:
 // all-reduce through shared memory and the EXCHANGE peer links.
 
+#include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "longhaul/exchange.h"
+#include "longhaul/v1/exchange.grpc.pb.h"
 
 namespace longhaul {
 namespace {
@@ -196,6 +198,64 @@ TEST_F(ExchangeDaemonTest, SendRecvCancelAndTimeout) {
   s = work->Wait(absl::Seconds(10));
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
   EXPECT_FALSE(IsPeerLost(s));
+}
+
+// A raw client names memory the daemon cannot keep mapped safely: a POSIX
+// shm_open segment (it could be truncated under the mapping) or a token no
+// open registration holds. Each call fails alone, with a reason; the daemon
+// keeps serving the group.
+TEST_F(ExchangeDaemonTest, RequestsNamingUnsealedMemoryFailAloneWithAReason) {
+  auto [a, b] = JoinBoth("raw");
+  ASSERT_TRUE(a && b);
+  auto stub =
+      v1::Exchange::NewStub(grpc::CreateChannel(site_a_, grpc::InsecureChannelCredentials()));
+  v1::RecvRequest request;
+  request.set_group("raw");
+  request.set_op_id("raw-legacy");
+  request.set_peer("site-b");
+  request.set_tag("never-sent");
+  request.set_timeout_ms(5000);
+  request.mutable_buffer()->set_name("/longhaul-legacy-segment");
+  request.mutable_buffer()->set_offset(4096);
+  request.mutable_buffer()->set_length(4096);
+  {
+    grpc::ClientContext context;
+    v1::OpResponse response;
+    ASSERT_TRUE(stub->Recv(&context, request, &response).ok());
+    EXPECT_EQ(response.error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+    EXPECT_NE(response.error().message().find("(shm_open) is not accepted"), std::string::npos)
+        << response.error().message();
+  }
+  request.set_op_id("raw-token");
+  request.mutable_buffer()->clear_name();
+  request.mutable_buffer()->set_segment("00000000000000000000000000000000");
+  {
+    grpc::ClientContext context;
+    v1::OpResponse response;
+    ASSERT_TRUE(stub->Recv(&context, request, &response).ok());
+    EXPECT_EQ(response.error().code(), static_cast<int>(absl::StatusCode::kNotFound));
+    EXPECT_NE(response.error().message().find("no segment is registered"), std::string::npos)
+        << response.error().message();
+  }
+  // A buffer no message could fill would only make the daemon populate it.
+  request.set_op_id("raw-huge");
+  request.mutable_buffer()->set_length(uint64_t{8} << 30);
+  {
+    grpc::ClientContext context;
+    v1::OpResponse response;
+    ASSERT_TRUE(stub->Recv(&context, request, &response).ok());
+    EXPECT_EQ(response.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(response.error().message().find("larger than the largest exchange message"),
+              std::string::npos)
+        << response.error().message();
+  }
+
+  std::string msg(1 << 20, 'r');
+  ASSERT_TRUE(b->Send("site-a", "after", msg.data(), msg.size()).ok());
+  std::string out(msg.size(), '\0');
+  auto n = a->Recv("site-b", "after", out.data(), out.size());
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(out, msg);
 }
 
 // Both directions at once, through the streamed path (the client fills the

@@ -87,7 +87,7 @@ class Net {
       }
       HubOptions hub_options = options;
       if (budget_bytes > 0) {
-        budgets_[name] = std::make_unique<daemon::peer::PeerMemoryBudget>(budget_bytes);
+        budgets_[name] = std::make_unique<peer::PeerMemoryBudget>(budget_bytes);
         hub_options.memory_budget = budgets_[name].get();
       }
       hubs_[name] = std::make_unique<ExchangeHub>(
@@ -102,7 +102,7 @@ class Net {
   }
 
   ExchangeHub& hub(const std::string& site) { return *hubs_.at(site); }
-  daemon::peer::PeerMemoryBudget& budget(const std::string& site) { return *budgets_.at(site); }
+  peer::PeerMemoryBudget& budget(const std::string& site) { return *budgets_.at(site); }
   peer::PriorityGate& gate() { return gate_; }
   // What every outbound channel reports as not yet sent.
   void SetUnsent(uint64_t bytes) { unsent_ = bytes; }
@@ -145,7 +145,7 @@ class Net {
   std::atomic<uint64_t> unsent_{0};
   std::vector<std::string> names_;
   peer::PriorityGate gate_;
-  std::map<std::string, std::unique_ptr<daemon::peer::PeerMemoryBudget>> budgets_;
+  std::map<std::string, std::unique_ptr<peer::PeerMemoryBudget>> budgets_;
   std::map<std::string, std::unique_ptr<ExchangeHub>> hubs_;
   absl::Mutex mu_;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);

@@ -4,8 +4,10 @@
 // Memory-to-memory exchange between sites through the local daemon: join a
 // named group of sites, send and receive buffers by tag, all-reduce.
 //
-// Buffers reach the daemon through POSIX shared memory (a /dev/shm segment
-// the group owns and reuses), never through gRPC; the daemons move them
+// Buffers reach the daemon through shared memory (sealed memfd segments the
+// group owns, lends the daemon over its segment socket and reuses), never
+// through gRPC. The segments are sealed against shrinking, so nothing done
+// to them in this process can make the daemon fault; the daemons move them
 // between sites on their encrypted peer links. Send and Recv stream through
 // the segment: the daemon sends what the client has copied in so far, and
 // the client copies out what has landed while the rest arrives, so the

@@ -4,7 +4,7 @@
 
 #include "gtest/gtest.h"
 
-namespace longhaul::daemon::peer {
+namespace longhaul::peer {
 namespace {
 
 TEST(PeerMemoryBudgetTest, EachSiteHasItsOwnBudgetAndARefusalReservesNothing) {
@@ -32,4 +32,4 @@ TEST(PeerMemoryBudgetTest, AReservationReturnsItsBytesWhenItEnds) {
 }
 
 }  // namespace
-}  // namespace longhaul::daemon::peer
+}  // namespace longhaul::peer

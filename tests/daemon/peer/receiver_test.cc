@@ -290,7 +290,7 @@ absl::StatusOr<ChunkAck> SendShard0(Receiver& receiver, const std::string& site,
 }
 
 TEST_F(ReceiverAuthorizationTest, AChunkPastThePeersMemoryBudgetIsAnsweredRetryLater) {
-  daemon::peer::PeerMemoryBudget budget(1 << 20);
+  PeerMemoryBudget budget(1 << 20);
   Receiver receiver(config_, *journal_, *fs_, &budget);
   v1::PeerMessage opened = OpenAs(receiver, "site-a", "t-mem", "ckpt/mem");
   ASSERT_TRUE(opened.error().empty()) << opened.error();
