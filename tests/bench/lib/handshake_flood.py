@@ -15,7 +15,7 @@ library only.
     connections (wall-clock seconds) to --out.
 
   handshake_flood.py sample --pid PID --out FILE [--interval S]
-    Appends one JSON line per interval: VmRSS, VmHWM and Threads from
+    Appends one JSON line per interval: VmRSS, VmHWM, RssAnon and Threads from
     /proc/PID/status and the number of open descriptors, until SIGTERM or
     until PID is gone (then a line {"t": ..., "gone": true}).
 
@@ -245,7 +245,7 @@ def read_status(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             k, _, v = line.partition(":")
-            if k in ("VmRSS", "VmHWM", "Threads"):
+            if k in ("VmRSS", "VmHWM", "RssAnon", "Threads"):
                 fields[k] = int(v.split()[0])
     return fields
 
@@ -273,7 +273,7 @@ def sample(args):
                 out.write(json.dumps({"t": round(now, 3), "gone": True}) + "\n")
                 return
             out.write(json.dumps({"t": round(now, 3), "rss_kib": st["VmRSS"], "hwm_kib": st["VmHWM"],
-                                  "threads": st["Threads"], "fds": fds}) + "\n")
+                                  "anon_kib": st.get("RssAnon", 0), "threads": st["Threads"], "fds": fds}) + "\n")
             out.flush()
             time.sleep(args.interval)
 
@@ -293,6 +293,7 @@ def window(args):
         out.update({
             "peak_hwm_mib": round(max(s["hwm_kib"] for s in live) / 1024, 1),
             "peak_rss_mib": round(max(s["rss_kib"] for s in live) / 1024, 1),
+            "peak_anon_mib": round(max(s.get("anon_kib", 0) for s in live) / 1024, 1),
             "peak_threads": max(s["threads"] for s in live),
             "peak_fds": max(s["fds"] for s in live),
         })
