@@ -39,6 +39,8 @@
 #                               [connections + 64; "default" leaves it unset]
 #   LONGHAUL_BENCH_FLOOD_NOFILE       the receiver's descriptor limit [65536, as
 #                               deploy/systemd/longhauld.service]
+#   LONGHAUL_BENCH_FLOOD_MAX_HOLD     seconds after which the flood closes and redials
+#                               each of its connections itself [0: never]
 #
 # Needs root (namespaces), iproute2, iperf3, rsync, openssh-client, rclone, python3.
 set -uo pipefail
@@ -564,7 +566,7 @@ flood_watch() {
   log "the receiving daemon is gone; cancelling the transfer"
   local id
   while true; do  # until killed: the cp may not have been submitted yet
-    for id in $(lh_cli site-a ls --json 2>/dev/null | python3 -c '
+    for id in $(lh_cli site-a ls --json 2>/dev/null | python3 2>/dev/null -c '
 import json, sys
 print(" ".join(t["id"] for t in json.load(sys.stdin).get("transfers", [])
                if t.get("state") not in ("COMPLETED", "FAILED", "CANCELLED")))'); do
@@ -639,6 +641,7 @@ scenario_handshake_flood() {
   rm -f "$WORK/flood.ready"
   ip netns exec "$NS_SRC" python3 "$BENCH_LIB/handshake_flood.py" flood --target "$ADDR_DST:7700" \
     --connections "$conns" --partial "$partial" "${srcs[@]}" \
+    --max-hold "${LONGHAUL_BENCH_FLOOD_MAX_HOLD:-0}" \
     --ready-file "$WORK/flood.ready" --out "$WORK/flood.json" >"$WORK/flood.log" 2>&1 &
   local flood=$!
   BG_PIDS+=("$flood")
@@ -726,7 +729,8 @@ except (OSError, ValueError):
 flood = None
 if fl:
     flood = {k: fl[k] for k in ("connections", "silent", "partial", "partial_hello_bytes", "sources",
-                                "dials", "established", "closed_by_daemon", "connect_timeouts",
+                                "max_hold_seconds", "dials", "established", "closed_by_daemon",
+                                "closed_by_flood", "connect_timeouts",
                                 "connect_errors", "hold_seconds", "client_nofile")}
     flood["held_during_transfer"] = wc.get("flood_held") if wc else None
     flood["all_held_after_seconds"] = ready_s

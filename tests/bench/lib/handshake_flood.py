@@ -10,7 +10,8 @@ library only.
     TLS 1.3 ClientHello and then nothing. Source addresses are used round
     robin. A connection the daemon closes (or refuses) is dialed again after
     --redial-delay seconds, so the flood keeps N pending for as long as it
-    runs. FILE ready appears once all N were established at the same time.
+    runs. With --max-hold S the flood itself closes and redials each
+    connection S seconds after it was established (0: never). FILE ready appears once all N were established at the same time.
     Runs until SIGTERM/SIGINT, then writes its counts and the series of held
     connections (wall-clock seconds) to --out.
 
@@ -111,7 +112,8 @@ def flood(args):
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    counts = {"dials": 0, "established": 0, "closed_by_daemon": 0, "connect_timeouts": 0,
+    counts = {"dials": 0, "established": 0, "closed_by_daemon": 0, "closed_by_flood": 0,
+              "connect_timeouts": 0,
               "bytes_from_daemon": 0, "partial_hellos_sent": 0}
     connect_errors = {}
     hold_seconds = {"silent": [], "partial": []}
@@ -198,6 +200,9 @@ def flood(args):
                 if slot.state == "connecting" and now - slot.since > args.connect_timeout:
                     counts["connect_timeouts"] += 1
                     drop(slot, now)
+                elif slot.state == "held" and args.max_hold and now - slot.since > args.max_hold:
+                    counts["closed_by_flood"] += 1
+                    drop(slot, now)
             next_timeout_scan = now + 0.5
         if ready_at is None and held == args.connections:
             ready_at = now
@@ -230,6 +235,7 @@ def flood(args):
                 "max": max(values) if values else None}
 
     out = {"target": args.target, "connections": args.connections, "partial": args.partial,
+           "max_hold_seconds": args.max_hold,
            "silent": args.connections - args.partial, "sources": len(args.source),
            "client_nofile": nofile, "partial_hello_bytes": len(prefix),
            "started": round(t_start, 3), "ready_at": round(ready_at, 3) if ready_at else None,
@@ -316,6 +322,7 @@ def main(argv):
     f.add_argument("--source", action="append", required=True)
     f.add_argument("--redial-delay", type=float, default=0.1)
     f.add_argument("--connect-timeout", type=float, default=10.0)
+    f.add_argument("--max-hold", type=float, default=0.0)
     f.add_argument("--ready-file", required=True)
     f.add_argument("--out", required=True)
     s = sub.add_parser("sample")
