@@ -6,10 +6,14 @@
 #   tests/bench/run.sh SCENARIO [--json FILE] [--smoke] [--size BYTES]
 #
 #   SCENARIO  lan wan-clean wan-lossy wan-far small-files ckpt-dcp fairness
-#             resume exchange
+#             resume exchange handshake-flood
 #   --json    write the result object to FILE
 #   --smoke   small data and short iperf3 runs (CI)
 #   --size    total data bytes for the bulk scenarios (e.g. 256MiB)
+#
+# handshake-flood exits 1 (after its table) when the receiving daemon died or
+# one of its two transfers did not complete and verify; the goodput ratio is
+# reported, not checked.
 #
 # Environment:
 #   LONGHAUL_BIN_DIR            where longhauld, longhaul and longhaul-wanem are
@@ -26,6 +30,17 @@
 #                               [$LONGHAUL_BIN_DIR/../python]
 #   LONGHAUL_BENCH_SSHD         the sshd binary of the ssh anchors [/usr/sbin/sshd,
 #                               else unpacked from openssh-server into build/]
+#   LONGHAUL_BENCH_FLOOD_CONNECTIONS  pending handshakes of `handshake-flood`
+#                               [1000; 200 with --smoke]
+#   LONGHAUL_BENCH_FLOOD_PARTIAL      how many of them send half a ClientHello
+#                               [a fifth]; the others send nothing
+#   LONGHAUL_BENCH_FLOOD_PER_ADDRESS  flood connections per source address [10]
+#   LONGHAUL_BENCH_FLOOD_MAX_PENDING  the receiver's peer_limits.max_pending_handshakes
+#                               [connections + 64; "default" leaves it unset]
+#   LONGHAUL_BENCH_FLOOD_NOFILE       the receiver's descriptor limit [65536, as
+#                               deploy/systemd/longhauld.service]
+#   LONGHAUL_BENCH_FLOOD_MAX_HOLD     seconds after which the flood closes and redials
+#                               each of its connections itself [0: never]
 #
 # Needs root (namespaces), iproute2, iperf3, rsync, openssh-client, rclone, python3.
 set -uo pipefail
@@ -45,7 +60,7 @@ BENCH_TMP_PARENT="${LONGHAUL_BENCH_TMP:-/tmp}"
 # shellcheck source=lib/longhaul.sh
 . "$BENCH_LIB/longhaul.sh"
 
-usage() { sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,/^set /{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 
 SCENARIO=""
 JSON_OUT=""
@@ -138,6 +153,7 @@ link_params() {
     wan-clean|small-files|ckpt-dcp|fairness|resume|exchange) echo "1Gbit 20ms 0 9000" ;;
     wan-lossy) echo "1Gbit 20ms 1% 9000" ;;
     wan-far) echo "500Mbit 75ms 0.1% 1500" ;;
+    handshake-flood) echo "500Mbit 10ms 0 9000" ;;
     *) return 1 ;;
   esac
 }
@@ -529,6 +545,216 @@ exchange_rsync_rows() {
   done
 }
 
+# --- handshake-flood: a transfer alone, then during a flood of pending handshakes ---
+FLOOD() { python3 "$BENCH_LIB/handshake_flood.py" "$@"; }
+now_s() { date +%s.%N; }
+
+# flood_cp_window T0: [T0, T0 + the wall time of the last row's cp] as "T0 T1" (the cp only,
+# not the verification after it); nothing if the row did not run.
+flood_cp_window() {
+  [[ -n "${M_SECONDS:-}" ]] || return 1
+  awk -v a="$1" -v s="$M_SECONDS" 'BEGIN { printf "%.3f %.3f\n", a, a + s }'
+}
+
+# receiver_gone PID: true once PID has exited (a zombie counts as exited).
+receiver_gone() { ! kill -0 "$1" 2>/dev/null || grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
+
+# flood_watch PID: if the receiver PID dies, cancels site-a's unfinished transfers, so that a
+# `cp --wait` returns instead of retrying the dead peer until the tool timeout.
+flood_watch() {
+  while ! receiver_gone "$1"; do sleep 0.2; done
+  log "the receiving daemon is gone; cancelling the transfer"
+  local id
+  while true; do  # until killed: the cp may not have been submitted yet
+    for id in $(lh_cli site-a ls --json 2>/dev/null | python3 2>/dev/null -c '
+import json, sys
+print(" ".join(t["id"] for t in json.load(sys.stdin).get("transfers", [])
+               if t.get("state") not in ("COMPLETED", "FAILED", "CANCELLED")))'); do
+      lh_cli site-a cancel "$id" >/dev/null 2>&1 || log "cannot cancel $id"
+    done
+    sleep 1
+  done
+}
+
+FLOOD_MIN_SECONDS=13
+# Set when handshake-flood's receiver died or a transfer did not verify: run.sh then exits 1.
+SCENARIO_FAILED=""
+
+# The receiver's peak resident set is counted from the start of each phase.
+reset_hwm() { echo 5 >"/proc/$1/clear_refs" 2>/dev/null || log "cannot reset VmHWM of $1"; }
+
+scenario_handshake_flood() {
+  local conns=${LONGHAUL_BENCH_FLOOD_CONNECTIONS:-1000}
+  [[ $SMOKE == 1 ]] && conns=${LONGHAUL_BENCH_FLOOD_CONNECTIONS:-200}
+  local partial=${LONGHAUL_BENCH_FLOOD_PARTIAL:-$((conns / 5))}
+  local per_addr=${LONGHAUL_BENCH_FLOOD_PER_ADDRESS:-10}
+  local max_pending=${LONGHAUL_BENCH_FLOOD_MAX_PENDING:-$((conns + 64))}
+  local nofile=${LONGHAUL_BENCH_FLOOD_NOFILE:-65536}
+  local alone="longhaul (alone)" flooded="longhaul (during $conns pending handshakes)"
+  make_data files 2 "$(bulk_size 2 $((1 * GiB)) $((32 * MiB)))"
+  link_up "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU"
+  # The flood comes over the same link as the transfer, from its own source
+  # addresses (198.19.0.0/16, in the benchmarking block) so that per-address
+  # caps apply as they would to many scanners.
+  local nsrc=$(((conns + per_addr - 1) / per_addr)) i srcs=()
+  for ((i = 0; i < nsrc; i++)); do
+    local a="198.19.$((i / 250)).$((1 + i % 250))"
+    ip -n "$NS_SRC" addr add "$a/32" dev "$LHW_DEV" || die "cannot add flood address $a"
+    srcs+=(--source "$a")
+  done
+  ip -n "$NS_DST" route add 198.19.0.0/16 dev "$LHW_DEV" || die "cannot route the flood addresses"
+  # The receiver must admit the whole flood for it to be `conns` pending
+  # handshakes; the headroom is for the real sender's connections.
+  [[ $max_pending == default ]] || LH_EXTRA_CONFIG="peer_limits: {max_pending_handshakes: $max_pending}"
+  longhaul_up
+  LH_EXTRA_CONFIG=""
+  if [[ -n "$LH_ERROR" ]]; then
+    result_error "$alone" "$LH_ERROR"
+    result_error "$flooded" "$LH_ERROR"
+    return
+  fi
+  local rx=$LH_PID_site_b
+  # Without CAP_SYS_RESOURCE the hard limit cannot be raised: then the soft one goes up to it.
+  if ! prlimit --pid "$rx" --nofile="$nofile:$nofile" 2>/dev/null; then
+    local hard
+    hard=$(awk '/^Max open files/ { print $5 }' "/proc/$rx/limits")
+    [[ "$hard" == unlimited || "$hard" -ge "$nofile" ]] && hard=$nofile
+    prlimit --pid "$rx" --nofile="$hard:" || log "cannot set the receiver's descriptor limit"
+  fi
+  local rx_nofile
+  rx_nofile=$(awk '/^Max open files/ { print $4 }' "/proc/$rx/limits")
+  # Started directly, not through a shell function, so that $! is the tool itself.
+  python3 "$BENCH_LIB/handshake_flood.py" sample --pid "$rx" --out "$WORK/receiver.samples" &
+  local sampler=$!
+  BG_PIDS+=("$sampler")
+
+  reset_hwm "$rx"
+  local t0 w_alone="" w_flood="" w_cp=""
+  t0=$(now_s)
+  M_SECONDS=""
+  longhaul_row "$alone"
+  w_alone=$(flood_cp_window "$t0")
+
+  reset_hwm "$rx"
+  local tf0 ready_s=null
+  tf0=$(now_s)
+  rm -f "$WORK/flood.ready"
+  ip netns exec "$NS_SRC" python3 "$BENCH_LIB/handshake_flood.py" flood --target "$ADDR_DST:7700" \
+    --connections "$conns" --partial "$partial" "${srcs[@]}" \
+    --max-hold "${LONGHAUL_BENCH_FLOOD_MAX_HOLD:-0}" \
+    --ready-file "$WORK/flood.ready" --out "$WORK/flood.json" >"$WORK/flood.log" 2>&1 &
+  local flood=$!
+  BG_PIDS+=("$flood")
+  for ((i = 0; i < 150; i++)); do
+    [[ -s "$WORK/flood.ready" ]] && break
+    kill -0 "$flood" 2>/dev/null && kill -0 "$rx" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [[ -s "$WORK/flood.ready" ]]; then
+    ready_s=$(awk -v a="$tf0" '{ printf "%.3f", $1 - a }' "$WORK/flood.ready")
+    log "flood: $conns connections held ${ready_s}s after its start"
+  else
+    log "flood: not all $conns connections were held at once ($(tail -c 200 "$WORK/flood.log")); the transfer starts anyway"
+  fi
+  flood_watch "$rx" &
+  local watch=$!
+  t0=$(now_s)
+  M_SECONDS=""
+  longhaul_row "$flooded"
+  w_cp=$(flood_cp_window "$t0")
+  kill -TERM "$watch" 2>/dev/null
+  wait "$watch" 2>/dev/null
+  # The flood outlasts the default 10 s handshake deadline (peer_limits.handshake_timeout)
+  # even when the transfer is short (--smoke), so the receiver goes through the expiry
+  # of every pending handshake at least once.
+  local hold_until
+  hold_until=$(awk -v a="$tf0" -v h="$FLOOD_MIN_SECONDS" 'BEGIN { printf "%.3f", a + h }')
+  while awk -v u="$hold_until" -v n="$(now_s)" 'BEGIN { exit !(n < u) }' && ! receiver_gone "$rx"; do
+    sleep 0.2
+  done
+  kill -TERM "$flood" 2>/dev/null
+  wait "$flood"
+  [[ -s "$WORK/flood.json" ]] || log "flood tool wrote no results: $(tail -c 300 "$WORK/flood.log")"
+  w_flood="$tf0 $(now_s)"
+
+  local alive=true rx_exit=null rx_log=""
+  if receiver_gone "$rx"; then
+    alive=false
+    wait "$rx" 2>/dev/null
+    rx_exit=$?
+    local how="exit $rx_exit"
+    ((rx_exit > 128)) && how="signal SIG$(kill -l $((rx_exit - 128)))"
+    rx_log="$how; last log lines: $(grep -v ' refused connection from ' "$WORK/lh/site-b/longhauld.log" | tail -n 3 | cut -c 1-300)"
+    log "the receiving daemon died: $rx_log"
+  fi
+  kill -TERM "$sampler" 2>/dev/null
+  wait "$sampler"
+
+  local wa=null wf=null wc=null
+  [[ -n "$w_alone" ]] && wa=$(FLOOD window --samples "$WORK/receiver.samples" --from "${w_alone% *}" --to "${w_alone#* }")
+  wf=$(FLOOD window --samples "$WORK/receiver.samples" --from "${w_flood% *}" --to "${w_flood#* }")
+  [[ -n "$w_cp" && -s "$WORK/flood.json" ]] &&
+    wc=$(FLOOD window --samples "$WORK/receiver.samples" --flood "$WORK/flood.json" --from "${w_cp% *}" --to "${w_cp#* }")
+  python3 - "$WORK/rows.jsonl" "$WORK/flood.json" "$alone" "$flooded" "$wa" "$wf" "$wc" "$alive" \
+    "$rx_exit" "$rx_log" "$rx_nofile" "$max_pending" "$ready_s" "$WORK/extra.json" <<'PY'
+import json, sys
+(rows_path, flood_path, alone, flooded, wa, wf, wc, alive, rx_exit, rx_log, rx_nofile, max_pending,
+ ready_s, extra_path) = sys.argv[1:15]
+wa, wf, wc, ready_s = json.loads(wa), json.loads(wf), json.loads(wc), json.loads(ready_s)
+try:
+    fl = json.load(open(flood_path))
+except (OSError, ValueError):
+    fl = None
+rows = [json.loads(l) for l in open(rows_path) if l.strip()]
+peaks = ("peak_hwm_mib", "peak_rss_mib", "peak_anon_mib", "peak_threads", "peak_fds")
+by_tool = {r["tool"]: r for r in rows}
+for tool, w in ((alone, wa), (flooded, wf)):
+    r = by_tool.get(tool)
+    if r is not None and w:
+        r.update({k: w[k] for k in peaks if k in w})
+if flooded in by_tool and wc and wc.get("flood_held"):
+    by_tool[flooded]["flood_held"] = wc["flood_held"]
+ga = by_tool.get(alone, {}).get("goodput_mbit") if by_tool.get(alone, {}).get("verified") else None
+gf = by_tool.get(flooded, {}).get("goodput_mbit") if by_tool.get(flooded, {}).get("verified") else None
+ratio = round(gf / ga, 4) if ga and gf else None
+if flooded in by_tool and ratio is not None:
+    by_tool[flooded]["ratio_to_alone"] = ratio
+with open(rows_path, "w") as f:
+    for r in rows:
+        f.write(json.dumps(r) + "\n")
+try:
+    extra = json.load(open(extra_path))
+except (OSError, ValueError):
+    extra = {}
+flood = None
+if fl:
+    flood = {k: fl[k] for k in ("connections", "silent", "partial", "partial_hello_bytes", "sources",
+                                "max_hold_seconds", "dials", "established", "closed_by_daemon",
+                                "closed_by_flood", "connect_timeouts",
+                                "connect_errors", "hold_seconds", "client_nofile")}
+    flood["held_during_transfer"] = wc.get("flood_held") if wc else None
+    flood["all_held_after_seconds"] = ready_s
+extra.update({
+    "flood": flood,
+    "receiver_limits": {"nofile": int(rx_nofile) if rx_nofile.isdigit() else rx_nofile,
+                        "max_pending_handshakes": max_pending},
+    "receiver_alone": {k: wa[k] for k in peaks if wa and k in wa} or None,
+    "receiver_flood": {k: wf[k] for k in peaks if wf and k in wf} or None,
+    "receiver_alive": alive == "true",
+    "goodput_ratio": ratio,
+    "goodput_target": ">= 0.8 x alone",
+    "meets_target": alive == "true" and ratio is not None and ratio >= 0.8,
+})
+if alive != "true":
+    extra["receiver_exit"] = json.loads(rx_exit)
+    extra["receiver_death"] = rx_log
+json.dump(extra, open(extra_path, "w"))
+ok = alive == "true" and all(by_tool.get(t, {}).get("verified") is True for t in (alone, flooded))
+sys.exit(0 if ok else 3)
+PY
+  [[ $? == 0 ]] || SCENARIO_FAILED="the receiver died or a transfer did not complete and verify"
+}
+
 case "$SCENARIO" in
   lan) scenario_lan ;;
   wan-clean) scenario_wan_clean ;;
@@ -539,5 +765,10 @@ case "$SCENARIO" in
   fairness) scenario_fairness ;;
   resume) scenario_resume ;;
   exchange) scenario_exchange ;;
+  handshake-flood) scenario_handshake_flood ;;
 esac
 finish
+if [[ -n "$SCENARIO_FAILED" ]]; then
+  log "$SCENARIO: $SCENARIO_FAILED"
+  exit 1
+fi

@@ -20,7 +20,8 @@ longhaul_missing() {
   fi
 }
 
-# lh_config SITE LISTEN PEER_SITE PEER_ADDR EXPORT_DIR
+# lh_config SITE LISTEN PEER_SITE PEER_ADDR EXPORT_DIR: LH_EXTRA_CONFIG, if set, is
+# appended (top-level YAML keys the config does not have yet).
 lh_config() {
   local site=$1 listen=$2 peer=$3 peer_addr=$4 export=$5
   local d="$WORK/lh/$site"
@@ -35,6 +36,7 @@ exports: [{name: ckpt, path: $export, writers: [$peer]}, {name: local, path: $WO
 peers: [{site: $peer, address: $peer_addr}]
 link: {bandwidth: $LH_BANDWIDTH, rtt: $LH_RTT}
 metrics: {listen: "127.0.0.1:0"}
+${LH_EXTRA_CONFIG:-}
 CFG
 }
 

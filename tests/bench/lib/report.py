@@ -84,9 +84,13 @@ def final(scenario, link_path, rows_path, extra_path, out=None):
             table.append([r["tool"], "-", "-", "-", "-", "-", "error: " + r["error"]])
             continue
         notes = []
-        for k in ("share", "resent_ratio", "note", "resent_bytes", "retransmits"):
+        for k in ("share", "resent_ratio", "note", "resent_bytes", "retransmits", "ratio_to_alone",
+                  "peak_hwm_mib", "peak_threads", "peak_fds"):
             if k in r:
                 notes.append(f"{k}={fmt(r[k], 3)}")
+        if r.get("flood_held"):
+            h = r["flood_held"]
+            notes.append(f"flood held min/median/max={h['min']}/{fmt(h['median'], 0)}/{h['max']}")
         lc = r.get("link_counters")
         if lc:
             a = lc["a2b"]

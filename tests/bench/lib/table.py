@@ -40,7 +40,8 @@ def main(paths):
                 note = ", ".join(ratios)
                 if "resent_bytes" in r:
                     note += f"; resent {r['resent_bytes']}"
-            for key in ("share", "jain", "resent_ratio", "ideal_seconds", "median_ms", "ratio_to_ideal"):
+            for key in ("share", "jain", "resent_ratio", "ideal_seconds", "median_ms", "ratio_to_ideal",
+                        "ratio_to_alone", "peak_hwm_mib", "peak_threads", "peak_fds"):
                 if key in r:
                     note += f" {key}={r[key]}"
             print(f"| {r['tool']} | {fmt(r.get('goodput_mbit'))} | {fmt(r.get('seconds'), '{:.2f}')} "
