@@ -281,3 +281,15 @@ class HostilePeer:
             return control.commit(transfer_id)
         finally:
             control.close()
+
+    def tls_only(self):
+        """A TLS connection that completes the handshake with this site's
+        certificate and sends nothing after it (no HELLO). Returns the
+        socket, timeout 30 s."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.load_verify_locations(os.path.join(self.pki, "ca.pem"))
+        ctx.load_cert_chain(os.path.join(self.pki, self.site + ".pem"),
+                            os.path.join(self.pki, self.site + ".key"))
+        raw = socket.create_connection((self.host, self.port), timeout=30)
+        return ctx.wrap_socket(raw, server_hostname=self.server_site)
