@@ -25,6 +25,8 @@ void PeerRouter::Serve(std::unique_ptr<transport::Channel> channel) const {
                  channel->peer_address(), status.message());
     return;
   }
+  // The HELLO is in: from here the idle timeout applies, not the handshake deadline.
+  channel->EndHandshake();
   if (hello.protocol_version() != kProtocolVersion) {
     spdlog::warn("closing connection from {}: protocol version {} (we speak {})",
                  channel->peer_site(), hello.protocol_version(), kProtocolVersion);

@@ -54,9 +54,16 @@ class TcpTlsChannelTest : public ::testing::Test {
     auto channel = a->Dial("site-b", "127.0.0.1:" + std::to_string(b->listen_port()));
     ASSERT_TRUE(channel.ok()) << channel.status();
     dialed = std::move(*channel);
+    // The listener hands a channel over once the peer has sent something.
+    const uint8_t hello = 7;
+    ASSERT_TRUE(dialed->Write({absl::MakeConstSpan(&hello, 1)}).ok());
     auto future = accepted.get_future();
     ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
     server = future.get();
+    uint8_t got = 0;
+    ASSERT_TRUE(server->ReadExactly(absl::MakeSpan(&got, 1)).ok());
+    ASSERT_EQ(got, hello);
+    server->EndHandshake();
   }
   void TearDown() override {
     dialed.reset();
