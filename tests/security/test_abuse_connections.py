@@ -8,6 +8,7 @@ the abuse completes and verifies."""
 import json
 import os
 import re
+import resource
 import socket
 import ssl
 import sys
@@ -214,6 +215,36 @@ class HandshakeFloodTest(AbuseTestCase):
         self.assert_bounded(pid)
         self.assertGreater(self.metric("site-b", "longhaul_peer_handshakes_refused_total",
                                        {"reason": "too_many_from_address"}), 0)
+
+
+class DescriptorExhaustionTest(AbuseTestCase):
+    """Pending handshakes from several addresses use up the daemon's
+    descriptors: accept fails with EMFILE, the connection is refused and
+    counted, the daemon lives and serves once they are gone."""
+
+    def test_running_out_of_descriptors_refuses_connections_only(self):
+        pid = self.sites.pid("site-b")
+        port = self.listen_port("site-b")
+        before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        self.addCleanup(resource.prlimit, pid, resource.RLIMIT_NOFILE, before)
+        in_use = len(os.listdir(f"/proc/{pid}/fd"))
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (in_use + 24, before[1]))
+        for host in range(2, 8):  # 6 addresses x 16 pending each > 24 descriptors
+            for _ in range(16):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                self.sockets.append(s)
+                s.bind((f"127.0.0.{host}", 0))
+                s.connect(("127.0.0.1", port))
+        lh.wait_until(lambda: "cannot accept" in self.sites.log("site-b"), 10,
+                      "an accept failing for lack of descriptors", interval=0.1)
+        self.assertTrue(alive(pid))
+        self.close_sockets()
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+        finish = self.start_transfer("after-emfile")
+        finish()
+        self.assert_bounded(pid)
+        self.assertGreater(self.metric("site-b", "longhaul_peer_handshakes_refused_total",
+                                       {"reason": "no_descriptor"}), 0)
 
 
 class HandshakeDeadlineTest(AbuseTestCase):
