@@ -100,30 +100,34 @@ std::chrono::steady_clock::duration ToChrono(TimeDelta d) {
   return std::chrono::nanoseconds(d.ToNanoseconds());
 }
 
-// At most one log line per second for a flood of refusals; the lines it
-// drops are counted into the next one. Thread-safe.
+// At most kLinesPerSecond log lines a second for a flood of refusals; the
+// lines it drops are counted into the next one. Thread-safe.
 class LogLimiter {
  public:
+  static constexpr int kLinesPerSecond = 20;
+
   // True if a line may be logged now; then `*dropped` is the number of lines
   // dropped since the last one.
   bool Allow(uint64_t* dropped) {
     std::lock_guard lock(mu_);
     auto now = std::chrono::steady_clock::now();
-    if (logged_ && now - last_ < std::chrono::seconds(1)) {
+    if (now - window_start_ >= std::chrono::seconds(1)) {
+      window_start_ = now;
+      lines_ = 0;
+    }
+    if (lines_ >= kLinesPerSecond) {
       ++dropped_;
       return false;
     }
-    logged_ = true;
-    last_ = now;
-    *dropped = dropped_;
-    dropped_ = 0;
+    ++lines_;
+    *dropped = std::exchange(dropped_, 0);
     return true;
   }
 
  private:
   std::mutex mu_;
-  bool logged_ = false;
-  std::chrono::steady_clock::time_point last_;
+  std::chrono::steady_clock::time_point window_start_;
+  int lines_ = 0;
   uint64_t dropped_ = 0;
 };
 
@@ -1029,6 +1033,8 @@ class TcpTlsTransport final : public Transport {
                              "s (peer_limits.handshake_timeout)");
     } else if (!absl::IsResourceExhausted(why)) {
       counters_.failed.fetch_add(1);
+      LogRefusal(handshake_log_, pending.channel->peer_address(), message);
+      return;
     }
     LogRefusal(pending.channel->peer_address(), message);
   }
@@ -1058,9 +1064,14 @@ class TcpTlsTransport final : public Transport {
     }
   }
 
+  // `log` separates floods of one kind (caps, deadlines) from refused
+  // certificates, so that one cannot hide the other.
   void LogRefusal(const std::string& address, const std::string& why) {
+    LogRefusal(refusal_log_, address, why);
+  }
+  void LogRefusal(LogLimiter& log, const std::string& address, const std::string& why) {
     uint64_t dropped = 0;
-    if (!refusal_log_.Allow(&dropped)) return;
+    if (!log.Allow(&dropped)) return;
     spdlog::warn("refused connection from {}: {}{}", address, why,
                  dropped > 0 ? absl::StrCat(" (", dropped, " more refusals not logged)") : "");
   }
@@ -1255,6 +1266,7 @@ class TcpTlsTransport final : public Transport {
   const std::shared_ptr<ChannelRegistry> registry_;
   Counters counters_;
   LogLimiter refusal_log_;
+  LogLimiter handshake_log_;
   int reserve_fd_;  // given up to refuse a connection when out of descriptors
   ChannelHandler on_channel_;
   // Run by io_thread_ once listening: accepts, handshakes and sweeps. Dial
