@@ -344,8 +344,8 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
     metrics::MetricsServer::Options metrics_options;
     metrics_options.max_connections = config->metrics.max_connections;
     metrics_options.request_timeout = TimeDelta::Microseconds(config->metrics.request_timeout_us);
-    auto started = metrics::MetricsServer::Start(config->metrics.listen, registry,
-                                                 [] { return absl::OkStatus(); }, metrics_options);
+    auto started = metrics::MetricsServer::Start(
+        config->metrics.listen, registry, [] { return absl::OkStatus(); }, metrics_options);
     if (started.ok()) {
       metrics_server = std::move(*started);
       spdlog::info("metrics on http://{}:{}/metrics",

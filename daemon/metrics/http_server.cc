@@ -1,12 +1,12 @@
-#include <sys/socket.h>
-
 #include "daemon/metrics/http_server.h"
 
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <algorithm>
 #include <chrono>
 #include <list>
 #include <optional>
@@ -204,9 +204,9 @@ struct MetricsServer::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
-                                                                     Registry& registry,
-                                                                     HealthCheck health,
-                                                                     Options options) {
+                                                                    Registry& registry,
+                                                                    HealthCheck health,
+                                                                    Options options) {
   size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon + 1 == address.size()) {
     return absl::InvalidArgumentError(

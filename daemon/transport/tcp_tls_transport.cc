@@ -15,7 +15,7 @@
 // channel is registered with the peer certificate it proved, so a reload can
 // re-verify each open channel's peer and abort those the new material refuses.
 
-#include "absl/strings/string_view.h"
+#include <fcntl.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -24,7 +24,6 @@
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
-#include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -32,17 +31,18 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <cstring>
-#include <optional>
-#include <system_error>
-#include <utility>
-#include <boost/asio.hpp>
-#include <boost/asio/ssl.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <list>
 #include <mutex>
+#include <optional>
+#include <system_error>
 #include <thread>
+#include <utility>
+
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -51,10 +51,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/fmt_absl.h"
 #include "daemon/transport/tcp_info.h"
 #include "daemon/transport/transport.h"
-#include "common/fmt_absl.h"
 #include "spdlog/spdlog.h"
 
 namespace longhaul::transport {
@@ -452,8 +453,8 @@ struct SiteActivity {
 struct ChannelRegistry {
   struct Site {
     std::shared_ptr<SiteActivity> activity = std::make_shared<SiteActivity>();
-    uint32_t accepted = 0;  // authenticated accepted channels open
-    uint64_t seen = 0;      // activity->operations at the last sweep
+    uint32_t accepted = 0;                         // authenticated accepted channels open
+    uint64_t seen = 0;                             // activity->operations at the last sweep
     std::chrono::steady_clock::time_point active;  // when they last changed
   };
 
@@ -939,8 +940,8 @@ class TcpTlsTransport final : public Transport {
     }
     auto channel = std::make_unique<TcpTlsChannel>(std::move(socket), CurrentTrust(), registry_,
                                                    /*dialed=*/false);
-    channel->TakePendingSlot(ip, std::chrono::steady_clock::now() +
-                                     ToChrono(limits_.handshake_timeout));
+    channel->TakePendingSlot(
+        ip, std::chrono::steady_clock::now() + ToChrono(limits_.handshake_timeout));
     channel->set_congestion_control(TuneSocket(channel->stream().lowest_layer()));
     channel->set_identity("(unauthenticated)", address);
     auto pending = std::make_shared<PendingConnection>(std::move(channel), io_);
@@ -961,16 +962,15 @@ class TcpTlsTransport final : public Transport {
   void OnHandshake(const std::shared_ptr<PendingConnection>& pending,
                    const boost::system::error_code& ec) {
     TcpTlsChannel& channel = *pending->channel;
-    absl::Status admitted = ec ? HandshakeError(channel, ec, ssl::stream_base::server)
-                               : Authenticate(channel);
+    absl::Status admitted =
+        ec ? HandshakeError(channel, ec, ssl::stream_base::server) : Authenticate(channel);
     if (!admitted.ok()) {
       Refuse(*pending, admitted);
       return;
     }
     // The peer's first bytes (its HELLO) come before it gets a thread.
     channel.stream().async_read_some(
-        channel.prefix_space(),
-        [this, pending](const boost::system::error_code& ec, size_t bytes) {
+        channel.prefix_space(), [this, pending](const boost::system::error_code& ec, size_t bytes) {
           OnFirstBytes(pending, ec, bytes);
         });
   }
@@ -1105,15 +1105,15 @@ class TcpTlsTransport final : public Transport {
         if (!idle_applies) continue;
         auto site = registry_->sites.find(channel->peer_site());
         if (site == registry_->sites.end() ||
-            now - site->second.active < ToChrono(limits_.idle_timeout) ||
-            !channel->MarkClosing()) {
+            now - site->second.active < ToChrono(limits_.idle_timeout) || !channel->MarkClosing()) {
           continue;
         }
         counters_.idle_closed.fetch_add(1);
-        spdlog::info("closing idle connection from {} ({}): nothing from or to {} for {}s "
-                     "(peer_limits.idle_timeout)",
-                     channel->peer_site(), channel->peer_address(), channel->peer_site(),
-                     limits_.idle_timeout.ToMilliseconds() / 1000);
+        spdlog::info(
+            "closing idle connection from {} ({}): nothing from or to {} for {}s "
+            "(peer_limits.idle_timeout)",
+            channel->peer_site(), channel->peer_address(), channel->peer_site(),
+            limits_.idle_timeout.ToMilliseconds() / 1000);
         channel->Abort();
       }
     }

@@ -114,7 +114,6 @@ TEST_F(TcpTlsChannelTest, LimitPacingRateCapsTheSocket) {
   EXPECT_EQ(dialed->Stats().max_pacing_rate_bytes_per_second, 50'000'000u);
 }
 
-
 // The channels a listener hands over, in order.
 class AcceptedChannels {
  public:
@@ -184,7 +183,9 @@ class TcpTlsLimitsTest : public ::testing::Test {
     *dialed = std::move(*channel);
     EXPECT_TRUE(WriteByte(**dialed).ok());
     auto server = accepted.Take();
-    if (server != nullptr) EXPECT_TRUE(ReadByte(*server).ok());
+    if (server != nullptr) {
+      EXPECT_TRUE(ReadByte(*server).ok());
+    }
     return server;
   }
 
@@ -233,9 +234,8 @@ TEST_F(TcpTlsLimitsTest, PendingHandshakesFromOneAddressAreCapped) {
   Start(limits);
   std::vector<int> fds;
   for (int i = 0; i < 3; ++i) fds.push_back(ConnectTcp(b->listen_port()));
-  EXPECT_TRUE(Eventually([&] {
-    return b->connection_counters().refused_too_many_from_address == 1;
-  }));
+  EXPECT_TRUE(
+      Eventually([&] { return b->connection_counters().refused_too_many_from_address == 1; }));
   EXPECT_EQ(b->connection_counters().pending_handshakes, 2u);
   // The refused one was closed at once: it reads EOF.
   char byte;
