@@ -519,10 +519,11 @@ class TcpTlsChannel final : public Channel {
     source_ip_ = std::move(ip);
     deadline_ = deadline;
   }
-  // Under registry_->mu, by the sweep.
+  // The three below under registry_->mu.
   bool pending() const { return pending_; }
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
-  // True the first time only: the sweep closes a channel once.
+  // True the first time only: a channel is closed (and counted) once,
+  // whether by the sweep or by its handshake timer.
   bool MarkClosing() { return !std::exchange(closing_, true); }
 
   // An accepted channel counts against its site's connection cap until it
@@ -1027,6 +1028,12 @@ class TcpTlsTransport final : public Transport {
     pending.timer.cancel();
     std::string message(why.message());
     if (pending.timed_out) {
+      bool first;  // the sweep may have closed it at the same deadline
+      {
+        absl::MutexLock lock(&registry_->mu);
+        first = pending.channel->MarkClosing();
+      }
+      if (!first) return;
       counters_.timed_out.fetch_add(1);
       message = absl::StrCat("no TLS handshake and HELLO within ",
                              limits_.handshake_timeout.ToMilliseconds() / 1000.0,
