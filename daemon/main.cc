@@ -2,6 +2,7 @@
 
 #include "absl/strings/string_view.h"
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
@@ -111,12 +112,63 @@ void ReloadTrust(const std::string& config_path, transport::TlsIdentity& identit
   (void)udp.ReloadTrust(next);
 }
 
+// Each peer connection, pending or served, holds a descriptor: take the
+// whole hard limit rather than a soft default of 1024.
+void RaiseOpenFileLimit() {
+  struct rlimit limit;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    spdlog::warn("cannot read the open-file limit: {}", strerror(errno));
+    return;
+  }
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlim_t soft = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+      spdlog::warn("cannot raise the open-file limit from {} to {}: {}", soft, limit.rlim_max,
+                   strerror(errno));
+      limit.rlim_cur = soft;
+    }
+  }
+  spdlog::info("open-file limit {}", limit.rlim_cur);
+}
+
+// Refused, timed-out and idle-closed peer connections (the tcp transport's
+// ConnectionCounters), filled at scrape time.
+void RegisterConnectionMetrics(metrics::Registry& registry, const transport::Transport& tcp) {
+  auto& refused = registry.AddCounter(
+      "longhaul_peer_handshakes_refused_total",
+      "Peer connections closed before they were served, by reason (a cap of peer_limits, no "
+      "thread or descriptor, or a failed TLS handshake)",
+      {"reason"});
+  auto& timed_out = registry.AddCounter(
+      "longhaul_peer_handshakes_timed_out_total",
+      "Peer connections closed without TLS and HELLO within peer_limits.handshake_timeout");
+  auto& idle = registry.AddCounter(
+      "longhaul_peer_connections_idle_closed_total",
+      "Authenticated peer connections closed after peer_limits.idle_timeout without traffic");
+  auto& pending = registry.AddGauge("longhaul_peer_handshakes_pending",
+                                    "Peer connections accepted whose HELLO has not arrived yet");
+  registry.AddCollector([&, &tcp = tcp] {
+    const transport::ConnectionCounters c = tcp.connection_counters();
+    refused.WithLabels({"too_many_pending"}).Set(c.refused_too_many_pending);
+    refused.WithLabels({"too_many_from_address"}).Set(c.refused_too_many_from_address);
+    refused.WithLabels({"too_many_for_peer"}).Set(c.refused_too_many_for_peer);
+    refused.WithLabels({"no_thread"}).Set(c.refused_no_thread);
+    refused.WithLabels({"no_descriptor"}).Set(c.refused_no_fd);
+    refused.WithLabels({"handshake_failed"}).Set(c.handshakes_failed);
+    timed_out.WithLabels({}).Set(c.handshakes_timed_out);
+    idle.WithLabels({}).Set(c.idle_closed);
+    pending.WithLabels({}).Set(c.pending_handshakes);
+  });
+}
+
 int Run(const std::string& config_path, const std::string& log_level_override) {
   auto config = LoadConfig(config_path);
   if (!config.ok()) return Fail("bad configuration", config.status());
   spdlog::set_level(spdlog::level::from_str(log_level_override.empty() ? config->log_level
                                                                        : log_level_override));
   spdlog::set_pattern(absl::StrCat("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [", config->site, "] %v"));
+  RaiseOpenFileLimit();
 
   std::error_code ec;
   std::filesystem::create_directories(config->state_dir, ec);
@@ -138,7 +190,15 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   tuning.socket_buffer_bytes =
       std::clamp<uint64_t>(2 * config->BandwidthDelayProduct(), 4u << 20, 256u << 20);
   tuning.congestion_control = config->link.congestion_control;
-  auto transport = transport::MakeTcpTlsTransport(identity, tuning);
+  transport::ConnectionLimits connection_limits;
+  connection_limits.handshake_timeout =
+      TimeDelta::Microseconds(config->peer_limits.handshake_timeout_us);
+  connection_limits.max_pending_handshakes = config->peer_limits.max_pending_handshakes;
+  connection_limits.max_pending_handshakes_per_address =
+      config->peer_limits.max_pending_handshakes_per_address;
+  connection_limits.max_connections_per_peer = config->peer_limits.max_connections_per_peer;
+  connection_limits.idle_timeout = TimeDelta::Microseconds(config->peer_limits.idle_timeout_us);
+  auto transport = transport::MakeTcpTlsTransport(identity, tuning, connection_limits);
   if (!transport.ok()) return Fail("cannot set up TLS", transport.status());
   // The udp transport (issue 5): keys agreed over the tcp transport's TLS.
   transport::UdpOptions udp_options;
@@ -290,10 +350,14 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   metrics::Registry registry;
   metrics::RegisterDaemonMetrics(registry,
                                  {config->site, &manager, &receiver, journal->get(), &limiter});
+  RegisterConnectionMetrics(registry, **transport);
   std::unique_ptr<metrics::MetricsServer> metrics_server;
   if (!config->metrics.listen.empty()) {
-    auto started = metrics::MetricsServer::Start(config->metrics.listen, registry,
-                                                 [] { return absl::OkStatus(); });
+    metrics::MetricsServer::Options metrics_options;
+    metrics_options.max_connections = config->metrics.max_connections;
+    metrics_options.request_timeout = TimeDelta::Microseconds(config->metrics.request_timeout_us);
+    auto started = metrics::MetricsServer::Start(
+        config->metrics.listen, registry, [] { return absl::OkStatus(); }, metrics_options);
     if (started.ok()) {
       metrics_server = std::move(*started);
       spdlog::info("metrics on http://{}:{}/metrics",

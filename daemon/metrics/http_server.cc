@@ -1,12 +1,14 @@
-#include <sys/socket.h>
-
 #include "daemon/metrics/http_server.h"
 
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <list>
 #include <optional>
 #include <thread>
 
@@ -20,10 +22,8 @@ namespace beast = boost::beast;
 namespace http = boost::beast::http;
 using tcp = asio::ip::tcp;
 
-constexpr auto kIdleTimeout = std::chrono::seconds(10);
 constexpr size_t kMaxHeaderBytes = 8 << 10;
 constexpr size_t kMaxBodyBytes = 4 << 10;
-constexpr int kMaxConnections = 64;
 
 using Request = http::request<http::string_body>;
 using Response = http::response<http::string_body>;
@@ -73,18 +73,36 @@ struct Handler {
   }
 };
 
+class Session;
+// The open sessions, oldest first. Only the server's thread touches it.
+using SessionList = std::list<Session*>;
+
 // One HTTP/1.1 connection: read a request, answer, repeat while keep-alive.
+// Lives on the server's thread; listed in `sessions` until it is closed.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, const Handler& handler, std::atomic<int>& open)
-      : stream_(std::move(socket)), handler_(handler), open_(open) {}
-  ~Session() { open_.fetch_sub(1); }
+  Session(tcp::socket socket, const Handler& handler, SessionList& sessions,
+          std::chrono::steady_clock::duration timeout)
+      : stream_(std::move(socket)), handler_(handler), sessions_(sessions), timeout_(timeout) {
+    listed_ = sessions_.insert(sessions_.end(), this);
+  }
+  ~Session() { Unlist(); }
+
+  // True while it waits for (the rest of) a request.
+  bool waiting() const { return waiting_; }
+
+  // Closes it to make room for a new connection; its pending read ends.
+  void Evict() {
+    Unlist();
+    Close();
+  }
 
   void Read() {
     parser_.emplace();
     parser_->header_limit(kMaxHeaderBytes);
     parser_->body_limit(kMaxBodyBytes);
-    stream_.expires_after(kIdleTimeout);
+    waiting_ = true;
+    stream_.expires_after(timeout_);
     http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        self->OnRead(ec);
@@ -93,6 +111,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   void OnRead(beast::error_code ec) {
+    waiting_ = false;
     if (ec) {
       Close();  // closed by the client, timed out, or a request we will not parse
       return;
@@ -100,7 +119,7 @@ class Session : public std::enable_shared_from_this<Session> {
     Request request = parser_->release();
     response_ = handler_.Handle(request);
     response_.keep_alive(request.keep_alive());
-    stream_.expires_after(kIdleTimeout);
+    stream_.expires_after(timeout_);
     http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code ec, size_t) {
       if (ec || !self->response_.keep_alive()) {
         self->Close();
@@ -111,9 +130,16 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void Close() {
+    Unlist();
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.socket().close(ignored);
+  }
+
+  void Unlist() {
+    if (listed_ == sessions_.end()) return;
+    sessions_.erase(listed_);
+    listed_ = sessions_.end();
   }
 
   beast::tcp_stream stream_;
@@ -121,47 +147,66 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   Response response_;
   const Handler& handler_;
-  std::atomic<int>& open_;
+  SessionList& sessions_;
+  SessionList::iterator listed_;
+  const std::chrono::steady_clock::duration timeout_;
+  bool waiting_ = false;
 };
 
 }  // namespace
 
 struct MetricsServer::Impl {
-  Impl(Registry& registry, HealthCheck health)
-      : handler{registry, std::move(health)}, acceptor(io) {}
+  Impl(Registry& registry, HealthCheck health, Options opts)
+      : handler{registry, std::move(health)},
+        options(opts),
+        timeout(std::chrono::nanoseconds(opts.request_timeout.ToNanoseconds())),
+        acceptor(io),
+        retry(io) {}
 
   void Accept() {
     acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
       if (ec) {
         if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
-        Accept();
+        // Out of descriptors, say: try again shortly rather than spin.
+        retry.expires_after(std::chrono::milliseconds(50));
+        retry.async_wait([this](beast::error_code ec) {
+          if (!ec) Accept();
+        });
         return;
       }
-      if (open_connections.fetch_add(1) >= kMaxConnections) {
-        open_connections.fetch_sub(1);
+      if (sessions.size() >= std::max<uint32_t>(options.max_connections, 1)) {
+        auto oldest = std::find_if(sessions.begin(), sessions.end(),
+                                   [](const Session* s) { return s->waiting(); });
+        if (oldest != sessions.end()) (*oldest)->Evict();
+      }
+      if (sessions.size() >= std::max<uint32_t>(options.max_connections, 1)) {
         beast::error_code ignored;
-        socket.close(ignored);
+        socket.close(ignored);  // every open connection is being answered
       } else {
-        std::make_shared<Session>(std::move(socket), handler, open_connections)->Read();
+        std::make_shared<Session>(std::move(socket), handler, sessions, timeout)->Read();
       }
       Accept();
     });
   }
 
   // Sessions still queued in `io` when it is destroyed refer to `handler`
-  // and `open_connections`: both are declared before it.
+  // and `sessions`: both are declared before it.
   Handler handler;
-  std::atomic<int> open_connections{0};
+  const Options options;
+  const std::chrono::steady_clock::duration timeout;
+  SessionList sessions;
   asio::io_context io;
   tcp::acceptor acceptor;
+  asio::steady_timer retry;
   uint16_t port = 0;
   std::thread thread;
   std::atomic<bool> stopped{false};
 };
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
-                                                                     Registry& registry,
-                                                                     HealthCheck health) {
+                                                                    Registry& registry,
+                                                                    HealthCheck health,
+                                                                    Options options) {
   size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon + 1 == address.size()) {
     return absl::InvalidArgumentError(
@@ -172,7 +217,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  auto impl = std::make_unique<Impl>(registry, std::move(health));
+  auto impl = std::make_unique<Impl>(registry, std::move(health), options);
   beast::error_code ec;
   tcp::resolver resolver(impl->io);
   auto endpoints = resolver.resolve(host, port, tcp::resolver::passive, ec);

@@ -10,17 +10,29 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/units.h"
 #include "daemon/metrics/registry.h"
 
 namespace longhaul::metrics {
+
+// The bounds of a MetricsServer (the daemon's metrics section).
+struct MetricsServerOptions {
+  uint32_t max_connections = 16;  // at least 1
+  TimeDelta request_timeout = TimeDelta::Seconds(10);
+};
 
 // Answers:
 //   GET|HEAD /metrics  200, registry.Render() as text/plain; version=0.0.4
 //   GET|HEAD /healthz  200 "ok" when `health` returns OK, else 503 and its message
 //   other paths        404; other methods 405
-// Requests are small and bounded (8 KiB of headers, 4 KiB of body); an idle
-// or slow connection is closed after 10 s, and at most 64 connections are
-// open at once, so a misbehaving scraper cannot pin the daemon's memory.
+// Requests are small and bounded (8 KiB of headers, 4 KiB of body). A
+// connection must send each request's headers within
+// Options::request_timeout and is closed after that long idle; at most
+// Options::max_connections are open at once. At the cap, a new connection
+// takes the place of the oldest one that is waiting for a request (partial
+// headers or keep-alive idle), so connections that hold partial headers
+// cannot lock a scraper out; a connection whose answer is being written is
+// never dropped for another.
 //
 // Thread-safe. The registry and `health` must outlive the server; both are
 // called on the server's thread.
@@ -28,11 +40,14 @@ class MetricsServer {
  public:
   using HealthCheck = std::function<absl::Status()>;
 
+  using Options = MetricsServerOptions;
+
   // Listens on `address` ("host:port", "[v6]:port"; port 0 picks one) and
   // starts serving. Fails (Unavailable, naming the address) if it cannot bind.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
-                                                               Registry& registry,
-                                                               HealthCheck health);
+                                                              Registry& registry,
+                                                              HealthCheck health,
+                                                              Options options = {});
   ~MetricsServer();
 
   // Stops accepting, closes open connections and joins the thread. Idempotent.

@@ -25,6 +25,9 @@ void PeerRouter::Serve(std::unique_ptr<transport::Channel> channel) const {
                  channel->peer_address(), status.message());
     return;
   }
+  // The HELLO is in: from here the idle timeout applies, not the handshake deadline.
+  channel->EndHandshake();
+  if (hello.role() == v1::Hello::EXCHANGE) channel->KeepWhenIdle();
   if (hello.protocol_version() != kProtocolVersion) {
     spdlog::warn("closing connection from {}: protocol version {} (we speak {})",
                  channel->peer_site(), hello.protocol_version(), kProtocolVersion);

@@ -1,7 +1,13 @@
 // The tcp transport: TLS 1.3 (AES-256-GCM only) over kernel TCP, with both
 // ends authenticated by certificates from one CA that must name a configured
-// site. Channels use blocking I/O on their owner's thread; a watchdog bounds
-// the handshake so a silent or plaintext client cannot hold a thread.
+// site. Channels use blocking I/O on their owner's thread once they are
+// authenticated. Accepted connections are handshaken asynchronously on one
+// io thread, under caps on pending handshakes (in total and per source IP)
+// and a deadline that covers TLS plus the peer's HELLO: a connection gets a
+// thread only after it has authenticated and sent its first bytes, so
+// scanners and silent or slow clients cost a socket, not a thread. The same
+// thread closes accepted channels past their HELLO deadline or idle too long.
+// Dialed handshakes are bounded by a watchdog.
 //
 // Trust material (CA, own certificate and key, CRL) lives in one immutable
 // TrustContext. ReloadTrust loads a new one for the handshakes that follow;
@@ -9,7 +15,7 @@
 // channel is registered with the peer certificate it proved, so a reload can
 // re-verify each open channel's peer and abort those the new material refuses.
 
-#include "absl/strings/string_view.h"
+#include <fcntl.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -20,28 +26,36 @@
 #include <openssl/x509v3.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <array>
 #include <atomic>
-#include <optional>
-#include <utility>
-#include <boost/asio.hpp>
-#include <boost/asio/ssl.hpp>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <list>
 #include <mutex>
+#include <optional>
+#include <system_error>
 #include <thread>
+#include <utility>
+
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/fmt_absl.h"
 #include "daemon/transport/tcp_info.h"
 #include "daemon/transport/transport.h"
-#include "common/fmt_absl.h"
 #include "spdlog/spdlog.h"
 
 namespace longhaul::transport {
@@ -77,7 +91,46 @@ namespace asio = boost::asio;
 namespace ssl = boost::asio::ssl;
 using tcp = asio::ip::tcp;
 
-constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+// How often the io thread looks for accepted channels past their HELLO
+// deadline or idle timeout.
+constexpr auto kSweepInterval = std::chrono::milliseconds(200);
+// Pause before accepting again after an accept error that is not ours to fix.
+constexpr auto kAcceptRetry = std::chrono::milliseconds(50);
+
+std::chrono::steady_clock::duration ToChrono(TimeDelta d) {
+  return std::chrono::nanoseconds(d.ToNanoseconds());
+}
+
+// At most kLinesPerSecond log lines a second for a flood of refusals; the
+// lines it drops are counted into the next one. Thread-safe.
+class LogLimiter {
+ public:
+  static constexpr int kLinesPerSecond = 20;
+
+  // True if a line may be logged now; then `*dropped` is the number of lines
+  // dropped since the last one.
+  bool Allow(uint64_t* dropped) {
+    std::lock_guard lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    if (now - window_start_ >= std::chrono::seconds(1)) {
+      window_start_ = now;
+      lines_ = 0;
+    }
+    if (lines_ >= kLinesPerSecond) {
+      ++dropped_;
+      return false;
+    }
+    ++lines_;
+    *dropped = std::exchange(dropped_, 0);
+    return true;
+  }
+
+ private:
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point window_start_;
+  int lines_ = 0;
+  uint64_t dropped_ = 0;
+};
 
 absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(const std::string& address) {
   std::string host, port;
@@ -387,13 +440,37 @@ class Watchdog {
 
 class TcpTlsChannel;
 
-// The trust material new channels take, and the authenticated channels a
-// reload must re-check. Shared by the transport and its channels, so that a
-// channel may outlive the transport. Thread-safe.
+// Operations (reads and writes) on the channels of one peer site, counted
+// by the channels and read by the idle sweep. Thread-safe.
+struct SiteActivity {
+  std::atomic<uint64_t> operations{0};
+};
+
+// The trust material new channels take, the authenticated channels a reload
+// must re-check, and what the connection caps count. Shared by the
+// transport and its channels, so that a channel may outlive the transport.
+// Thread-safe.
 struct ChannelRegistry {
+  struct Site {
+    std::shared_ptr<SiteActivity> activity = std::make_shared<SiteActivity>();
+    uint32_t accepted = 0;                         // authenticated accepted channels open
+    uint64_t seen = 0;                             // activity->operations at the last sweep
+    std::chrono::steady_clock::time_point active;  // when they last changed
+  };
+
   absl::Mutex mu;
   std::shared_ptr<TrustContext> trust ABSL_GUARDED_BY(mu);
   absl::flat_hash_set<TcpTlsChannel*> live ABSL_GUARDED_BY(mu);
+  // Accepted connections before their HELLO, in total and by source IP.
+  uint32_t pending ABSL_GUARDED_BY(mu) = 0;
+  absl::flat_hash_map<std::string, uint32_t> pending_per_address ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, Site> sites ABSL_GUARDED_BY(mu);
+
+  Site& SiteLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto [it, inserted] = sites.try_emplace(name);
+    if (inserted) it->second.active = std::chrono::steady_clock::now();
+    return it->second;
+  }
 };
 
 class TcpTlsChannel final : public Channel {
@@ -411,6 +488,8 @@ class TcpTlsChannel final : public Channel {
     {
       absl::MutexLock lock(&registry_->mu);
       registry_->live.erase(this);
+      ReleasePendingLocked();
+      if (!counted_site_.empty()) --registry_->SiteLocked(counted_site_).accepted;
     }
     boost::system::error_code ec;
     stream_.lowest_layer().close(ec);
@@ -431,6 +510,50 @@ class TcpTlsChannel final : public Channel {
     return peer_certificate_;
   }
 
+  // An accepted channel takes the pending-handshake slot its transport
+  // counted for `ip` (in registry_->pending and pending_per_address) and
+  // gives it back at EndHandshake or destruction. Before anyone else can
+  // see the channel.
+  void TakePendingSlot(std::string ip, std::chrono::steady_clock::time_point deadline) {
+    pending_ = true;
+    source_ip_ = std::move(ip);
+    deadline_ = deadline;
+  }
+  // The three below under registry_->mu.
+  bool pending() const { return pending_; }
+  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
+  // True the first time only: a channel is closed (and counted) once,
+  // whether by the sweep or by its handshake timer.
+  bool MarkClosing() { return !std::exchange(closing_, true); }
+
+  // An accepted channel counts against its site's connection cap until it
+  // is destroyed. Under registry_->mu.
+  void CountForSite(const std::string& site) { counted_site_ = site; }
+  void set_activity(std::shared_ptr<SiteActivity> activity) { activity_ = std::move(activity); }
+
+  // Bytes already read from the TLS stream (while the io thread waited for
+  // the peer's first bytes): ReadExactly returns them first.
+  asio::mutable_buffer prefix_space() { return asio::buffer(prefix_); }
+  void set_prefix(size_t bytes) {
+    prefix_at_ = 0;
+    prefix_end_ = bytes;
+  }
+
+  void KeepWhenIdle() override {
+    absl::MutexLock lock(&registry_->mu);
+    keep_when_idle_ = true;
+  }
+  bool keep_when_idle() const { return keep_when_idle_; }  // under registry_->mu
+
+  void EndHandshake() override {
+    absl::MutexLock lock(&registry_->mu);
+    if (!pending_) return;
+    ReleasePendingLocked();
+    if (!counted_site_.empty()) {
+      registry_->SiteLocked(counted_site_).active = std::chrono::steady_clock::now();
+    }
+  }
+
   // Called by the verify callback, during the handshake, with the first
   // certificate that failed verification.
   void NoteRejected(X509* cert) {
@@ -441,14 +564,25 @@ class TcpTlsChannel final : public Channel {
   absl::Status Write(absl::Span<const absl::Span<const uint8_t>> parts) override {
     absl::InlinedVector<asio::const_buffer, 4> buffers;
     for (absl::Span<const uint8_t> part : parts) buffers.emplace_back(part.data(), part.size());
+    Touch();
     boost::system::error_code ec;
     asio::write(stream_, buffers, ec);
+    Touch();
     return ToStatus(ec, "write");
   }
 
   absl::Status ReadExactly(absl::Span<uint8_t> out) override {
+    Touch();
+    size_t buffered = std::min(out.size(), prefix_end_ - prefix_at_);
+    if (buffered > 0) {
+      std::memcpy(out.data(), prefix_.data() + prefix_at_, buffered);
+      prefix_at_ += buffered;
+      out = out.subspan(buffered);
+      if (out.empty()) return absl::OkStatus();
+    }
     boost::system::error_code ec;
     asio::read(stream_, asio::buffer(out.data(), out.size()), ec);
+    Touch();
     return ToStatus(ec, "read");
   }
 
@@ -512,6 +646,20 @@ class TcpTlsChannel final : public Channel {
   }
 
  private:
+  void Touch() {
+    if (activity_ != nullptr) activity_->operations.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  void ReleasePendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(registry_->mu) {
+    if (!pending_) return;
+    pending_ = false;
+    --registry_->pending;
+    auto it = registry_->pending_per_address.find(source_ip_);
+    if (it != registry_->pending_per_address.end() && --it->second == 0) {
+      registry_->pending_per_address.erase(it);
+    }
+  }
+
   absl::Status ToStatus(const boost::system::error_code& ec, absl::string_view op) const {
     if (!ec) return absl::OkStatus();
     if (aborted_.load()) return absl::CancelledError(absl::StrCat(op, " aborted"));
@@ -543,6 +691,18 @@ class TcpTlsChannel final : public Channel {
   std::shared_ptr<const PeerCertificate> peer_certificate_;
   X509Ptr rejected_;
   std::atomic<bool> aborted_{false};
+  // Set before the channel is handed over; read-only after.
+  std::shared_ptr<SiteActivity> activity_;
+  std::array<uint8_t, 64> prefix_{};
+  size_t prefix_at_ = 0;
+  size_t prefix_end_ = 0;
+  // Guarded by registry_->mu (a lock of another object, so not annotated).
+  bool pending_ = false;
+  bool closing_ = false;
+  bool keep_when_idle_ = false;
+  std::string source_ip_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::string counted_site_;
 };
 
 int VerifyCallback(int ok, X509_STORE_CTX* store) {
@@ -557,12 +717,17 @@ int VerifyCallback(int ok, X509_STORE_CTX* store) {
 
 class TcpTlsTransport final : public Transport {
  public:
-  TcpTlsTransport(TlsIdentity identity, TcpTuning tuning)
+  TcpTlsTransport(TlsIdentity identity, TcpTuning tuning, ConnectionLimits limits)
       : identity_(std::move(identity)),
         tuning_(tuning),
-        registry_(std::make_shared<ChannelRegistry>()) {}
+        limits_(limits),
+        registry_(std::make_shared<ChannelRegistry>()),
+        reserve_fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
 
-  ~TcpTlsTransport() override { Shutdown(); }
+  ~TcpTlsTransport() override {
+    Shutdown();
+    if (reserve_fd_ >= 0) ::close(reserve_fd_);
+  }
 
   absl::Status Init() {
     auto trust = TrustContext::Load(identity_);
@@ -609,6 +774,21 @@ class TcpTlsTransport final : public Transport {
     return CurrentTrust()->Check(peer);
   }
 
+  ConnectionCounters connection_counters() const override {
+    ConnectionCounters out;
+    out.refused_too_many_pending = counters_.too_many_pending.load();
+    out.refused_too_many_from_address = counters_.too_many_from_address.load();
+    out.refused_too_many_for_peer = counters_.too_many_for_peer.load();
+    out.refused_no_thread = counters_.no_thread.load();
+    out.refused_no_fd = counters_.no_fd.load();
+    out.handshakes_failed = counters_.failed.load();
+    out.handshakes_timed_out = counters_.timed_out.load();
+    out.idle_closed = counters_.idle_closed.load();
+    absl::MutexLock lock(&registry_->mu);
+    out.pending_handshakes = registry_->pending;
+    return out;
+  }
+
   absl::StatusOr<std::unique_ptr<Channel>> Dial(const std::string& site,
                                                 const std::string& address) override {
     auto host_port = SplitHostPort(address);
@@ -643,7 +823,7 @@ class TcpTlsTransport final : public Transport {
           absl::StrCat("peer at ", address, " presented a certificate for ",
                        named.empty() ? CertificateSubject(cert) : named, ", expected ", site));
     }
-    if (absl::Status s = Adopt(*channel, site); !s.ok()) {
+    if (absl::Status s = Adopt(*channel, site, /*accepted=*/false); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("TLS handshake with ", site, " at ", address,
                                                  " failed: ", s.message()));
     }
@@ -671,7 +851,9 @@ class TcpTlsTransport final : public Transport {
     }
     port_ = acceptor_->local_endpoint().port();
     on_channel_ = std::move(on_channel);
-    accept_thread_ = std::thread([this] { AcceptLoop(); });
+    AcceptNext();
+    Sweep();
+    io_thread_ = std::thread([this] { io_.run(); });
     return absl::OkStatus();
   }
 
@@ -679,51 +861,284 @@ class TcpTlsTransport final : public Transport {
 
   void Shutdown() override {
     if (stopping_.exchange(true)) return;
-    if (acceptor_) ::shutdown(acceptor_->native_handle(), SHUT_RDWR);
-    if (accept_thread_.joinable()) accept_thread_.join();
+    io_.stop();
+    if (io_thread_.joinable()) io_thread_.join();
+    // The io thread is gone: nothing else touches the acceptor now. Pending
+    // handshakes end with io_ (their handlers own them).
+    if (acceptor_) {
+      ::shutdown(acceptor_->native_handle(), SHUT_RDWR);
+      boost::system::error_code ignored;
+      acceptor_->close(ignored);
+    }
     // Wait for connection threads: they end once their handler returns.
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](int* n) { return *n == 0; }, &live_handlers_));
   }
 
  private:
-  void AcceptLoop() {
-    while (!stopping_.load()) {
-      boost::system::error_code ec;
-      tcp::endpoint remote;
-      tcp::socket socket(io_);
-      acceptor_->accept(socket, remote, ec);
-      if (ec) {
-        if (stopping_.load()) return;
-        spdlog::warn("accept on port {} failed: {}", port_, ec.message());
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
+  // An accepted connection in its handshake, owned by the io thread's
+  // pending handlers.
+  struct PendingConnection {
+    PendingConnection(std::unique_ptr<TcpTlsChannel> c, asio::io_context& io)
+        : channel(std::move(c)), timer(io) {}
+    std::unique_ptr<TcpTlsChannel> channel;
+    asio::steady_timer timer;  // the handshake deadline
+    bool timed_out = false;
+    bool done = false;  // handed over or refused; the timer must not touch it
+  };
+
+  // Everything below runs on the io thread.
+
+  void AcceptNext() {
+    acceptor_->async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+      OnAccept(ec, std::move(socket));
+    });
+  }
+
+  void AcceptLater() {
+    retry_timer_.expires_after(kAcceptRetry);
+    retry_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec && !stopping_.load()) AcceptNext();
+    });
+  }
+
+  void OnAccept(const boost::system::error_code& ec, tcp::socket socket) {
+    if (stopping_.load() || ec == asio::error::operation_aborted) return;
+    if (ec) {
+      if (ec.value() == EMFILE || ec.value() == ENFILE || ec.value() == ENOBUFS ||
+          ec.value() == ENOMEM) {
+        RefuseForLackOfDescriptors(ec);
+      } else {
+        LogRefusal(absl::StrCat("port ", port_), absl::StrCat("accept failed: ", ec.message()));
+        AcceptLater();
       }
-      auto channel = std::make_unique<TcpTlsChannel>(std::move(socket), CurrentTrust(), registry_,
-                                                     /*dialed=*/false);
-      {
-        absl::MutexLock lock(&mu_);
-        ++live_handlers_;
+      return;
+    }
+    boost::system::error_code ignored;
+    tcp::endpoint remote = socket.remote_endpoint(ignored);
+    if (ignored) {  // reset before we got to it
+      AcceptNext();
+      return;
+    }
+    std::string ip = remote.address().to_string();
+    std::string address = absl::StrCat(ip, ":", remote.port());
+    std::string refused;
+    {
+      absl::MutexLock lock(&registry_->mu);
+      uint32_t& from_address = registry_->pending_per_address[ip];
+      if (registry_->pending >= limits_.max_pending_handshakes) {
+        counters_.too_many_pending.fetch_add(1);
+        refused = absl::StrCat(registry_->pending,
+                               " handshakes pending (peer_limits.max_pending_handshakes)");
+      } else if (from_address >= limits_.max_pending_handshakes_per_address) {
+        counters_.too_many_from_address.fetch_add(1);
+        refused = absl::StrCat(from_address, " handshakes pending from ", ip,
+                               " (peer_limits.max_pending_handshakes_per_address)");
+      } else {
+        ++registry_->pending;
+        ++from_address;
       }
-      std::thread([this, channel = std::move(channel), remote]() mutable {
-        std::string address = absl::StrCat(remote.address().to_string(), ":", remote.port());
-        absl::Status admitted = Admit(*channel, address);
-        if (admitted.ok()) {
-          on_channel_(std::move(channel));
-        } else {
-          spdlog::warn("refused connection from {}: {}", address, admitted.message());
-        }
+      if (from_address == 0) registry_->pending_per_address.erase(ip);
+    }
+    if (!refused.empty()) {
+      socket.close(ignored);
+      LogRefusal(address, refused);
+      AcceptNext();
+      return;
+    }
+    auto channel = std::make_unique<TcpTlsChannel>(std::move(socket), CurrentTrust(), registry_,
+                                                   /*dialed=*/false);
+    channel->TakePendingSlot(
+        ip, std::chrono::steady_clock::now() + ToChrono(limits_.handshake_timeout));
+    channel->set_congestion_control(TuneSocket(channel->stream().lowest_layer()));
+    channel->set_identity("(unauthenticated)", address);
+    auto pending = std::make_shared<PendingConnection>(std::move(channel), io_);
+    pending->timer.expires_after(ToChrono(limits_.handshake_timeout));
+    pending->timer.async_wait([pending](const boost::system::error_code& ec) {
+      if (ec || pending->done) return;
+      pending->timed_out = true;
+      boost::system::error_code ignored;
+      pending->channel->stream().lowest_layer().cancel(ignored);
+      pending->channel->Abort();
+    });
+    pending->channel->stream().async_handshake(
+        ssl::stream_base::server,
+        [this, pending](const boost::system::error_code& ec) { OnHandshake(pending, ec); });
+    AcceptNext();
+  }
+
+  void OnHandshake(const std::shared_ptr<PendingConnection>& pending,
+                   const boost::system::error_code& ec) {
+    TcpTlsChannel& channel = *pending->channel;
+    absl::Status admitted =
+        ec ? HandshakeError(channel, ec, ssl::stream_base::server) : Authenticate(channel);
+    if (!admitted.ok()) {
+      Refuse(*pending, admitted);
+      return;
+    }
+    // The peer's first bytes (its HELLO) come before it gets a thread.
+    channel.stream().async_read_some(
+        channel.prefix_space(), [this, pending](const boost::system::error_code& ec, size_t bytes) {
+          OnFirstBytes(pending, ec, bytes);
+        });
+  }
+
+  void OnFirstBytes(const std::shared_ptr<PendingConnection>& pending,
+                    const boost::system::error_code& ec, size_t bytes) {
+    if (ec || bytes == 0) {
+      if (pending->timed_out) {
+        Refuse(*pending, absl::DeadlineExceededError("no HELLO"));
+        return;
+      }
+      // Closed before a word, so nothing was lost: usually a sender's spare
+      // data channel (see PeerRouter::Serve).
+      spdlog::debug("connection from {} ({}) ended before its hello: {}",
+                    pending->channel->peer_site(), pending->channel->peer_address(),
+                    ec ? ec.message() : "no data");
+      pending->done = true;
+      pending->timer.cancel();
+      return;
+    }
+    pending->done = true;
+    pending->timer.cancel();
+    pending->channel->set_prefix(bytes);
+    HandOver(std::move(pending->channel));
+  }
+
+  // Gives an authenticated channel the thread that serves it.
+  void HandOver(std::unique_ptr<TcpTlsChannel> channel) {
+    const std::string address = channel->peer_address();
+    {
+      absl::MutexLock lock(&mu_);
+      ++live_handlers_;
+    }
+    try {
+      std::thread([this, channel = std::move(channel)]() mutable {
+        on_channel_(std::move(channel));
         absl::MutexLock lock(&mu_);
         --live_handlers_;
       }).detach();
+    } catch (const std::system_error& e) {
+      {
+        absl::MutexLock lock(&mu_);
+        --live_handlers_;
+      }
+      counters_.no_thread.fetch_add(1);
+      LogRefusal(address, absl::StrCat("cannot start a thread for it: ", e.what(),
+                                       " (raise the task limit, e.g. systemd TasksMax)"));
     }
   }
 
-  absl::Status Admit(TcpTlsChannel& channel, const std::string& address) {
-    channel.set_congestion_control(TuneSocket(channel.stream().lowest_layer()));
-    channel.set_identity("(unauthenticated)", address);
-    absl::Status handshake = Handshake(channel, ssl::stream_base::server);
-    if (!handshake.ok()) return handshake;
+  // Ends a pending connection that did not make it, counted by why.
+  void Refuse(PendingConnection& pending, const absl::Status& why) {
+    pending.done = true;
+    pending.timer.cancel();
+    std::string message(why.message());
+    if (pending.timed_out) {
+      bool first;  // the sweep may have closed it at the same deadline
+      {
+        absl::MutexLock lock(&registry_->mu);
+        first = pending.channel->MarkClosing();
+      }
+      if (!first) return;
+      counters_.timed_out.fetch_add(1);
+      message = absl::StrCat("no TLS handshake and HELLO within ",
+                             limits_.handshake_timeout.ToMilliseconds() / 1000.0,
+                             "s (peer_limits.handshake_timeout)");
+    } else if (!absl::IsResourceExhausted(why)) {
+      counters_.failed.fetch_add(1);
+      LogRefusal(handshake_log_, pending.channel->peer_address(), message);
+      return;
+    }
+    LogRefusal(pending.channel->peer_address(), message);
+  }
+
+  // Out of file descriptors, the pending connection cannot be accepted, and
+  // would stay at the head of the queue: give up the spare descriptor,
+  // accept it, close it, and take the spare again.
+  void RefuseForLackOfDescriptors(const boost::system::error_code& ec) {
+    counters_.no_fd.fetch_add(1);
+    bool refused_one = false;
+    if (reserve_fd_ >= 0) {
+      ::close(reserve_fd_);
+      int fd = ::accept4(acceptor_->native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) {
+        ::close(fd);
+        refused_one = true;
+      }
+      reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    LogRefusal(absl::StrCat("port ", port_),
+               absl::StrCat("cannot accept: ", ec.message(),
+                            " (raise the open-file limit, e.g. systemd LimitNOFILE)"));
+    if (refused_one) {
+      AcceptNext();
+    } else {
+      AcceptLater();
+    }
+  }
+
+  // `log` separates floods of one kind (caps, deadlines) from refused
+  // certificates, so that one cannot hide the other.
+  void LogRefusal(const std::string& address, const std::string& why) {
+    LogRefusal(refusal_log_, address, why);
+  }
+  void LogRefusal(LogLimiter& log, const std::string& address, const std::string& why) {
+    uint64_t dropped = 0;
+    if (!log.Allow(&dropped)) return;
+    spdlog::warn("refused connection from {}: {}{}", address, why,
+                 dropped > 0 ? absl::StrCat(" (", dropped, " more refusals not logged)") : "");
+  }
+
+  // Closes accepted channels past their HELLO deadline, and those whose
+  // site has been idle for limits_.idle_timeout; then runs again.
+  void Sweep() {
+    const auto now = std::chrono::steady_clock::now();
+    {
+      absl::MutexLock lock(&registry_->mu);
+      for (auto& [name, site] : registry_->sites) {
+        uint64_t operations = site.activity->operations.load(std::memory_order_relaxed);
+        if (operations != site.seen) {
+          site.seen = operations;
+          site.active = now;
+        }
+      }
+      const bool idle_applies = limits_.idle_timeout > TimeDelta::Zero();
+      for (TcpTlsChannel* channel : registry_->live) {
+        if (channel->dialed()) continue;
+        if (channel->pending()) {
+          if (now < channel->deadline() || !channel->MarkClosing()) continue;
+          counters_.timed_out.fetch_add(1);
+          LogRefusal(channel->peer_address(),
+                     absl::StrCat(channel->peer_site(), " sent no complete HELLO within ",
+                                  limits_.handshake_timeout.ToMilliseconds() / 1000.0,
+                                  "s (peer_limits.handshake_timeout)"));
+          channel->Abort();
+          continue;
+        }
+        if (!idle_applies || channel->keep_when_idle()) continue;
+        auto site = registry_->sites.find(channel->peer_site());
+        if (site == registry_->sites.end() ||
+            now - site->second.active < ToChrono(limits_.idle_timeout) || !channel->MarkClosing()) {
+          continue;
+        }
+        counters_.idle_closed.fetch_add(1);
+        spdlog::info(
+            "closing idle connection from {} ({}): nothing from or to {} for {}s "
+            "(peer_limits.idle_timeout)",
+            channel->peer_site(), channel->peer_address(), channel->peer_site(),
+            limits_.idle_timeout.ToMilliseconds() / 1000);
+        channel->Abort();
+      }
+    }
+    sweep_timer_.expires_after(kSweepInterval);
+    sweep_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec && !stopping_.load()) Sweep();
+    });
+  }
+
+  // The site an accepted channel's verified certificate names, registered.
+  absl::Status Authenticate(TcpTlsChannel& channel) {
     X509* cert = SSL_get0_peer_certificate(channel.stream().native_handle());
     std::string site = MatchSite(cert, identity_.peer_sites);
     if (site.empty()) {
@@ -731,8 +1146,8 @@ class TcpTlsTransport final : public Transport {
           "certificate ", CertificateSubject(cert), " chains to our CA but names no configured peer site (",
           absl::StrJoin(identity_.peer_sites, ", "), ")"));
     }
-    channel.set_identity(site, address);
-    return Adopt(channel, site);
+    channel.set_identity(site, channel.peer_address());
+    return Adopt(channel, site, /*accepted=*/true);
   }
 
   std::shared_ptr<TrustContext> CurrentTrust() const {
@@ -742,8 +1157,9 @@ class TcpTlsTransport final : public Transport {
 
   // Registers an authenticated channel for re-checks at each reload. A
   // reload that came during its handshake has not seen it: check it here
-  // against what that reload loaded.
-  absl::Status Adopt(TcpTlsChannel& channel, const std::string& site) {
+  // against what that reload loaded. An `accepted` channel counts against
+  // its site's limits_.max_connections_per_peer (ResourceExhausted past it).
+  absl::Status Adopt(TcpTlsChannel& channel, const std::string& site, bool accepted) {
     SSL* ssl = channel.stream().native_handle();
     auto cert = std::make_shared<const PeerCertificate>(site, SSL_get0_peer_certificate(ssl),
                                                         SSL_get_peer_cert_chain(ssl));
@@ -751,6 +1167,18 @@ class TcpTlsTransport final : public Transport {
     if (registry_->trust != channel.trust()) {
       if (absl::Status s = registry_->trust->Check(*cert); !s.ok()) return s;
     }
+    ChannelRegistry::Site& entry = registry_->SiteLocked(site);
+    if (accepted) {
+      if (entry.accepted >= limits_.max_connections_per_peer) {
+        counters_.too_many_for_peer.fetch_add(1);
+        return absl::ResourceExhaustedError(
+            absl::StrCat(site, " already has ", entry.accepted,
+                         " connections open (peer_limits.max_connections_per_peer)"));
+      }
+      ++entry.accepted;
+      channel.CountForSite(site);
+    }
+    channel.set_activity(entry.activity);
     channel.set_peer_certificate(std::move(cert));
     registry_->live.insert(&channel);
     return absl::OkStatus();
@@ -758,11 +1186,18 @@ class TcpTlsTransport final : public Transport {
 
   // Runs the TLS handshake with a deadline and explains certificate failures.
   absl::Status Handshake(TcpTlsChannel& channel, ssl::stream_base::handshake_type type) {
-    auto handle = watchdog_.Arm(kHandshakeTimeout, [&channel] { channel.Abort(); });
+    auto handle =
+        watchdog_.Arm(ToChrono(limits_.handshake_timeout), [&channel] { channel.Abort(); });
     boost::system::error_code ec;
     channel.stream().handshake(type, ec);
     watchdog_.Disarm(handle);
     if (!ec) return absl::OkStatus();
+    return HandshakeError(channel, ec, type);
+  }
+
+  // Why a TLS handshake failed, for the log and the error.
+  absl::Status HandshakeError(TcpTlsChannel& channel, const boost::system::error_code& ec,
+                              ssl::stream_base::handshake_type type) {
     long verify = SSL_get_verify_result(channel.stream().native_handle());
     if (verify != X509_V_OK) {
       bool hint = type == ssl::stream_base::server && verify != X509_V_ERR_CERT_REVOKED;
@@ -828,15 +1263,35 @@ class TcpTlsTransport final : public Transport {
     return std::string(name, strnlen(name, sizeof name));
   }
 
+  struct Counters {
+    std::atomic<uint64_t> too_many_pending{0};
+    std::atomic<uint64_t> too_many_from_address{0};
+    std::atomic<uint64_t> too_many_for_peer{0};
+    std::atomic<uint64_t> no_thread{0};
+    std::atomic<uint64_t> no_fd{0};
+    std::atomic<uint64_t> failed{0};
+    std::atomic<uint64_t> timed_out{0};
+    std::atomic<uint64_t> idle_closed{0};
+  };
+
   const TlsIdentity identity_;  // the files of the first load; site and peers never change
   const TcpTuning tuning_;
+  const ConnectionLimits limits_;
   const std::shared_ptr<ChannelRegistry> registry_;
-  asio::io_context io_;  // never run: channels use blocking calls
+  Counters counters_;
+  LogLimiter refusal_log_;
+  LogLimiter handshake_log_;
+  int reserve_fd_;  // given up to refuse a connection when out of descriptors
+  ChannelHandler on_channel_;
+  // Run by io_thread_ once listening: accepts, handshakes and sweeps. Dial
+  // and channels use blocking calls on sockets of it.
+  asio::io_context io_;
+  asio::steady_timer sweep_timer_{io_};
+  asio::steady_timer retry_timer_{io_};
   Watchdog watchdog_;
   std::optional<tcp::acceptor> acceptor_;
   uint16_t port_ = 0;
-  ChannelHandler on_channel_;
-  std::thread accept_thread_;
+  std::thread io_thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> cc_fallback_logged_{false};
   absl::Mutex mu_;
@@ -846,8 +1301,9 @@ class TcpTlsTransport final : public Transport {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Transport>> MakeTcpTlsTransport(const TlsIdentity& identity,
-                                                               const TcpTuning& tuning) {
-  auto transport = std::make_unique<TcpTlsTransport>(identity, tuning);
+                                                               const TcpTuning& tuning,
+                                                               const ConnectionLimits& limits) {
+  auto transport = std::make_unique<TcpTlsTransport>(identity, tuning, limits);
   absl::Status status = transport->Init();
   if (!status.ok()) return status;
   return std::unique_ptr<Transport>(std::move(transport));

@@ -88,9 +88,36 @@ class Channel {
                                                                     size_t length) {
     return absl::UnimplementedError("this channel has no TLS session to export keys from");
   }
+
+  // Called by whoever serves an accepted channel once the peer's first
+  // message (its HELLO) has arrived: the handshake deadline
+  // (ConnectionLimits::handshake_timeout, counted from the TCP accept) stops
+  // applying and the channel no longer counts as a pending handshake. An
+  // accepted channel that never gets this call is aborted at that deadline.
+  // Dialed channels ignore it. Any thread.
+  virtual void EndHandshake() {}
+  // Called for an accepted channel whose silence is expected: an exchange
+  // link between group members carries nothing between rounds, and closing
+  // it would fail the group's next operation. The idle timeout does not
+  // close it; max_connections_per_peer still bounds such channels. Any thread.
+  virtual void KeepWhenIdle() {}
 };
 
 using ChannelHandler = std::function<void(std::unique_ptr<Channel>)>;
+
+// What a listening transport refused or closed since it started, for
+// metrics; and the handshakes pending now.
+struct ConnectionCounters {
+  uint64_t refused_too_many_pending = 0;       // past max_pending_handshakes
+  uint64_t refused_too_many_from_address = 0;  // past max_pending_handshakes_per_address
+  uint64_t refused_too_many_for_peer = 0;      // past max_connections_per_peer
+  uint64_t refused_no_thread = 0;              // a thread could not be created
+  uint64_t refused_no_fd = 0;                  // accept failed: out of file descriptors
+  uint64_t handshakes_failed = 0;              // TLS or certificate refused
+  uint64_t handshakes_timed_out = 0;           // TLS plus HELLO past handshake_timeout
+  uint64_t idle_closed = 0;                    // authenticated, past idle_timeout
+  uint64_t pending_handshakes = 0;             // now: accepted, HELLO not yet received
+};
 
 // Makes and accepts channels. Thread-safe.
 class Transport {
@@ -106,7 +133,10 @@ class Transport {
 
   // Listens on `address` ("host:port", port 0 picks one). Each channel that
   // authenticates as a configured site is handed to `on_channel` on a thread
-  // of its own; refused connections are logged and closed.
+  // of its own; refused connections are logged and closed. The tcp
+  // transport hands a channel over only once the peer has sent its first
+  // bytes; until then (and until Channel::EndHandshake) it counts against
+  // the ConnectionLimits the transport was made with.
   virtual absl::Status Listen(const std::string& address, ChannelHandler on_channel) = 0;
   // The bound port once Listen has succeeded.
   virtual uint16_t listen_port() const = 0;
@@ -128,6 +158,10 @@ class Transport {
   // otherwise PermissionDenied saying why, e.g. "certificate of site-a
   // (serial 1A2B) is revoked by tls.crl /etc/longhaul/tls/crl.pem".
   virtual absl::Status CheckPeer(const PeerCertificate& peer) const { return absl::OkStatus(); }
+
+  // Refusals and closes of accepted connections (all zero for a transport
+  // that keeps none). Any thread.
+  virtual ConnectionCounters connection_counters() const { return {}; }
 };
 
 // The transports a daemon runs, by the name configs use ("tcp", "udp").
@@ -161,9 +195,27 @@ struct TcpTuning {
   std::string congestion_control = "bbr";
 };
 
+// Bounds on the connections a listening transport accepts (the daemon's
+// peer_limits, deploy/CONFIG.md). A pending handshake is an accepted
+// connection whose TLS handshake or first message (HELLO) has not finished;
+// it holds no thread. Past a cap a new connection is closed at once.
+struct ConnectionLimits {
+  // From the TCP accept to Channel::EndHandshake.
+  TimeDelta handshake_timeout = TimeDelta::Seconds(10);
+  uint32_t max_pending_handshakes = 256;
+  uint32_t max_pending_handshakes_per_address = 16;  // per source IP
+  // Authenticated accepted connections per peer site.
+  uint32_t max_connections_per_peer = 256;
+  // An accepted, authenticated connection is closed when no connection to
+  // or from its peer site has carried a byte for this long (so the quiet
+  // control connection of a busy transfer stays). Zero: never.
+  TimeDelta idle_timeout = TimeDelta::Seconds(15 * 60);
+};
+
 // N TLS 1.3 connections over kernel TCP (AES-256-GCM).
 absl::StatusOr<std::unique_ptr<Transport>> MakeTcpTlsTransport(const TlsIdentity& identity,
-                                                               const TcpTuning& tuning);
+                                                               const TcpTuning& tuning,
+                                                               const ConnectionLimits& limits = {});
 
 }  // namespace longhaul::transport
 

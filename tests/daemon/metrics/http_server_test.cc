@@ -5,6 +5,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -148,6 +149,31 @@ TEST(MetricsServerStartTest, PortInUseIsAnErrorNamingTheAddress) {
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(second.status().message().find(address), absl::string_view::npos);
+}
+
+// At the connection cap a scrape takes the place of the oldest connection
+// that holds partial headers (not of one being answered); the timeout is
+// far off, so only that makes room.
+TEST(MetricsServerBoundsTest, PartialHeadersAtTheCapDoNotLockOutAScrape) {
+  Registry registry;
+  MetricsServer::Options options;
+  options.max_connections = 2;
+  options.request_timeout = TimeDelta::Seconds(60);
+  auto server = MetricsServer::Start("127.0.0.1:0", registry, nullptr, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  asio::io_context io;
+  std::vector<tcp::socket> holders;
+  for (int i = 0; i < 4; ++i) {
+    holders.emplace_back(io);
+    holders.back().connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), (*server)->port()));
+    asio::write(holders.back(), asio::buffer(std::string("GET /metrics HTTP/1.1\r\nHost: x\r\n")));
+  }
+  EXPECT_EQ(TestClient((*server)->port()).Send(http::verb::get, "/healthz").status, 200);
+  // The first holder was closed to make room.
+  char c;
+  boost::system::error_code ec;
+  holders.front().read_some(asio::buffer(&c, 1), ec);
+  EXPECT_EQ(ec, asio::error::eof);
 }
 
 TEST(MetricsServerStartTest, AddressWithoutPortIsInvalid) {
