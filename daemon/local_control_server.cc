@@ -13,43 +13,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/errno_status.h"
+#include "daemon/unix_listener.h"
 #include "spdlog/spdlog.h"
 
 namespace longhaul::daemon {
 
 absl::StatusOr<std::unique_ptr<LocalControlServer>> LocalControlServer::Start(
     Options options, ServiceFactory factory, std::vector<grpc::Service*> shared) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (options.path.empty() || options.path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("control socket path '", options.path,
-                                                   "' must be 1 to ", sizeof(addr.sun_path) - 1,
-                                                   " bytes long"));
-  }
-  std::memcpy(addr.sun_path, options.path.data(), options.path.size());
-  struct stat st;
-  if (lstat(options.path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) unlink(options.path.c_str());
-
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return ErrnoError("cannot create the control socket");
-  if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    absl::Status s = ErrnoError(absl::StrCat("cannot bind the control socket ", options.path));
-    close(fd);
-    return s;
-  }
-  // Before listen(2): until then a connect(2) is refused, so nobody gets in
-  // under the mode the socket was created with.
-  if (chmod(options.path.c_str(), options.mode) != 0 || listen(fd, SOMAXCONN) != 0) {
-    absl::Status s = ErrnoError(absl::StrCat("cannot listen on the control socket ", options.path));
-    close(fd);
-    return s;
-  }
-  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake < 0) {
-    absl::Status s = ErrnoError("cannot create an eventfd");
-    close(fd);
-    return s;
-  }
+  auto listener = ListenOnUnixSocket(options.path, options.mode, "control socket");
+  if (!listener.ok()) return listener.status();
+  const int fd = listener->fd;
+  const int wake = listener->wake;
   auto server = std::unique_ptr<LocalControlServer>(
       new LocalControlServer(std::move(options), std::move(factory), std::move(shared), fd, wake));
   server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });

@@ -1072,14 +1072,22 @@ absl::StatusOr<v1::GroupView> ExchangeHub::Join(const std::string& group,
   g.finished.clear();
   g.joining.clear();
   // Drop what non-members and older generations left for this group.
+  DropUnclaimedLocked([&](const Message& m) {
+    const Msg::Kind kind = m.header.kind();
+    const bool stale = (kind == Msg::REDUCE_DATA || kind == Msg::DONE || kind == Msg::ABORT) &&
+                       m.header.generation() < generation;
+    return m.header.group() == group && (stale || !Contains(sites, m.from));
+  });
+  spdlog::info("exchange group {} formed: generation {} with {}", group, generation, Members(sites));
+  return ViewOf(g);
+}
+
+void ExchangeHub::DropUnclaimedLocked(absl::FunctionRef<bool(const Message&)> drop) {
   for (auto it = mailbox_.begin(); it != mailbox_.end();) {
     auto next = std::next(it);
     auto& queue = it->second;
     for (auto m = queue.begin(); m != queue.end();) {
-      const Msg::Kind kind = m->header.kind();
-      const bool stale = (kind == Msg::REDUCE_DATA || kind == Msg::DONE || kind == Msg::ABORT) &&
-                         m->header.generation() < generation;
-      if (m->header.group() == group && (stale || !Contains(sites, m->from))) {
+      if (drop(*m)) {
         buffered_bytes_ -= m->payload.size();
         m = queue.erase(m);
       } else {
@@ -1089,28 +1097,13 @@ absl::StatusOr<v1::GroupView> ExchangeHub::Join(const std::string& group,
     if (queue.empty()) mailbox_.erase(it);
     it = next;
   }
-  spdlog::info("exchange group {} formed: generation {} with {}", group, generation, Members(sites));
-  return ViewOf(g);
 }
 
 void ExchangeHub::Leave(const std::string& group) {
   absl::MutexLock lock(&mu_);
   groups_.erase(group);
   // What the group's sites sent that no call took is stale now.
-  for (auto it = mailbox_.begin(); it != mailbox_.end();) {
-    auto next = std::next(it);
-    auto& queue = it->second;
-    for (auto m = queue.begin(); m != queue.end();) {
-      if (m->header.group() == group) {
-        buffered_bytes_ -= m->payload.size();
-        m = queue.erase(m);
-      } else {
-        ++m;
-      }
-    }
-    if (queue.empty()) mailbox_.erase(it);
-    it = next;
-  }
+  DropUnclaimedLocked([&](const Message& m) { return m.header.group() == group; });
 }
 
 absl::StatusOr<v1::GroupView> ExchangeHub::View(const std::string& group) {

@@ -88,6 +88,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -330,6 +331,10 @@ class ExchangeHub {
   absl::flat_hash_map<std::string, std::unique_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   // Complete messages by Key(); FIFO per key.
   absl::flat_hash_map<std::string, std::deque<Message>> mailbox_ ABSL_GUARDED_BY(mu_);
+  // Removes the unclaimed messages `drop` selects (their bytes go back to
+  // their senders' budgets).
+  void DropUnclaimedLocked(absl::FunctionRef<bool(const Message&)> drop)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Messages whose segments are still arriving, by "from/msg_id".
   absl::flat_hash_map<std::string, std::shared_ptr<Assembly>> assembling_ ABSL_GUARDED_BY(mu_);
   // Buffers of waiting Recvs not yet bound to a message, by Key(); FIFO per key.

@@ -359,6 +359,25 @@ def which_version(root, versions):
     return f"no single version ({len(found)} files: {counts})"
 
 
+def proc_status(pid, key):
+    """A figure of /proc/PID/status: kB for the memory lines (VmRSS, VmHWM),
+    a count for Threads."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {key} in /proc/{pid}/status")
+
+
+def process_alive(pid):
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def wait_until(predicate, timeout, what, interval=0.0):
     """Polls `predicate` until it returns something true; returns that value."""
     deadline = time.time() + timeout

@@ -44,20 +44,6 @@ def client_hello():
     return outgoing.read()
 
 
-def proc_status(pid, key):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise AssertionError(f"no {key} in /proc/{pid}/status")
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 class AbuseTestCase(unittest.TestCase):
@@ -137,9 +123,9 @@ class AbuseTestCase(unittest.TestCase):
         return finish
 
     def assert_bounded(self, pid, max_threads=100):
-        self.assertTrue(alive(pid), "site-b died:\n" + self.sites.log("site-b")[-3000:])
-        self.assertLess(proc_status(pid, "Threads"), max_threads)
-        self.assertLess(proc_status(pid, "VmRSS"), RSS_LIMIT_KIB)
+        self.assertTrue(lh.process_alive(pid), "site-b died:\n" + self.sites.log("site-b")[-3000:])
+        self.assertLess(lh.proc_status(pid, "Threads"), max_threads)
+        self.assertLess(lh.proc_status(pid, "VmRSS"), RSS_LIMIT_KIB)
 
 
 class PidsLimitTest(AbuseTestCase):
@@ -183,7 +169,7 @@ class PidsLimitTest(AbuseTestCase):
     def test_idle_tcp_connections_under_a_task_limit(self):
         pid = self.sites.pid("site-b")
         port = self.listen_port("site-b")
-        before = proc_status(pid, "Threads")
+        before = lh.proc_status(pid, "Threads")
         self.assertLess(before, 40, "the daemon starts too many threads for this test")
         for _ in range(80):
             self.attacker_socket(port)
@@ -237,7 +223,7 @@ class DescriptorExhaustionTest(AbuseTestCase):
                 s.connect(("127.0.0.1", port))
         lh.wait_until(lambda: "cannot accept" in self.sites.log("site-b"), 10,
                       "an accept failing for lack of descriptors", interval=0.1)
-        self.assertTrue(alive(pid))
+        self.assertTrue(lh.process_alive(pid))
         self.close_sockets()
         resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
         finish = self.start_transfer("after-emfile")
@@ -269,7 +255,7 @@ class HandshakeDeadlineTest(AbuseTestCase):
         sock = peer.tls()
         self.sockets.append(sock)
         self.assert_closed(sock, within=8)
-        self.assertTrue(alive(pid))
+        self.assertTrue(lh.process_alive(pid))
         self.assertGreater(self.metric("site-b", "longhaul_peer_handshakes_timed_out_total"), 0)
 
     def test_slowloris_handshake_is_closed_and_does_not_stop_a_transfer(self):
@@ -315,7 +301,7 @@ class MetricsServerTest(AbuseTestCase):
         time.sleep(0.5)
         text = self.scrape("site-b", timeout=30)
         self.assertIn("longhaul_", text)
-        self.assertTrue(alive(pid))
+        self.assertTrue(lh.process_alive(pid))
 
 
 if __name__ == "__main__":

@@ -36,13 +36,6 @@ def disk_usage(root):
     return total + os.lstat(root).st_blocks * 512
 
 
-def rss_bytes(pid, field="VmHWM"):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {field} for pid {pid}")
-
 
 class DiskAbuseTest(lh.SitesTestCase):
     extra_config = f"peer_limits:\n  incoming_expiry: {EXPIRY_S}s\n"
@@ -92,7 +85,7 @@ class DiskAbuseTest(lh.SitesTestCase):
     def assert_alive_and_bounded(self):
         pid = self.sites.pid("site-b")
         os.kill(pid, 0)
-        self.assertLess(rss_bytes(pid), MAX_RSS_BYTES)
+        self.assertLess(lh.proc_status(pid, "VmHWM") * 1024, MAX_RSS_BYTES)
 
     def listed(self, transfer_id):
         proc = self.sites.cli("b", "ls", "--all", "--json", check=True)

@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import threading
-import time
 import unittest
 
 import numpy as np
@@ -38,20 +37,6 @@ ALLOWANCE = 160 * MIB
 COUNT = 4096  # floats per all-reduce
 
 
-def status_kib(pid, field):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {field} for pid {pid}")
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 class ExchangeAbuseTest(unittest.TestCase):
@@ -167,11 +152,11 @@ class ExchangeAbuseTest(unittest.TestCase):
             errors = self.allreduce(groups, seq)
             self.assertEqual(errors, [None, None], f"all-reduce #{seq}")
         for m in members:
-            self.assertTrue(alive(self.sites.pid(m)), m)
+            self.assertTrue(lh.process_alive(self.sites.pid(m)), m)
 
     def test_flood_of_unclaimed_messages_is_refused_and_memory_stays_bounded(self):
         pid = self.sites.pid("site-b")
-        peak_before = status_kib(pid, "VmHWM")
+        peak_before = lh.proc_status(pid, "VmHWM") * 1024
         groups = self.join("g-flood", ["site-a", "site-b"])
         src = self.sites.path("flood-src.bin")
         lh.write_random(src, 48 * MIB, seed=5)
@@ -202,7 +187,7 @@ class ExchangeAbuseTest(unittest.TestCase):
         self.assertTrue(flood_done.is_set(), "the flood did not finish")
         self.assertEqual(flood_error, [])
 
-        self.assertTrue(alive(pid), "site-b died")
+        self.assertTrue(lh.process_alive(pid), "site-b died")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(result["state"], "COMPLETED")
         verify = self.sites.cli("a", "verify", result["id"], "--json")
@@ -213,7 +198,7 @@ class ExchangeAbuseTest(unittest.TestCase):
         # take nothing from site-a's.
         self.assertEqual(self.allreduce(groups, 1), [None, None])
 
-        peak = status_kib(pid, "VmHWM")
+        peak = lh.proc_status(pid, "VmHWM") * 1024
         self.assertLessEqual(peak - peak_before, MEMORY_PER_PEER + ALLOWANCE,
                              f"site-b's peak RSS grew from {peak_before >> 20} to {peak >> 20} MiB")
         log = self.sites.log("site-b")

@@ -29,13 +29,6 @@ MARGIN = 64 * MIB
 CGROUP_ROOT = "/sys/fs/cgroup/memory"
 
 
-def status_kib(pid, key):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise AssertionError(f"no {key} in /proc/{pid}/status")
-
 
 class MemoryAbuseTest(unittest.TestCase):
     def setUp(self):
@@ -63,7 +56,7 @@ class MemoryAbuseTest(unittest.TestCase):
         return hostile_peer.HostilePeer(self.sites.path("pki"), "site-c", listen, "site-b")
 
     def rss(self):
-        return status_kib(self.sites.pid("site-b"), "VmRSS") * 1024
+        return lh.proc_status(self.sites.pid("site-b"), "VmRSS") * 1024
 
     def assert_alive(self):
         pid = self.sites.pid("site-b")

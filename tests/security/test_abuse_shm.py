@@ -29,13 +29,6 @@ MIB = 1 << 20
 MESSAGE = 8 * MIB
 
 
-def daemon_alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
 
 def own_segments():
     """Paths through which this process's exchange segments can be opened:
@@ -158,7 +151,7 @@ class ShmAbuseTest(unittest.TestCase):
             result["send_error"] = str(e)
         receiver.join(90)
         self.assertFalse(receiver.is_alive(), "the Recv returned")
-        self.assertTrue(daemon_alive(self.pid),
+        self.assertTrue(lh.process_alive(self.pid),
                         "site-a's daemon died:\n" + self.sites.log("site-a")[-2000:])
         if truncated:
             self.assertIn("error", result, f"a Recv into truncated {truncated} succeeded")
@@ -168,7 +161,7 @@ class ShmAbuseTest(unittest.TestCase):
             self.assertEqual(bytes(out), payload)
         self.assert_good_exchange("after-truncate")
         self.assert_transfer_verifies(transfer_id)
-        self.assertTrue(daemon_alive(self.pid))
+        self.assertTrue(lh.process_alive(self.pid))
 
     def test_daemon_refuses_segments_the_client_could_shrink(self):
         transfer_id = self.start_transfer()
@@ -209,7 +202,7 @@ class ShmAbuseTest(unittest.TestCase):
         answer = register(socket_path, sealed)
         self.assertRegex(answer, r"^ok [0-9a-f]{32}\n$")
 
-        self.assertTrue(daemon_alive(self.pid))
+        self.assertTrue(lh.process_alive(self.pid))
         self.assert_good_exchange("after-refusals")
         self.assert_transfer_verifies(transfer_id)
 
