@@ -3,7 +3,11 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack: no allocation
 #include <xxhash.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -42,21 +46,87 @@ Xxh128 HashBytes(absl::Span<const uint8_t> data) {
   return Xxh128{h.low64, h.high64};
 }
 
+namespace {
+
+bool IsAligned(uint64_t value) { return value % kDirectIoAlignment == 0; }
+bool IsAligned(const void* p) { return IsAligned(reinterpret_cast<uintptr_t>(p)); }
+
+// Reads buf.size() bytes at `offset` of `fd` into `buf`, feeding them to
+// `state`; returns the number read (short at end of file).
+absl::StatusOr<size_t> ReadHashing(FileIo& io, int fd, uint64_t offset, absl::Span<uint8_t> buf,
+                                   XXH3_state_t& state) {
+  return io.ReadAtStreaming(fd, offset, buf, [&state](absl::Span<const uint8_t> block) {
+    XXH3_128bits_update(&state, block.data(), block.size());
+  });
+}
+
+absl::Status ShrankError(int fd, uint64_t offset, size_t wanted, size_t found) {
+  return absl::AbortedError(absl::StrCat("source file ", internal::FdPath(fd), " shrank: expected ",
+                                         wanted, " bytes at offset ", offset, ", found ", found));
+}
+
+}  // namespace
+
 absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, int fd, uint64_t offset,
                                        absl::Span<uint8_t> buf) {
   XXH3_state_t state;
   XXH3_INITSTATE(&state);
   XXH3_128bits_reset(&state);
-  absl::StatusOr<size_t> n =
-      io.ReadAtStreaming(fd, offset, buf, [&state](absl::Span<const uint8_t> block) {
-        XXH3_128bits_update(&state, block.data(), block.size());
-      });
+  absl::StatusOr<size_t> n = ReadHashing(io, fd, offset, buf, state);
   if (!n.ok()) return n.status();
-  if (*n != buf.size()) {
-    return absl::AbortedError(absl::StrCat("source file ", internal::FdPath(fd),
-                                           " shrank: expected ", buf.size(),
-                                           " bytes at offset ", offset, ", found ", *n));
+  if (*n != buf.size()) return ShrankError(fd, offset, buf.size(), *n);
+  XXH128_hash_t h = XXH3_128bits_digest(&state);
+  return Xxh128{h.low64, h.high64};
+}
+
+AlignedBuffer::AlignedBuffer(size_t size)
+    : capacity_((std::max<size_t>(size, 1) + kDirectIoAlignment - 1) / kDirectIoAlignment *
+                kDirectIoAlignment) {
+  void* p = std::aligned_alloc(kDirectIoAlignment, capacity_);
+  if (p == nullptr) std::abort();
+  data_.reset(static_cast<uint8_t*>(p));
+}
+
+void AlignedBuffer::Free::operator()(uint8_t* p) const { std::free(p); }
+
+absl::Status WriteChunk(FileIo& io, const File& file, uint64_t offset,
+                        absl::Span<const uint8_t> data) {
+  const int direct = file.direct_fd();
+  const size_t whole = data.size() - data.size() % kDirectIoAlignment;
+  if (direct < 0 || !IsAligned(offset) || whole == 0) return io.WriteAt(file.fd(), offset, data);
+  absl::Span<const uint8_t> blocks = data.first(whole);
+  std::optional<AlignedBuffer> copy;
+  if (!IsAligned(blocks.data())) {
+    copy.emplace(whole);
+    std::memcpy(copy->data(), blocks.data(), whole);
+    blocks = absl::Span<const uint8_t>(copy->data(), whole);
   }
+  absl::Status written = io.WriteAt(direct, offset, blocks);
+  if (absl::IsInvalidArgument(written)) written = io.WriteAt(file.fd(), offset, data.first(whole));
+  if (!written.ok()) return written;
+  return io.WriteAt(file.fd(), offset + whole, data.subspan(whole));
+}
+
+absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, const File& file, uint64_t offset,
+                                       absl::Span<uint8_t> buf) {
+  const int direct = file.direct_fd();
+  const size_t whole = buf.size() - buf.size() % kDirectIoAlignment;
+  if (direct < 0 || !IsAligned(offset) || !IsAligned(buf.data()) || whole == 0) {
+    return ReadChunkHashed(io, file.fd(), offset, buf);
+  }
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_128bits_reset(&state);
+  absl::StatusOr<size_t> n = ReadHashing(io, direct, offset, buf.first(whole), state);
+  if (absl::IsInvalidArgument(n.status())) return ReadChunkHashed(io, file.fd(), offset, buf);
+  if (!n.ok()) return n.status();
+  size_t got = *n;
+  if (got == whole) {
+    n = ReadHashing(io, file.fd(), offset + whole, buf.subspan(whole), state);
+    if (!n.ok()) return n.status();
+    got += *n;
+  }
+  if (got != buf.size()) return ShrankError(file.fd(), offset, buf.size(), got);
   XXH128_hash_t h = XXH3_128bits_digest(&state);
   return Xxh128{h.low64, h.high64};
 }

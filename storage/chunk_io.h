@@ -3,13 +3,16 @@
 #define LONGHAUL_STORAGE_CHUNK_IO_H_
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "storage/file_io.h"
+#include "storage/file_system.h"
 
 namespace longhaul::storage {
 
@@ -38,6 +41,45 @@ Xxh128 HashBytes(absl::Span<const uint8_t> data);
 // absl::AbortedError("source file <path> shrank: ...") — the same code as
 // CheckSourceUnchanged, meaning "re-read this file whole".
 absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, int fd, uint64_t offset,
+                                       absl::Span<uint8_t> buf);
+
+// A heap buffer whose address and capacity are multiples of
+// kDirectIoAlignment, for direct I/O. The contents start undefined.
+class AlignedBuffer {
+ public:
+  // Room for at least `size` bytes (capacity() is `size` rounded up).
+  // Aborts when memory is exhausted, like operator new.
+  explicit AlignedBuffer(size_t size);
+  uint8_t* data() const { return data_.get(); }
+  size_t capacity() const { return capacity_; }
+  absl::Span<uint8_t> span(size_t size) const { return absl::Span<uint8_t>(data_.get(), size); }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t, Free> data_;
+  size_t capacity_ = 0;
+};
+
+// Writes all of `data` at `offset` of a staged `file` (one with an fd())
+// through `io`. Where the file has a direct_fd() and `offset` is aligned,
+// the whole blocks go there, bypassing the page cache (from `data` itself
+// when its address is aligned, else from an aligned copy), and a last
+// partial block goes through fd(): padding it would make the file longer
+// than its declared size until a truncate, and would be a file-extending
+// direct write, which takes the inode lock exclusively. A direct write the
+// device refuses (EINVAL: alignment) is done through fd() instead.
+// Not durable by itself: SyncData(file.fd()) covers both descriptors.
+absl::Status WriteChunk(FileIo& io, const File& file, uint64_t offset,
+                        absl::Span<const uint8_t> data);
+
+// ReadChunkHashed of a staged `file`: the whole blocks are read from its
+// direct_fd() where it has one, `offset` is aligned and `buf` starts at an
+// aligned address (an AlignedBuffer), so the bytes hashed are the ones on
+// the device and not a cached copy; a last partial block, and everything
+// otherwise, is read through fd().
+absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, const File& file, uint64_t offset,
                                        absl::Span<uint8_t> buf);
 
 }  // namespace longhaul::storage

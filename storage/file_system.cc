@@ -1,10 +1,12 @@
 #include "storage/file_system.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <linux/openat2.h>
 #include <sys/syscall.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -135,8 +137,30 @@ class PosixFile : public File {
     return InfoOf(st);
   }
 
+  absl::StatusOr<bool> EnableDirectIo() override {
+    if (direct_fd_.get() >= 0) return true;
+    // tmpfs takes O_DIRECT since Linux 6.6 but its pages are the storage:
+    // there is no cache to bypass, so it counts as refusing.
+    struct statfs fs;
+    if (fstatfs(fd_.get(), &fs) != 0) return ErrnoError(errno, "cannot statfs", path_);
+    if (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC) return false;
+    // Re-opening the open file through its /proc magic link reaches this
+    // very inode, whatever has been renamed or replaced at path_ since.
+    const std::string self = absl::StrCat("/proc/self/fd/", fd_.get());
+    int fd = open(self.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINVAL) return false;
+      return ErrnoError(errno, "cannot open with O_DIRECT", path_);
+    }
+    direct_fd_ = ScopedFd(fd);
+    return true;
+  }
+
+  int direct_fd() const override { return direct_fd_.get(); }
+
  private:
   ScopedFd fd_;
+  ScopedFd direct_fd_;
   std::string path_;
 };
 

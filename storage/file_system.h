@@ -9,6 +9,7 @@
 #ifndef LONGHAUL_STORAGE_FILE_SYSTEM_H_
 #define LONGHAUL_STORAGE_FILE_SYSTEM_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -68,7 +69,23 @@ class File {
   // The OS descriptor for the chunk data path (FileIo, io_uring), or -1 when
   // the file system is not backed by one (tests use WriteAt/ReadAt then).
   virtual int fd() const = 0;
+  // Opens a second descriptor of this file with O_DIRECT (direct_fd()), for
+  // chunk data that should bypass the page cache. Returns true once it is
+  // open (again on later calls), false where the file system refuses
+  // O_DIRECT (EINVAL: some FUSE, tmpfs before Linux 6.6), keeps file data
+  // in memory anyway (tmpfs, ramfs), or the file has no OS descriptor;
+  // another failure is an error, and the file stays usable buffered.
+  virtual absl::StatusOr<bool> EnableDirectIo() { return false; }
+  // The O_DIRECT descriptor, or -1 before a successful EnableDirectIo. I/O
+  // on it needs offsets, lengths and buffer addresses that are multiples of
+  // kDirectIoAlignment. It is the same file as fd(): sizing, sync and
+  // metadata go through fd(), and an fdatasync of fd() covers both.
+  virtual int direct_fd() const { return -1; }
 };
+
+// The alignment direct I/O is done at: the page size and the block size of
+// common file systems, a multiple of the logical block size of any device.
+inline constexpr size_t kDirectIoAlignment = 4096;
 
 // The mode of the directories longhaul makes for itself (staging, trash).
 inline constexpr uint32_t kDirMode = 0755;

@@ -1,5 +1,7 @@
 #include "storage/staging.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -9,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/checkpoints.h"
 #include "spdlog/spdlog.h"
 #include "storage/content_check.h"
@@ -25,6 +28,41 @@ constexpr char kFilesDir[] = "f";
 constexpr char kNextDir[] = "next";
 constexpr char kOldDir[] = "old";
 constexpr char kInstallRecord[] = "installing";
+
+bool DirectIoDisabled() {
+  const char* env = std::getenv("LONGHAUL_NO_DIRECT_IO");
+  return env != nullptr && std::strcmp(env, "") != 0 && std::strcmp(env, "0") != 0;
+}
+
+// Logs, once per export and mode, how chunks are staged there.
+void LogStagingMode(const std::string& export_root, const std::string& mode) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* logged = new absl::flat_hash_set<std::string>();
+  const std::string key = absl::StrCat(export_root, "\n", mode);
+  {
+    absl::MutexLock lock(&mu);
+    if (!logged->insert(key).second) return;
+  }
+  spdlog::info("staging on {}: {}", export_root, mode);
+}
+
+// Opens the direct-I/O descriptor of a staged file unless the file system
+// refuses it; the file stays usable buffered either way.
+void EnableDirectIo(File& file, const std::string& export_root) {
+  if (DirectIoDisabled()) {
+    LogStagingMode(export_root, "buffered (LONGHAUL_NO_DIRECT_IO is set)");
+    return;
+  }
+  absl::StatusOr<bool> direct = file.EnableDirectIo();
+  if (!direct.ok()) {
+    spdlog::warn("staging: {}; writing it buffered", std::string(direct.status().message()));
+    LogStagingMode(export_root, "buffered (O_DIRECT open failed)");
+  } else if (*direct) {
+    LogStagingMode(export_root, "direct I/O");
+  } else if (file.fd() >= 0) {
+    LogStagingMode(export_root, "buffered (filesystem refuses O_DIRECT)");
+  }
+}
 
 // Splits "a/b/c" into {"a/b", "c"} and "c" into {"", "c"}.
 std::pair<std::string_view, std::string_view> SplitParent(std::string_view path) {
@@ -206,6 +244,7 @@ absl::StatusOr<File*> Staging::Open(uint32_t file_index, const v1::ManifestFile&
   // Sized, not reserved: disk is used only as chunks arrive, so a peer that
   // declares a large file and sends little costs little.
   if (absl::Status st = (*f)->Resize(file.size()); !st.ok()) return st;
+  EnableDirectIo(**f, s.dest.export_root);
   if (created) {
     // The directory entry must survive a crash once chunks are acknowledged.
     if (absl::Status st = fs.SyncDir(*s.files); !st.ok()) return st;

@@ -804,16 +804,16 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       continue;
     }
 
-    absl::StatusOr<int> fd;
+    absl::StatusOr<storage::File*> staged;
     {
       absl::MutexLock lock(&session->mu);
-      absl::StatusOr<storage::File*> staged =
-          session->staging ? session->staging->OpenFile(chunk->file_index, file)
-                           : absl::UnavailableError("transfer is not receiving");
-      fd = staged.ok() ? absl::StatusOr<int>((*staged)->fd()) : staged.status();
+      staged = session->staging ? session->staging->OpenFile(chunk->file_index, file)
+                                : absl::UnavailableError("transfer is not receiving");
     }
-    absl::Status durable = fd.status();
-    if (durable.ok()) durable = io->WriteAt(*fd, chunk->chunk_index * chunk_size, data);
+    absl::Status durable = staged.status();
+    if (durable.ok()) {
+      durable = storage::WriteChunk(*io, **staged, chunk->chunk_index * chunk_size, data);
+    }
     storage::ChunkDurability record;
     record.file_index = chunk->file_index;
     record.chunk_index = chunk->chunk_index;
@@ -821,7 +821,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     record.chunk.set_xxh128(digest.data(), digest.size());
     record.chunk.set_size(data_length);
     record.chunk.set_generation(chunk->generation);
-    if (durable.ok()) durable = committer_.MakeDurable(*fd, transfer_id, record);
+    if (durable.ok()) durable = committer_.MakeDurable((*staged)->fd(), transfer_id, record);
     if (!durable.ok()) {
       spdlog::warn("transfer {}: cannot store chunk {} of {}: {}", transfer_id,
                    chunk->chunk_index, file.path(), durable.message());
@@ -880,7 +880,7 @@ absl::Status Receiver::VerifyStaged(Session& session,
   const uint64_t buffer_size = std::min<uint64_t>(manifest.chunk_size(), largest);
   auto verify_some = [&] {
     std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
-    auto buffer = std::make_unique_for_overwrite<uint8_t[]>(buffer_size);
+    storage::AlignedBuffer buffer(buffer_size);
     for (size_t i = next++; i < chunks->size(); i = next++) {
       const storage::ChunkDurability& c = (*chunks)[i];
       if (skip_files.contains(c.file_index)) continue;
@@ -900,10 +900,9 @@ absl::Status Receiver::VerifyStaged(Session& session,
         first_error.Update(staged.status());
         return;
       }
-      const int fd = (*staged)->fd();
       uint64_t size = storage::ChunkSize(file, c.chunk_index, manifest.chunk_size());
-      auto hash = storage::ReadChunkHashed(*io, fd, c.chunk_index * manifest.chunk_size(),
-                                           absl::MakeSpan(buffer.get(), size));
+      auto hash = storage::ReadChunkHashed(*io, **staged, c.chunk_index * manifest.chunk_size(),
+                                           buffer.span(size));
       bytes_read += size;
       auto expected = storage::Xxh128::FromBytes(c.chunk.xxh128());
       if (!hash.ok() || !expected || !(*hash == *expected)) {
