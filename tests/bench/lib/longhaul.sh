@@ -177,8 +177,8 @@ longhaul_resume_row() {
   t1=$(date +%s%N)
   local tx rx
   tx=$(sub "$(proc_cpu_threads "$LH_PID_site_a")" "$tx0")
-  # The receiver's CPU is that of both its processes: up to the kill (less what it used
-  # between the last sample and the SIGKILL), and from the restarted one's start-up on.
+  # The receiver's CPU is that of both its processes: the killed one's up to its last
+  # sample before the SIGKILL, and the restarted one's from when it is up.
   if [[ $killed == 1 ]]; then
     rx=$(add "$(sub "$rx_before_kill" "$rx0")" "$(sub "$(proc_cpu_threads "$LH_PID_site_b")" "$rx_restarted")")
   else
