@@ -11,6 +11,13 @@
 #   --smoke   small data and short iperf3 runs (CI)
 #   --size    total data bytes for the bulk scenarios (e.g. 256MiB)
 #
+# CPU, in every row that has it: cpu_seconds is the whole row's (the CLI and
+# everything it waited for, plus both daemons' user + system time over the
+# transfer). longhaul's rows also give each daemon's own: cpu_seconds_sender
+# and cpu_seconds_receiver (utime + stime of all of the daemon's threads,
+# io_uring workers included, from /proc/PID/stat before and after the `cp`),
+# and the same per GiB of data (cpu_seconds_per_gib_sender, ..._receiver).
+#
 # handshake-flood exits 1 (after its table) when the receiving daemon died or
 # one of its two transfers did not complete and verify; the goodput ratio is
 # reported, not checked.

@@ -81,6 +81,17 @@ proc_cpu() {
   awk -v t="$tck" '{ sub(/.*\) /, ""); print ($12 + $13 + $14 + $15) / t }' "/proc/$1/stat" 2>/dev/null || echo 0
 }
 
+# CPU seconds (utime + stime) used so far by every thread of PID, io_uring
+# workers included (they are threads of the process), not its children.
+proc_cpu_threads() {
+  local tck
+  tck=$(getconf CLK_TCK)
+  awk -v t="$tck" '{ sub(/.*\) /, ""); printf "%.2f\n", ($12 + $13) / t }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+
+# per_gib SECONDS BYTES: SECONDS per GiB of BYTES.
+per_gib() { awk -v s="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f", s * 1073741824 / b; else print "null" }'; }
+
 # Waits until PID has no children (a server whose sessions have ended and
 # been reaped, so its cumulative CPU includes them).
 wait_no_children() {

@@ -104,9 +104,13 @@ longhaul_row() {
   local dest="$LH_EXPORT_B/$name"
   rm -rf "$dest"
   link_mark
-  local c0 c1
+  local c0 c1 tx0 tx1 rx0 rx1
   c0=$(add "$(proc_cpu "$LH_PID_site_a")" "$(proc_cpu "$LH_PID_site_b")")
+  tx0=$(proc_cpu_threads "$LH_PID_site_a")
+  rx0=$(proc_cpu_threads "$LH_PID_site_b")
   measure longhaul lh_cli site-a cp "$SRC" "site-b:/ckpt/$name" --wait --json "$@"
+  tx1=$(proc_cpu_threads "$LH_PID_site_a")
+  rx1=$(proc_cpu_threads "$LH_PID_site_b")
   c1=$(add "$(proc_cpu "$LH_PID_site_a")" "$(proc_cpu "$LH_PID_site_b")")
   if [[ "$M_RC" != 0 ]]; then
     local why
@@ -121,8 +125,14 @@ longhaul_row() {
   [[ -n "$secs" ]] || secs=$M_SECONDS
   local verified
   verified=$(verify_tree "$(lh_dest_tree "$dest")")
+  local tx rx
+  tx=$(sub "$tx1" "$tx0")
+  rx=$(sub "$rx1" "$rx0")
   result "$tool" "$DATA_BYTES" "$secs" "$(add "$M_CPU" "$(sub "$c1" "$c0")")" "$verified" \
-    "files=$DATA_FILES" "resent_bytes=${resent:-null}" "wall_seconds=$M_SECONDS"
+    "files=$DATA_FILES" "resent_bytes=${resent:-null}" "wall_seconds=$M_SECONDS" \
+    "cpu_seconds_sender=$tx" "cpu_seconds_receiver=$rx" \
+    "cpu_seconds_per_gib_sender=$(per_gib "$tx" "$DATA_BYTES")" \
+    "cpu_seconds_per_gib_receiver=$(per_gib "$rx" "$DATA_BYTES")"
   rm -rf "$dest"
 }
 
@@ -139,7 +149,9 @@ longhaul_resume_row() {
   local name="run-resume-${tool//\//-}"
   rm -rf "${LH_EXPORT_B:?}/$name"
   link_mark
-  local t0 t1
+  local t0 t1 tx0 rx0 rx_before_kill=0 rx_restarted=0
+  tx0=$(proc_cpu_threads "$LH_PID_site_a")
+  rx0=$(proc_cpu_threads "$LH_PID_site_b")
   t0=$(date +%s%N)
   lh_cli site-a cp "$SRC" "site-b:/ckpt/$name" --wait --json "$@" >"$WORK/lh-resume.out" 2>"$WORK/lh-resume.err" &
   local cp=$!
@@ -150,10 +162,12 @@ longhaul_resume_row() {
     # size: the destination sizes them in full when the transfer opens.)
     durable=$(lh_cli site-a ls --json 2>/dev/null | grep -o '"bytes_done": [0-9]*' | awk '{ s += $2 } END { print s + 0 }')
     if [[ "$durable" -ge $((DATA_BYTES / 2)) ]]; then
+      rx_before_kill=$(proc_cpu_threads "$LH_PID_site_b")
       kill -KILL "$LH_PID_site_b"
       wait "$LH_PID_site_b" 2>/dev/null
       killed=1
       lh_start site-b "$NS_DST" || { result_error "$tool" "$LH_ERROR"; return; }
+      rx_restarted=$(proc_cpu_threads "$LH_PID_site_b")
     else
       sleep 0.1
     fi
@@ -161,6 +175,15 @@ longhaul_resume_row() {
   wait "$cp"
   local rc=$?
   t1=$(date +%s%N)
+  local tx rx
+  tx=$(sub "$(proc_cpu_threads "$LH_PID_site_a")" "$tx0")
+  # The receiver's CPU is that of both its processes: the killed one's up to its last
+  # sample before the SIGKILL, and the restarted one's from when it is up.
+  if [[ $killed == 1 ]]; then
+    rx=$(add "$(sub "$rx_before_kill" "$rx0")" "$(sub "$(proc_cpu_threads "$LH_PID_site_b")" "$rx_restarted")")
+  else
+    rx=$(sub "$(proc_cpu_threads "$LH_PID_site_b")" "$rx0")
+  fi
   local lc
   lc=$(row_counters)
   if [[ $rc != 0 ]]; then
@@ -176,6 +199,9 @@ longhaul_resume_row() {
     "goodput_mbit=$(mbit "$DATA_BYTES" "$secs")" "cpu_seconds=null" "verified=$verified" \
     "link_counters=$lc" "killed_at_half=$([[ $killed == 1 ]] && echo true || echo false)" \
     "resent_bytes=${resent:-null}" \
+    "cpu_seconds_sender=$tx" "cpu_seconds_receiver=$rx" \
+    "cpu_seconds_per_gib_sender=$(per_gib "$tx" "$DATA_BYTES")" \
+    "cpu_seconds_per_gib_receiver=$(per_gib "$rx" "$DATA_BYTES")" \
     "resent_ratio=$(awk -v w="$wire" -v n="$DATA_BYTES" 'BEGIN { printf "%.4f", w / n }')"
   log "$tool (resumed): $(mbit "$DATA_BYTES" "$secs") Mbit/s, ${secs}s, killed=$killed, verified=$verified"
   rm -rf "${LH_EXPORT_B:?}/$name"

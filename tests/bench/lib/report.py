@@ -60,6 +60,13 @@ def fmt(v, nd=1):
     return str(v)
 
 
+def pair(r, a, b, nd):
+    """"A/B" of two fields of row r, or "-" when the row has neither."""
+    if a not in r and b not in r:
+        return "-"
+    return f"{fmt(r.get(a), nd)}/{fmt(r.get(b), nd)}"
+
+
 def final(scenario, link_path, rows_path, extra_path, out=None):
     link = load(link_path)
     rows = []
@@ -77,11 +84,12 @@ def final(scenario, link_path, rows_path, extra_path, out=None):
     obj.update(extra)
     print(f"scenario {scenario}: " + ", ".join(
         f"{k}={v}" for k, v in link.items() if not isinstance(v, dict)))
-    head = ["tool", "goodput Mbit/s", "seconds", "cpu s", "bytes", "verified", "notes"]
+    head = ["tool", "goodput Mbit/s", "seconds", "cpu s", "cpu s tx/rx", "cpu s/GiB tx/rx",
+            "bytes", "verified", "notes"]
     table = [head]
     for r in rows:
         if "error" in r:
-            table.append([r["tool"], "-", "-", "-", "-", "-", "error: " + r["error"]])
+            table.append([r["tool"], "-", "-", "-", "-", "-", "-", "-", "error: " + r["error"]])
             continue
         notes = []
         for k in ("share", "resent_ratio", "note", "resent_bytes", "retransmits", "ratio_to_alone",
@@ -97,7 +105,10 @@ def final(scenario, link_path, rows_path, extra_path, out=None):
             notes.append("link a2b fwd={} q-drop={} loss={}".format(
                 a["forwarded_packets"], a["dropped_queue"], a["dropped_loss"]))
         table.append([r["tool"], fmt(r.get("goodput_mbit")), fmt(r.get("seconds"), 2),
-                      fmt(r.get("cpu_seconds"), 2), fmt(r.get("bytes"), 0),
+                      fmt(r.get("cpu_seconds"), 2),
+                      pair(r, "cpu_seconds_sender", "cpu_seconds_receiver", 2),
+                      pair(r, "cpu_seconds_per_gib_sender", "cpu_seconds_per_gib_receiver", 2),
+                      fmt(r.get("bytes"), 0),
                       fmt(r.get("verified")), "; ".join(notes)])
     widths = [max(len(str(t[i])) for t in table) for i in range(len(head))]
     for i, t in enumerate(table):

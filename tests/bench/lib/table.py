@@ -3,8 +3,10 @@
 
     tests/bench/lib/table.py out/*.json > table.md
 
-Each scenario gets its link, then one row per tool with goodput, time, CPU,
-verification, and the longhaul/anchor ratio against every anchor that ran.
+Each scenario gets its link, then one row per tool with goodput, time, CPU
+(all of it, then each longhaul daemon's: sender/receiver seconds and seconds
+per GiB), verification, and the longhaul/anchor ratio against every anchor
+that ran.
 """
 
 import json
@@ -13,6 +15,13 @@ import sys
 
 def fmt(v, spec="{:.1f}"):
     return "–" if v is None else spec.format(v)
+
+
+def pair(r, a, b):
+    """"A/B" of two fields of row r to 2 decimals, or "–" when the row has neither."""
+    if a not in r and b not in r:
+        return "–"
+    return f"{fmt(r.get(a), '{:.2f}')}/{fmt(r.get(b), '{:.2f}')}"
 
 
 def main(paths):
@@ -24,12 +33,12 @@ def main(paths):
         extras = {k: v for k, v in d.items() if k not in ("scenario", "link", "results")}
         print(f"\n**{d['scenario']}** ({link.get('kind', '')}{'; ' + desc if desc else ''})"
               + (f" — {json.dumps(extras)}" if extras else "") + "\n")
-        print("| tool | goodput Mbit/s | seconds | CPU s | verified | note |")
-        print("|---|---|---|---|---|---|")
+        print("| tool | goodput Mbit/s | seconds | CPU s | CPU s tx/rx | CPU s/GiB tx/rx | verified | note |")
+        print("|---|---|---|---|---|---|---|---|")
         rows = d.get("results", [])
         for r in rows:
             if "error" in r:
-                print(f"| {r['tool']} | – | – | – | – | error: {r['error'][:120]} |")
+                print(f"| {r['tool']} | – | – | – | – | – | – | error: {r['error'][:120]} |")
                 continue
             verified = {True: "yes", False: "NO", None: "n/a"}[r.get("verified")]
             note = ""
@@ -45,7 +54,10 @@ def main(paths):
                 if key in r:
                     note += f" {key}={r[key]}"
             print(f"| {r['tool']} | {fmt(r.get('goodput_mbit'))} | {fmt(r.get('seconds'), '{:.2f}')} "
-                  f"| {fmt(r.get('cpu_seconds'), '{:.2f}')} | {verified} | {note.strip()} |")
+                  f"| {fmt(r.get('cpu_seconds'), '{:.2f}')} "
+                  f"| {pair(r, 'cpu_seconds_sender', 'cpu_seconds_receiver')} "
+                  f"| {pair(r, 'cpu_seconds_per_gib_sender', 'cpu_seconds_per_gib_receiver')} "
+                  f"| {verified} | {note.strip()} |")
 
 
 if __name__ == "__main__":
