@@ -1092,10 +1092,31 @@ class TcpTlsTransport final : public Transport {
 
   // Closes accepted channels past their HELLO deadline, and those whose
   // site has been idle for limits_.idle_timeout; then runs again.
+  uint64_t AddActivitySource(ActivitySource source) override {
+    absl::MutexLock lock(&sources_mu_);
+    const uint64_t id = next_source_id_++;
+    activity_sources_.emplace(id, std::move(source));
+    return id;
+  }
+  void RemoveActivitySource(uint64_t id) override {
+    absl::MutexLock lock(&sources_mu_);
+    activity_sources_.erase(id);
+  }
+
   void Sweep() {
     const auto now = std::chrono::steady_clock::now();
+    // Before registry_->mu: a source takes its own transport's lock.
+    std::vector<std::string> active_elsewhere;
+    {
+      absl::MutexLock lock(&sources_mu_);
+      for (const auto& [id, source] : activity_sources_) {
+        std::vector<std::string> sites = source();
+        active_elsewhere.insert(active_elsewhere.end(), sites.begin(), sites.end());
+      }
+    }
     {
       absl::MutexLock lock(&registry_->mu);
+      for (const std::string& site : active_elsewhere) registry_->SiteLocked(site).active = now;
       for (auto& [name, site] : registry_->sites) {
         uint64_t operations = site.activity->operations.load(std::memory_order_relaxed);
         if (operations != site.seen) {
@@ -1294,6 +1315,9 @@ class TcpTlsTransport final : public Transport {
   std::thread io_thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> cc_fallback_logged_{false};
+  absl::Mutex sources_mu_;
+  uint64_t next_source_id_ ABSL_GUARDED_BY(sources_mu_) = 1;
+  absl::flat_hash_map<uint64_t, ActivitySource> activity_sources_ ABSL_GUARDED_BY(sources_mu_);
   absl::Mutex mu_;
   int live_handlers_ ABSL_GUARDED_BY(mu_) = 0;
 };

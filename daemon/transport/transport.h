@@ -162,6 +162,15 @@ class Transport {
   // Refusals and closes of accepted connections (all zero for a transport
   // that keeps none). Any thread.
   virtual ConnectionCounters connection_counters() const { return {}; }
+
+  // Another transport that moves data with peer sites (the udp plane, whose
+  // control and keying connections are this transport's) names the sites it
+  // has live flows with; the idle timeout counts them as active, so a udp
+  // transfer's quiet TCP control connection stays open. `source` is called
+  // from this transport's threads until RemoveActivitySource(id) returns.
+  using ActivitySource = std::function<std::vector<std::string>()>;
+  virtual uint64_t AddActivitySource(ActivitySource source) { return 0; }
+  virtual void RemoveActivitySource(uint64_t id) {}
 };
 
 // The transports a daemon runs, by the name configs use ("tcp", "udp").

@@ -173,8 +173,15 @@ class UdpTransportImpl final : public UdpTransport {
     uint64_t seed;
     RAND_bytes(reinterpret_cast<unsigned char*>(&seed), sizeof seed);
     random_ = std::make_unique<congestion::SplitMix64Random>(seed);
+    activity_source_ = tls_.AddActivitySource([this] {
+      std::vector<std::string> sites;
+      absl::MutexLock lock(&mu_);
+      for (const auto& [connection, flow] : live_) sites.push_back(flow.site);
+      return sites;
+    });
   }
   ~UdpTransportImpl() override {
+    tls_.RemoveActivitySource(activity_source_);
     Shutdown();
     if (reserve_fd_ >= 0) ::close(reserve_fd_);
   }
@@ -497,6 +504,7 @@ class UdpTransportImpl final : public UdpTransport {
   std::unique_ptr<congestion::SplitMix64Random> random_;
   std::map<std::string, Aggregate> aggregates_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<UdpConnection*, Flow> live_ ABSL_GUARDED_BY(mu_);
+  uint64_t activity_source_ = 0;  // our live flows, for the tls transport's idle sweep
 };
 
 }  // namespace

@@ -319,5 +319,27 @@ TEST_F(TcpTlsLimitsTest, AChannelKeptWhenIdleOutlivesTheIdleTimeout) {
   EXPECT_EQ(b->connection_counters().idle_closed, 0u);
 }
 
+TEST_F(TcpTlsLimitsTest, ASiteAnotherTransportIsActiveWithIsNotIdle) {
+  ConnectionLimits limits;
+  limits.idle_timeout = TimeDelta::Seconds(1);
+  Start(limits);
+  std::unique_ptr<Channel> dialed;
+  auto server = Connect(&dialed);
+  ASSERT_NE(server, nullptr);
+  server->EndHandshake();
+  const std::string site = server->peer_site();
+  const uint64_t source =
+      b->AddActivitySource([site] { return std::vector<std::string>{site}; });
+  // Silent on this transport for three idle timeouts, busy on the other.
+  absl::SleepFor(absl::Seconds(3));
+  ASSERT_TRUE(WriteByte(*dialed).ok());
+  EXPECT_TRUE(ReadByte(*server).ok());
+  EXPECT_EQ(b->connection_counters().idle_closed, 0u);
+  // Once the other transport lets go, the idle timeout applies again.
+  b->RemoveActivitySource(source);
+  EXPECT_FALSE(ReadByte(*server).ok());
+  EXPECT_EQ(b->connection_counters().idle_closed, 1u);
+}
+
 }  // namespace
 }  // namespace longhaul::transport
