@@ -24,6 +24,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "client/deadline.h"
+#include "common/fd_passing.h"
 #include "longhaul/shm_progress.h"
 #include "longhaul/v1/exchange.grpc.pb.h"
 
@@ -127,20 +128,7 @@ absl::StatusOr<std::pair<int, std::string>> RegisterSegment(const std::string& s
     return fail(absl::UnavailableError(absl::StrCat("cannot reach the daemon's segment socket ",
                                                     socket_path, ": ", std::strerror(errno))));
   }
-  char byte = 'S';
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
-  if (sendmsg(conn, &msg, MSG_NOSIGNAL) != 1) {
+  if (SendByteWithFd(conn, 'S', memfd, MSG_NOSIGNAL) != 1) {
     return fail(absl::UnavailableError(
         absl::StrCat("cannot register a segment with the daemon: ", std::strerror(errno))));
   }

@@ -58,6 +58,17 @@ absl::Status ShareProgress(bool streamed, const ShmMapping& shm, P2PArgs& args) 
   return absl::OkStatus();
 }
 
+// The hub's arguments of a Send or Recv request (same fields in both).
+template <typename Request>
+P2PArgs P2PArgsOf(const Request& request, grpc::ServerContext* context) {
+  return P2PArgs{request.group(),
+                 request.op_id(),
+                 request.peer(),
+                 request.tag(),
+                 Timeout(request.timeout_ms()),
+                 [context] { return context->IsCancelled(); }};
+}
+
 }  // namespace
 
 absl::Status CheckSealedSegment(int fd) {
@@ -429,12 +440,7 @@ grpc::Status ExchangeService::Send(grpc::ServerContext* context, const v1::SendR
     SetError(shm.status(), "", response->mutable_error());
     return grpc::Status::OK;
   }
-  P2PArgs args{request->group(),
-               request->op_id(),
-               request->peer(),
-               request->tag(),
-               Timeout(request->timeout_ms()),
-               [context] { return context->IsCancelled(); }};
+  P2PArgs args = P2PArgsOf(*request, context);
   if (absl::Status s = ShareProgress(request->streamed(), *shm, args); !s.ok()) {
     SetError(s, "", response->mutable_error());
     return grpc::Status::OK;
@@ -452,12 +458,7 @@ grpc::Status ExchangeService::Recv(grpc::ServerContext* context, const v1::RecvR
     SetError(shm.status(), "", response->mutable_error());
     return grpc::Status::OK;
   }
-  P2PArgs args{request->group(),
-               request->op_id(),
-               request->peer(),
-               request->tag(),
-               Timeout(request->timeout_ms()),
-               [context] { return context->IsCancelled(); }};
+  P2PArgs args = P2PArgsOf(*request, context);
   if (absl::Status s = ShareProgress(request->streamed(), *shm, args); !s.ok()) {
     SetError(s, "", response->mutable_error());
     return grpc::Status::OK;

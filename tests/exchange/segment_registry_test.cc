@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "common/fd_passing.h"
 #include "daemon/exchange/exchange_service.h"
 #include "gtest/gtest.h"
 
@@ -53,23 +54,8 @@ class SegmentRegistryTest : public ::testing::Test {
     addr.sun_family = AF_UNIX;
     std::strcpy(addr.sun_path, registry_->path().c_str());
     EXPECT_EQ(connect(conn, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
-    char byte = 'S';
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    if (fd >= 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
     // A refused connection may be closed before the byte goes out.
-    sendmsg(conn, &msg, MSG_NOSIGNAL);
+    SendByteWithFd(conn, 'S', fd, MSG_NOSIGNAL);
     answer.clear();
     char buf[256];
     while (!absl::EndsWith(answer, "\n")) {

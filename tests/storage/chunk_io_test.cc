@@ -34,13 +34,9 @@ TEST(Xxh128Test, KnownDigestOfEmptyInput) {
 class ChunkIoTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    if (GetParam()) {
-      auto ring = IoUringFileIo::Create();
-      if (!ring.ok()) GTEST_SKIP() << "io_uring unavailable here: " << ring.status();
-      io_ = *std::move(ring);
-    } else {
-      io_ = std::make_unique<PosixFileIo>();
-    }
+    auto io = testing::FileIoUnderTest(GetParam());
+    if (!io.ok()) GTEST_SKIP() << "io_uring unavailable here: " << io.status();
+    io_ = *std::move(io);
   }
   TempDir dir_;
   std::unique_ptr<FileIo> io_;

@@ -88,13 +88,9 @@ std::vector<uint8_t> Pread(int fd, uint64_t offset, size_t len) {
 class DirectIoTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    if (GetParam()) {
-      auto ring = IoUringFileIo::Create();
-      if (!ring.ok()) GTEST_SKIP() << "io_uring unavailable here: " << ring.status();
-      io_ = *std::move(ring);
-    } else {
-      io_ = std::make_unique<PosixFileIo>();
-    }
+    auto io = testing::FileIoUnderTest(GetParam());
+    if (!io.ok()) GTEST_SKIP() << "io_uring unavailable here: " << io.status();
+    io_ = *std::move(io);
     data_ = Bytes(kFileSize, 7);
   }
 

@@ -24,13 +24,9 @@ using testing::WriteFile;
 class FileIoTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "io_uring") {
-      auto ring = IoUringFileIo::Create();
-      if (!ring.ok()) GTEST_SKIP() << "io_uring unavailable here: " << ring.status();
-      io_ = *std::move(ring);
-    } else {
-      io_ = std::make_unique<PosixFileIo>();
-    }
+    auto io = testing::FileIoUnderTest(GetParam() == "io_uring");
+    if (!io.ok()) GTEST_SKIP() << "io_uring unavailable here: " << io.status();
+    io_ = *std::move(io);
     EXPECT_EQ(io_->name(), GetParam());
   }
 

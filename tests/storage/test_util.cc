@@ -69,4 +69,11 @@ bool Exists(const std::string& path) {
   return lstat(path.c_str(), &st) == 0;
 }
 
+absl::StatusOr<std::unique_ptr<FileIo>> FileIoUnderTest(bool io_uring) {
+  if (!io_uring) return std::make_unique<PosixFileIo>();
+  auto ring = IoUringFileIo::Create();
+  if (!ring.ok()) return ring.status();
+  return std::unique_ptr<FileIo>(*std::move(ring));
+}
+
 }  // namespace longhaul::storage::testing

@@ -3,8 +3,12 @@
 #define LONGHAUL_TESTS_STORAGE_TEST_UTIL_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
+#include "storage/file_io.h"
 
 namespace longhaul::storage::testing {
 
@@ -30,6 +34,10 @@ void WriteFile(const std::string& path, const std::string& data);
 std::string ReadFile(const std::string& path);
 void MakeDirs(const std::string& path);
 bool Exists(const std::string& path);  // lstat
+
+// The FileIo a parameterised test runs on: io_uring (an error where the
+// kernel or sandbox does not offer it, for the test to skip on) or pread/pwrite.
+absl::StatusOr<std::unique_ptr<FileIo>> FileIoUnderTest(bool io_uring);
 
 }  // namespace longhaul::storage::testing
 

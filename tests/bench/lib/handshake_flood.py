@@ -37,7 +37,16 @@ import socket
 import ssl
 import statistics
 import sys
+import threading
 import time
+
+
+def stop_on_signals():
+    """An event that SIGTERM or SIGINT sets, for a loop to end on."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 def client_hello_prefix():
@@ -103,14 +112,7 @@ def flood(args):
     slots = [Slot(i, "partial" if i < args.partial else "silent",
                   args.source[i % len(args.source)]) for i in range(args.connections)]
     sel = selectors.DefaultSelector()
-    stop = False
-
-    def on_signal(*_):
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
 
     counts = {"dials": 0, "established": 0, "closed_by_daemon": 0, "closed_by_flood": 0,
               "connect_timeouts": 0,
@@ -191,7 +193,7 @@ def flood(args):
         drop(slot, now)
 
     next_sample = next_timeout_scan = t_start
-    while not stop:
+    while not stop.is_set():
         now = time.time()
         while redial and redial[0].due <= now:
             dial(redial.popleft(), now)
@@ -257,16 +259,9 @@ def read_status(pid):
 
 
 def sample(args):
-    stop = False
-
-    def on_signal(*_):
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
     with open(args.out, "a") as out:
-        while not stop:
+        while not stop.is_set():
             now = time.time()
             try:
                 st = read_status(args.pid)

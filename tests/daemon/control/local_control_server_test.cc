@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/fd_passing.h"
 #include "gtest/gtest.h"
 #include "longhaul/v1/control.grpc.pb.h"
 #include "tests/storage/test_util.h"
@@ -64,20 +65,7 @@ int ConnectAs(const std::string& path, uid_t uid, gid_t gid) {
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path.data(), path.size());
     if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) _exit(3);
-    char byte = 0;
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
-    _exit(sendmsg(pair[1], &msg, 0) == 1 ? 0 : 4);
+    _exit(SendByteWithFd(pair[1], 0, fd, 0) == 1 ? 0 : 4);
   }
   close(pair[1]);
   int fd = -1;

@@ -189,6 +189,17 @@ class TcpTlsLimitsTest : public ::testing::Test {
     return server;
   }
 
+  // Starts b with a 1 s idle timeout and connects past the HELLO: the
+  // channel the idle sweep judges (b's end) and a's end in *dialed.
+  std::unique_ptr<Channel> ConnectWithOneSecondIdleTimeout(std::unique_ptr<Channel>* dialed) {
+    ConnectionLimits limits;
+    limits.idle_timeout = TimeDelta::Seconds(1);
+    Start(limits);
+    auto server = Connect(dialed);
+    if (server != nullptr) server->EndHandshake();
+    return server;
+  }
+
   void TearDown() override {
     if (a) a->Shutdown();
     if (b) b->Shutdown();
@@ -282,13 +293,9 @@ TEST_F(TcpTlsLimitsTest, ConnectionsPerPeerAreCapped) {
 }
 
 TEST_F(TcpTlsLimitsTest, IdleChannelIsClosedAndABusyOneIsNot) {
-  ConnectionLimits limits;
-  limits.idle_timeout = TimeDelta::Seconds(1);
-  Start(limits);
   std::unique_ptr<Channel> dialed;
-  auto server = Connect(&dialed);
+  auto server = ConnectWithOneSecondIdleTimeout(&dialed);
   ASSERT_NE(server, nullptr);
-  server->EndHandshake();
   // Traffic in either direction keeps it: 40 round trips 50 ms apart span
   // twice the idle timeout.
   for (int i = 0; i < 40; ++i) {
@@ -304,13 +311,9 @@ TEST_F(TcpTlsLimitsTest, IdleChannelIsClosedAndABusyOneIsNot) {
 }
 
 TEST_F(TcpTlsLimitsTest, AChannelKeptWhenIdleOutlivesTheIdleTimeout) {
-  ConnectionLimits limits;
-  limits.idle_timeout = TimeDelta::Seconds(1);
-  Start(limits);
   std::unique_ptr<Channel> dialed;
-  auto server = Connect(&dialed);
+  auto server = ConnectWithOneSecondIdleTimeout(&dialed);
   ASSERT_NE(server, nullptr);
-  server->EndHandshake();
   server->KeepWhenIdle();
   // Silent for three idle timeouts (the sweep runs many times meanwhile).
   absl::SleepFor(absl::Seconds(3));
@@ -320,13 +323,9 @@ TEST_F(TcpTlsLimitsTest, AChannelKeptWhenIdleOutlivesTheIdleTimeout) {
 }
 
 TEST_F(TcpTlsLimitsTest, ASiteAnotherTransportIsActiveWithIsNotIdle) {
-  ConnectionLimits limits;
-  limits.idle_timeout = TimeDelta::Seconds(1);
-  Start(limits);
   std::unique_ptr<Channel> dialed;
-  auto server = Connect(&dialed);
+  auto server = ConnectWithOneSecondIdleTimeout(&dialed);
   ASSERT_NE(server, nullptr);
-  server->EndHandshake();
   const std::string site = server->peer_site();
   const uint64_t source =
       b->AddActivitySource([site] { return std::vector<std::string>{site}; });
