@@ -35,14 +35,6 @@ def fill(path):
                     raise
 
 
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 class StateDiskTest(unittest.TestCase):
     full_site = ""  # the site whose state directory is on the small tmpfs
 
@@ -91,7 +83,7 @@ class StateDiskTest(unittest.TestCase):
 
     def assert_daemons_alive(self):
         for site, pid in self.pids.items():
-            self.assertTrue(alive(pid), f"{site} died:\n{self.logs()}")
+            self.assertTrue(lh.process_alive(pid), f"{site} died:\n{self.logs()}")
 
     def logs(self):
         return "".join(f"\n--- {s} log ---\n" + "".join(self.sites.log(s).splitlines(True)[-30:])

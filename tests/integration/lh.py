@@ -70,16 +70,7 @@ class Sites:
         os.kill(pid, sig)
         deadline = time.time() + 30
         while time.time() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            # A killed child of setsid'd bash is reaped by init; poll /proc.
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().split()[2] == "Z":
-                        return
-            except FileNotFoundError:
+            if process_gone(pid):
                 return
             time.sleep(0.05)
         raise AssertionError(f"{site} (pid {pid}) did not exit")
@@ -370,12 +361,31 @@ def proc_status(pid, key):
 
 
 def process_alive(pid):
-    """True while `pid` exists and is not a zombie."""
+    """True while `pid` exists and its main thread is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except FileNotFoundError:
         return False
+
+
+def process_gone(pid):
+    """True once no thread of `pid` runs. A killed daemon's main thread may be
+    a zombie while its io_uring workers finish in-flight I/O, and until they
+    exit its descriptors (the journal's lock among them) stay open. A killed
+    child of setsid'd bash is reaped by init, so /proc is polled."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    return False
+        except FileNotFoundError:
+            continue
+    return True
 
 
 def wait_until(predicate, timeout, what, interval=0.0):
