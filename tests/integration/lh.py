@@ -365,7 +365,7 @@ def process_alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
 
 
@@ -373,17 +373,18 @@ def process_gone(pid):
     """True once no thread of `pid` runs. A killed daemon's main thread may be
     a zombie while its io_uring workers finish in-flight I/O, and until they
     exit its descriptors (the journal's lock among them) stay open. A killed
-    child of setsid'd bash is reaped by init, so /proc is polled."""
+    child of setsid'd bash is reaped by init, so /proc is polled. Reading the
+    stat of a task that exits meanwhile fails with ENOENT or ESRCH."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return True
     for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/stat") as f:
                 if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
                     return False
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             continue
     return True
 
