@@ -218,11 +218,14 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   if (YAML::Node t = root["transfer"]) {
     LH_RETURN_IF_ERROR(CheckKeys(t, "transfer",
                                  {"chunk_size", "streams", "commit_last", "max_active",
-                                  "give_up_after", "max_chunk_size"}));
+                                  "give_up_after", "max_chunk_size",
+                                  "read_back_while_receiving"}));
     LH_RETURN_IF_ERROR(ReadSize(t, "chunk_size", "transfer", &c.transfer.chunk_size));
     LH_RETURN_IF_ERROR(ReadSize(t, "max_chunk_size", "transfer", &c.transfer.max_chunk_size));
     LH_RETURN_IF_ERROR(Read(t, "streams", &c.transfer.streams));
     LH_RETURN_IF_ERROR(Read(t, "max_active", &c.transfer.max_active));
+    LH_RETURN_IF_ERROR(
+        Read(t, "read_back_while_receiving", &c.transfer.read_back_while_receiving));
     LH_RETURN_IF_ERROR(ReadDuration(t, "give_up_after", "transfer", &c.transfer.give_up_after_us));
     if (t["commit_last"]) c.transfer.commit_last = t["commit_last"].as<std::vector<std::string>>();
   }

@@ -91,6 +91,9 @@ struct DaemonConfig {
     // A transfer that cannot reach its peer for this long fails (0: never).
     int64_t give_up_after_us = 3600ll * 1000000;
     uint64_t max_chunk_size = 64ull << 20;  // largest chunk accepted from a peer
+    // Staged chunks are read back against their digests soon after they
+    // become durable (true), or all of them right before publish (false).
+    bool read_back_while_receiving = true;
   } transfer;
 
   // What any one peer, authenticated or not, can make this daemon hold:

@@ -254,6 +254,22 @@ absl::StatusOr<File*> Staging::Open(uint32_t file_index, const v1::ManifestFile&
   return raw;
 }
 
+absl::StatusOr<std::unique_ptr<File>> Staging::OpenForReadBack(uint32_t file_index,
+                                                                const v1::ManifestFile& file) {
+  State& s = *state_;
+  absl::MutexLock lock(&s.mu);
+  if (!s.files) return absl::FailedPreconditionError("staging " + s.dir + " was removed");
+  const std::string name = std::to_string(file_index);
+  absl::StatusOr<std::unique_ptr<File>> f = s.fs->OpenFile(*s.files, name, OpenMode::kReadWrite);
+  if (absl::IsNotFound(f.status())) {
+    return absl::NotFoundError(
+        absl::StrCat(s.dir, "/", kFilesDir, "/", name, " (", file.path(), ") is no longer staged"));
+  }
+  if (!f.ok()) return f.status();
+  EnableDirectIo(**f, s.dest.export_root);
+  return f;
+}
+
 absl::StatusOr<bool> Staging::HoldsFile(uint32_t file_index, const v1::ManifestFile& file) {
   State& s = *state_;
   FileSystem& fs = *s.fs;

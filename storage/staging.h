@@ -86,6 +86,14 @@ class Staging {
   // (an interrupted Publish may have moved it into next/ already).
   absl::StatusOr<File*> OpenStagedFile(uint32_t file_index, const v1::ManifestFile& file);
 
+  // A descriptor of its own on the staged file, for reading it back on
+  // another thread (direct I/O where the staging takes it): unlike the Files
+  // of OpenFile it stays valid after DiscardFile, Publish or Remove, and then
+  // reads what the file held (or holds, wherever it was moved). NotFound
+  // when the file is not in f/.
+  absl::StatusOr<std::unique_ptr<File>> OpenForReadBack(uint32_t file_index,
+                                                        const v1::ManifestFile& file);
+
   // Whether the bytes of `file` are still held here at full size: in f/, in
   // next/ (an interrupted publish moved them), or past the point of no
   // return. False means chunks journaled durable for it were lost with the

@@ -83,6 +83,10 @@ void RegisterDaemonMetrics(Registry& registry, DaemonSources sources) {
                                       "Chunk bytes received, synced and journaled at this site.");
   auto& hash_mismatches = r->AddCounter("longhaul_chunk_hash_mismatches_total",
                                         "Received chunks whose bytes did not match their digest.");
+  auto& read_back = r->AddCounter(
+      "longhaul_staged_bytes_read_back_total",
+      "Staged chunk bytes read back against their digests: while receiving, or before publish.",
+      {"when"});
   auto& frames_refused = r->AddCounter("longhaul_frames_refused_total",
                                        "Malformed or unexpected frames refused from peers.");
   auto& access_refused = r->AddCounter(
@@ -108,7 +112,7 @@ void RegisterDaemonMetrics(Registry& registry, DaemonSources sources) {
   r->AddCollector([=, &transfers, &queued_bytes, &bytes_sent, &bytes_resent, &bytes_acked,
                    &chunks_acked, &peer_sent, &peer_resent, &peer_up, &peer_rtt, &peer_bw,
                    &peer_retrans, &peer_sockbuf, &peer_streams, &peer_cc, &chunks_durable,
-                   &bytes_durable, &hash_mismatches, &frames_refused, &access_refused,
+                   &bytes_durable, &hash_mismatches, &read_back, &frames_refused, &access_refused,
                    &journal_writes, &journal_max, &limits, &capped] {
     if (sources.manager != nullptr) {
       std::map<v1::TransferState, int> by_state;
@@ -160,6 +164,8 @@ void RegisterDaemonMetrics(Registry& registry, DaemonSources sources) {
       bytes_durable.WithLabels({}).Set(static_cast<double>(s.bytes_durable));
       hash_mismatches.WithLabels({}).Set(static_cast<double>(s.hash_mismatches));
       frames_refused.WithLabels({}).Set(static_cast<double>(s.frames_refused));
+      read_back.WithLabels({"receiving"}).Set(static_cast<double>(s.bytes_read_back_receiving));
+      read_back.WithLabels({"publish"}).Set(static_cast<double>(s.bytes_read_back_at_publish));
       for (const auto& [key, n] : s.access_refused) {
         access_refused.WithLabels({key.first, key.second}).Set(static_cast<double>(n));
       }

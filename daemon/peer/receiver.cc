@@ -27,6 +27,10 @@ namespace {
 
 // Threads that read staged chunks back before a publish (at most one per core).
 constexpr size_t kMaxVerifyThreads = 4;
+// Threads that read chunks back while their transfer is still receiving, and
+// how many chunks may wait for them (the rest wait for the publish).
+constexpr size_t kReadBackThreads = 2;
+constexpr size_t kMaxQueuedReadBacks = 4096;
 
 uint64_t ChunkKey(uint32_t file_index, uint32_t chunk_index) {
   return (static_cast<uint64_t>(file_index) << 32) | chunk_index;
@@ -64,7 +68,14 @@ struct Receiver::Session {
   v1::IncomingTransfer record ABSL_GUARDED_BY(mu);
   storage::ResolvedDestination dest ABSL_GUARDED_BY(mu);
   std::optional<storage::Staging> staging ABSL_GUARDED_BY(mu);
-  absl::flat_hash_set<uint64_t> durable ABSL_GUARDED_BY(mu);
+  // Chunks journaled durable (ChunkKey), each with the number of the write
+  // that made it so: a chunk written again gets a new number.
+  absl::flat_hash_map<uint64_t, uint64_t> durable ABSL_GUARDED_BY(mu);
+  uint64_t writes ABSL_GUARDED_BY(mu) = 0;
+  // Chunks read back and found matching since, with the number of the write
+  // they were read back after. A chunk counts as checked only while that is
+  // still its number in `durable`.
+  absl::flat_hash_map<uint64_t, uint64_t> read_back ABSL_GUARDED_BY(mu);
   absl::flat_hash_set<transport::Channel*> data_channels ABSL_GUARDED_BY(mu);
 
   // Stops the data channels of an older attempt and waits until they are
@@ -91,7 +102,8 @@ Receiver::Receiver(const daemon::DaemonConfig& config, storage::Journal& journal
       owners_([this] { return journal_.ListIncoming(); },
               [this](const std::string& export_name, const std::string& relative) {
                 return DestinationExists(export_name, relative);
-              }) {
+              }),
+      read_back_pool_(kReadBackThreads, kMaxQueuedReadBacks) {
   for (const daemon::ExportConfig& e : config.exports) exports_.push_back({e.name, e.path});
 }
 
@@ -326,6 +338,7 @@ bool Receiver::ExpireIfAbandoned(const v1::IncomingTransfer& listed, absl::Time 
     }
     session->record = ended;
     session->durable.clear();
+    session->read_back.clear();
     spdlog::info(
         "transfer {} from {}: expired after {} without activity (last {}); its staging "
         "and chunk records were removed",
@@ -397,6 +410,8 @@ ReceiverStats Receiver::stats() const {
     stats = stats_;
   }
   stats.staged_corruptions = staged_corruptions_.load();
+  stats.bytes_read_back_receiving = bytes_read_back_receiving_.load();
+  stats.bytes_read_back_at_publish = bytes_read_back_at_publish_.load();
   absl::MutexLock lock(&refused_mu_);
   stats.access_refused = access_refused_;
   return stats;
@@ -613,6 +628,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   auto chunks = journal_.ListDurableChunks(open.transfer_id());
   if (!chunks.ok()) return fail(chunks.status());
   session->durable.clear();
+  session->read_back.clear();
   // Journal and disk reconcile: chunks recorded durable whose staged file is
   // gone or short (removed by someone, or lost) are asked for again.
   absl::flat_hash_map<uint32_t, bool> held;
@@ -633,7 +649,9 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   for (const storage::ChunkDurability& c : *chunks) {
     const v1::ManifestFile& file = record.manifest().files(c.file_index);
     if (c.chunk.generation() != file.generation() || !held[c.file_index]) continue;
-    session->durable.insert(ChunkKey(c.file_index, c.chunk_index));
+    const uint64_t key = ChunkKey(c.file_index, c.chunk_index);
+    const uint64_t write = session->durable[key] = ++session->writes;
+    QueueReadBack(session, c, write);
     v1::ChunkId* id = reply->add_durable();
     id->set_file_index(c.file_index);
     id->set_chunk_index(c.chunk_index);
@@ -828,9 +846,10 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       if (!send_ack(*chunk, ChunkAck::Result::kRetryLater, std::string(durable.message())).ok()) break;
       continue;
     }
+    uint64_t write;
     {
       absl::MutexLock lock(&session->mu);
-      session->durable.insert(ChunkKey(chunk->file_index, chunk->chunk_index));
+      write = session->durable[ChunkKey(chunk->file_index, chunk->chunk_index)] = ++session->writes;
     }
     {
       absl::MutexLock lock(&mu_);
@@ -838,6 +857,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       stats_.bytes_durable += data_length;
     }
     if (!send_ack(*chunk, ChunkAck::Result::kDurable, "").ok()) break;
+    QueueReadBack(session, record, write);
   }
   absl::MutexLock lock(&session->mu);
   session->data_channels.erase(&channel);
@@ -856,18 +876,87 @@ bool Receiver::WaitForBudget(const std::string& site, uint64_t bytes) {
   return true;
 }
 
+void Receiver::QueueReadBack(const std::shared_ptr<Session>& session,
+                             const storage::ChunkDurability& chunk, uint64_t write) {
+  if (!config_.transfer.read_back_while_receiving) return;
+  auto expected = storage::Xxh128::FromBytes(chunk.chunk.xxh128());
+  if (!expected) return;  // the read-back before publish reports it
+  std::weak_ptr<Session> weak = session;
+  const uint32_t file_index = chunk.file_index;
+  const uint32_t chunk_index = chunk.chunk_index;
+  const uint64_t generation = chunk.chunk.generation();
+  const uint64_t size = chunk.chunk.size();
+  const uint64_t key = ChunkKey(file_index, chunk_index);
+  // Still receiving, and the chunk's last write is the one being checked.
+  auto current = [=](Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+    if (!s.staging || s.record.state() != v1::IncomingTransfer::RECEIVING) return false;
+    if (file_index >= static_cast<uint32_t>(s.record.manifest().files_size()) ||
+        s.record.manifest().files(file_index).generation() != generation) {
+      return false;
+    }
+    auto it = s.durable.find(key);
+    return it != s.durable.end() && it->second == write;
+  };
+  read_back_pool_.Submit([=, this, expected = *expected](ReadBackPool::Worker& worker) {
+    std::shared_ptr<Session> s = weak.lock();
+    if (!s) return;
+    std::unique_ptr<storage::File> file;
+    uint64_t chunk_size;
+    std::string path;
+    {
+      absl::MutexLock lock(&s->mu);
+      if (!current(*s)) return;
+      const v1::ManifestFile& f = s->record.manifest().files(file_index);
+      auto opened = s->staging->OpenForReadBack(file_index, f);
+      if (!opened.ok()) return;  // left to the read-back before publish
+      file = std::move(*opened);
+      chunk_size = s->record.manifest().chunk_size();
+      path = f.path();
+    }
+    auto hash = storage::ReadChunkHashed(worker.io(), *file, chunk_index * chunk_size,
+                                         worker.Buffer(size));
+    if (hash.ok()) bytes_read_back_receiving_.fetch_add(size);
+    absl::MutexLock lock(&s->mu);
+    if (!current(*s)) return;
+    if (hash.ok() && *hash == expected) {
+      s->read_back[key] = write;
+    } else {
+      // The read-back before publish reads it again and acts on it.
+      spdlog::warn("transfer {}: staged chunk {} of {} did not read back as written ({})",
+                   s->record.id(), chunk_index, path,
+                   hash.ok() ? "digest mismatch" : std::string(hash.status().message()));
+    }
+  });
+}
+
 absl::Status Receiver::VerifyStaged(Session& session,
                                     const absl::flat_hash_set<uint32_t>& skip_files) {
   // Every staged byte is read back and checked against the digest it was
   // acknowledged with, so bits that rotted on disk after the ack are caught
-  // here and never published. A bad file is dropped and sent again whole.
-  // The read-back sits between the last byte arriving and the publish, so the
-  // chunks are split across a few threads (each with its own reader).
+  // and never published. A bad file is dropped and sent again whole. Chunks
+  // the read-back pool checked since their last write are not read again;
+  // the rest sit between the last byte arriving and the publish, so they are
+  // split across a few threads (each with its own reader).
   const absl::Time start = absl::Now();
   const std::string& id = session.record.id();
   const v1::Manifest& manifest = session.record.manifest();
-  auto chunks = journal_.ListDurableChunks(id);
-  if (!chunks.ok()) return chunks.status();
+  auto listed = journal_.ListDurableChunks(id);
+  if (!listed.ok()) return listed.status();
+  std::vector<storage::ChunkDurability> chunks;
+  uint64_t bytes_checked_early = 0;
+  for (storage::ChunkDurability& c : *listed) {
+    if (skip_files.contains(c.file_index)) continue;
+    if (c.chunk.generation() != manifest.files(c.file_index).generation()) continue;
+    const uint64_t key = ChunkKey(c.file_index, c.chunk_index);
+    auto durable = session.durable.find(key);
+    auto checked = session.read_back.find(key);
+    if (durable != session.durable.end() && checked != session.read_back.end() &&
+        checked->second == durable->second) {
+      bytes_checked_early += c.chunk.size();
+      continue;
+    }
+    chunks.push_back(std::move(c));
+  }
   absl::Mutex mu;
   absl::Status first_error;
   absl::flat_hash_set<uint32_t> bad_files;
@@ -881,16 +970,14 @@ absl::Status Receiver::VerifyStaged(Session& session,
   auto verify_some = [&] {
     std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
     storage::AlignedBuffer buffer(buffer_size);
-    for (size_t i = next++; i < chunks->size(); i = next++) {
-      const storage::ChunkDurability& c = (*chunks)[i];
-      if (skip_files.contains(c.file_index)) continue;
+    for (size_t i = next++; i < chunks.size(); i = next++) {
+      const storage::ChunkDurability& c = chunks[i];
       {
         absl::MutexLock lock(&mu);
         if (!first_error.ok()) return;
         if (bad_files.contains(c.file_index)) continue;
       }
       const v1::ManifestFile& file = manifest.files(c.file_index);
-      if (c.chunk.generation() != file.generation()) continue;
       // A file no longer staged was verified before an interrupted publish
       // moved it on; Publish finishes that move.
       auto staged = session.staging->OpenStagedFile(c.file_index, file);
@@ -916,12 +1003,15 @@ absl::Status Receiver::VerifyStaged(Session& session,
   const size_t workers =
       std::clamp<size_t>(std::thread::hardware_concurrency(), 1, kMaxVerifyThreads);
   std::vector<std::thread> threads;
-  for (size_t w = 1; w < std::min(workers, chunks->size()); ++w) threads.emplace_back(verify_some);
+  for (size_t w = 1; w < std::min(workers, chunks.size()); ++w) threads.emplace_back(verify_some);
   verify_some();
   for (std::thread& t : threads) t.join();
   if (!first_error.ok()) return first_error;
-  spdlog::info("transfer {}: read back {} staged bytes against their digests in {:.2f} s", id,
-               bytes_read.load(), absl::ToDoubleSeconds(absl::Now() - start));
+  bytes_read_back_at_publish_.fetch_add(bytes_read.load());
+  spdlog::info("transfer {}: read back {} staged bytes against their digests in {:.2f} s "
+               "({} more were read back while receiving)",
+               id, bytes_read.load(), absl::ToDoubleSeconds(absl::Now() - start),
+               bytes_checked_early);
   for (uint32_t f : bad_files) {
     if (absl::Status s = journal_.DeleteFileChunks(id, f); !s.ok()) return s;
     if (absl::Status s = session.staging->DiscardFile(f); !s.ok()) return s;

@@ -19,6 +19,7 @@
 #include "daemon/config.h"
 #include "daemon/peer/destination_owners.h"
 #include "daemon/peer/durability_committer.h"
+#include "daemon/peer/read_back_pool.h"
 #include "daemon/peer/memory_budget.h"
 #include "daemon/transport/transport.h"
 #include "storage/exports.h"
@@ -35,6 +36,10 @@ struct ReceiverStats {
   uint64_t hash_mismatches = 0;
   uint64_t frames_refused = 0;
   uint64_t staged_corruptions = 0;  // staged files that failed re-verification
+  // Staged chunk bytes read back against their digests: while their transfer
+  // was receiving (ReadBackPool), and in the read-back before publish.
+  uint64_t bytes_read_back_receiving = 0;
+  uint64_t bytes_read_back_at_publish = 0;
   // Requests refused because the peer may not write there (not one of the
   // export's writers, or the destination is another site's), by (peer
   // site, export name). Only configured exports are counted.
@@ -144,7 +149,13 @@ class Receiver {
   // The open session of `transfer_id` owned by `peer_site`, or an error.
   absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& transfer_id,
                                                        const std::string& peer_site);
-  // Re-reads every staged chunk and compares it with its acknowledged digest.
+  // Queues `chunk`, durable by write number `write` of the session, to be
+  // read back by read_back_pool_; if it matches its digest and was not
+  // written again meanwhile, VerifyStaged skips it.
+  void QueueReadBack(const std::shared_ptr<Session>& session,
+                     const storage::ChunkDurability& chunk, uint64_t write);
+  // Re-reads every staged chunk not read back since its last write and
+  // compares it with its acknowledged digest.
   absl::Status VerifyStaged(Session& session, const absl::flat_hash_set<uint32_t>& skip_files)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;  // caller holds session.mu
   absl::StatusOr<storage::ResolvedDestination> Resolve(const v1::IncomingTransfer& record);
@@ -187,6 +198,8 @@ class Receiver {
   std::thread sweep_thread_;
   ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> staged_corruptions_{0};
+  std::atomic<uint64_t> bytes_read_back_receiving_{0};
+  std::atomic<uint64_t> bytes_read_back_at_publish_{0};
   // Its own lock: refusals are counted while a session lock is held, and
   // mu_ is taken before session locks elsewhere.
   mutable absl::Mutex refused_mu_;
@@ -195,6 +208,8 @@ class Receiver {
   absl::Mutex publish_mu_;
   // Destinations (absolute paths) with a publish running.
   absl::flat_hash_set<std::string> publishing_ ABSL_GUARDED_BY(publish_mu_);
+  // Last, so that it is destroyed first: its tasks use the members above.
+  ReadBackPool read_back_pool_;
 };
 
 }  // namespace longhaul::peer

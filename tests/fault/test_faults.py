@@ -5,6 +5,7 @@ queue. Seeded by LONGHAUL_FAULT_SEED so a failure can be replayed."""
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -110,6 +111,11 @@ class CorruptionTest(lh.SitesTestCase):
             time.sleep(0.05)
         paused = json.loads(self.sites.cli("a", "pause", tid, "--json", check=True).stdout)
         self.assertEqual(paused["state"], "PAUSED")
+        # The staged chunks were read back while receiving already; the
+        # resume's re-open must have them read again.
+        lh.wait_until(lambda: self.sites.metric("site-b", "longhaul_staged_bytes_read_back_total",
+                                                {"when": "receiving"}) >= 4 * MIB,
+                      30, "a chunk read back while receiving", interval=0.1)
         staged = os.path.join(self.sites.export("site-b"), ".longhaul/staging", tid, "f", "0")
         with open(staged, "r+b") as f:  # chunk 0 of file 0 is durable by now
             f.seek(100)
@@ -190,6 +196,60 @@ class CorruptionTest(lh.SitesTestCase):
         self.assertGreaterEqual(result["attempts"], 2)
         self.assertEqual(lh.tree_digest(os.path.join(self.sites.export("site-b"), "step")), expected)
         self.assertRegex(self.sites.log("site-b"), "bad record mac|decrypt|tls|ssl|failed")
+
+
+
+READ_BACK_LINE = (r"transfer {}: read back (\d+) staged bytes against their digests in \S+ s "
+                  r"\((\d+) more were read back while receiving\)")
+
+
+class ReadBackCase(lh.SitesTestCase):
+    """Every staged byte is read back against its digest before publish: by
+    default mostly while the transfer is receiving, the rest right before
+    publish."""
+
+    def read_back(self, tid):
+        """(bytes read back right before publish, bytes checked while receiving)."""
+        found = re.search(READ_BACK_LINE.format(tid), self.sites.log("site-b"))
+        self.assertIsNotNone(found, self.sites.log("site-b")[-3000:])
+        return int(found.group(1)), int(found.group(2))
+
+    def replicate(self):
+        src = self.sites.path("src")
+        expected = make_checkpoint(src, shards=2, shard_size=32 * MIB)
+        total = sum(os.path.getsize(os.path.join(d, f))
+                    for d, _, files in os.walk(src) for f in files)
+        # Capped, so that the read-back threads keep up with the chunks.
+        self.sites.cli("a", "limit", "--peer", "site-b", "200Mbit", check=True)
+        proc, done = self.sites.cp(src, "site-b:/ckpt/step", "--chunk-size", "4MiB",
+                                   "--streams", "2")
+        self.assertEqual((done or {}).get("state"), "COMPLETED", proc.stdout + proc.stderr)
+        self.assertEqual(lh.tree_digest(os.path.join(self.sites.export("site-b"), "step")), expected)
+        return done["id"], total
+
+
+class ReadBackWhileReceivingTest(ReadBackCase):
+
+    def test_every_staged_byte_is_read_back_before_publish_mostly_while_receiving(self):
+        tid, total = self.replicate()
+        at_publish, while_receiving = self.read_back(tid)
+        self.assertEqual(at_publish + while_receiving, total)
+        self.assertGreater(while_receiving, total // 2)
+        self.assertGreaterEqual(self.sites.metric(
+            "site-b", "longhaul_staged_bytes_read_back_total", {"when": "receiving"}),
+            while_receiving)
+        self.assertEqual(self.sites.metric(
+            "site-b", "longhaul_staged_bytes_read_back_total", {"when": "publish"}), at_publish)
+
+
+class ReadBackBeforePublishOnlyTest(ReadBackCase):
+    extra_config = "transfer:\n  read_back_while_receiving: false\n"
+
+    def test_everything_is_read_back_right_before_publish(self):
+        tid, total = self.replicate()
+        self.assertEqual(self.read_back(tid), (total, 0))
+        self.assertEqual(self.sites.metric(
+            "site-b", "longhaul_staged_bytes_read_back_total", {"when": "receiving"}), 0)
 
 
 class QueueRestartTest(lh.SitesTestCase):

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import tempfile
 import threading
 import time
 import unittest
+import urllib.request
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("LONGHAUL_BIN", os.path.join(ROOT, "build", "bin"))
@@ -74,6 +76,26 @@ class Sites:
                 return
             time.sleep(0.05)
         raise AssertionError(f"{site} (pid {pid}) did not exit")
+
+    def metrics_port(self, site):
+        found = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.log(site))
+        if not found:
+            raise AssertionError(f"{site} logged no metrics address")
+        return int(found.group(1))
+
+    def scrape(self, site, timeout=30):
+        """The text of `site`'s /metrics."""
+        url = f"http://127.0.0.1:{self.metrics_port(site)}/metrics"
+        return urllib.request.urlopen(url, timeout=timeout).read().decode()
+
+    def metric(self, site, name, labels=None):
+        """The value of one series of `site`'s /metrics; 0 when absent."""
+        want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+                       if labels else "") + " "
+        for line in self.scrape(site).splitlines():
+            if line.startswith(want):
+                return float(line[len(want):])
+        return 0.0
 
     def log(self, site):
         with open(self.path(site, "longhauld.log")) as f:

@@ -7,7 +7,6 @@ the abuse completes and verifies."""
 
 import json
 import os
-import re
 import resource
 import socket
 import ssl
@@ -15,7 +14,6 @@ import sys
 import threading
 import time
 import unittest
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import lh  # noqa: E402
@@ -68,22 +66,6 @@ class AbuseTestCase(unittest.TestCase):
         with open(self.sites.path(site, "longhauld.yaml")) as f:
             listen = [l for l in f if l.startswith("listen:")][0].split()[1]
         return int(listen.rsplit(":", 1)[1])
-
-    def metrics_port(self, site):
-        return int(re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics",
-                             self.sites.log(site)).group(1))
-
-    def scrape(self, site, timeout=30):
-        url = f"http://127.0.0.1:{self.metrics_port(site)}/metrics"
-        return urllib.request.urlopen(url, timeout=timeout).read().decode()
-
-    def metric(self, site, name, labels=None):
-        want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
-                       if labels else "") + " "
-        for line in self.scrape(site).splitlines():
-            if line.startswith(want):
-                return float(line[len(want):])
-        return 0.0
 
     def attacker_socket(self, port):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -178,7 +160,7 @@ class PidsLimitTest(AbuseTestCase):
         finish = self.start_transfer("under-pids-max")
         finish()
         self.assert_bounded(pid, max_threads=64)
-        self.assertGreater(self.metric("site-b", "longhaul_peer_handshakes_refused_total",
+        self.assertGreater(self.sites.metric("site-b", "longhaul_peer_handshakes_refused_total",
                                        {"reason": "too_many_from_address"}), 0)
 
 
@@ -199,7 +181,7 @@ class HandshakeFloodTest(AbuseTestCase):
         self.assert_bounded(pid)
         finish()
         self.assert_bounded(pid)
-        self.assertGreater(self.metric("site-b", "longhaul_peer_handshakes_refused_total",
+        self.assertGreater(self.sites.metric("site-b", "longhaul_peer_handshakes_refused_total",
                                        {"reason": "too_many_from_address"}), 0)
 
 
@@ -229,7 +211,7 @@ class DescriptorExhaustionTest(AbuseTestCase):
         finish = self.start_transfer("after-emfile")
         finish()
         self.assert_bounded(pid)
-        self.assertGreater(self.metric("site-b", "longhaul_peer_handshakes_refused_total",
+        self.assertGreater(self.sites.metric("site-b", "longhaul_peer_handshakes_refused_total",
                                        {"reason": "no_descriptor"}), 0)
 
 
@@ -256,7 +238,7 @@ class HandshakeDeadlineTest(AbuseTestCase):
         self.sockets.append(sock)
         self.assert_closed(sock, within=8)
         self.assertTrue(lh.process_alive(pid))
-        self.assertGreater(self.metric("site-b", "longhaul_peer_handshakes_timed_out_total"), 0)
+        self.assertGreater(self.sites.metric("site-b", "longhaul_peer_handshakes_timed_out_total"), 0)
 
     def test_slowloris_handshake_is_closed_and_does_not_stop_a_transfer(self):
         pid = self.sites.pid("site-b")
@@ -293,13 +275,13 @@ class MetricsServerTest(AbuseTestCase):
 
     def test_partial_headers_do_not_lock_out_a_scrape(self):
         pid = self.sites.pid("site-b")
-        port = self.metrics_port("site-b")
+        port = self.sites.metrics_port("site-b")
         for _ in range(64):
             s = socket.create_connection(("127.0.0.1", port), timeout=10)
             self.sockets.append(s)
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n")
         time.sleep(0.5)
-        text = self.scrape("site-b", timeout=30)
+        text = self.sites.scrape("site-b", timeout=30)
         self.assertIn("longhaul_", text)
         self.assertTrue(lh.process_alive(pid))
 

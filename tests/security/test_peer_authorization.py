@@ -8,13 +8,11 @@ and the peer, nothing is written, and the refusal is logged and counted in
 
 import json
 import os
-import re
 import shutil
 import stat
 import sys
 import time
 import unittest
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import lh  # noqa: E402
@@ -67,15 +65,6 @@ class AccessTestCase(unittest.TestCase):
             found += [os.path.normpath(os.path.join(rel, n)) for n in dirs + files]
         return sorted(p for p in found if p not in (".longhaul", ".longhaul/staging"))
 
-    def metric(self, site, name, labels):
-        port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", self.sites.log(site)).group(1)
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        want = name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "} "
-        for line in text.splitlines():
-            if line.startswith(want):
-                return float(line[len(want):])
-        return 0.0
-
     def wait_log(self, site, needle, timeout=10):
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -124,7 +113,7 @@ class ExportWritersTest(AccessTestCase):
         self.assertEqual(self.visible_entries(), [])
         self.assertFalse(os.path.exists(self.export(".longhaul", "staging", "t-reader")))
         self.wait_log("site-b", "refused request from site-c for transfer t-reader")
-        self.assertEqual(self.metric("site-b", "longhaul_export_access_refused_total",
+        self.assertEqual(self.sites.metric("site-b", "longhaul_export_access_refused_total",
                                      {"peer": "site-c", "export": "ckpt"}), 1)
 
         # A real daemon gets the same answer, and its transfer fails with it.
@@ -135,7 +124,7 @@ class ExportWritersTest(AccessTestCase):
         self.assertEqual(result["state"], "FAILED")
         self.assertIn("site-c may not write into export ckpt", result["error"])
         self.assertEqual(self.visible_entries(), [])
-        self.assertEqual(self.metric("site-b", "longhaul_export_access_refused_total",
+        self.assertEqual(self.sites.metric("site-b", "longhaul_export_access_refused_total",
                                      {"peer": "site-c", "export": "ckpt"}), 2)
 
         # The writer still can.
@@ -274,7 +263,7 @@ class SharedExportTest(AccessTestCase):
             answer = peer.publish(f"t-{len(dest)}", "ckpt", dest, model, single_file=single)
             self.assert_refused(answer, "site-a", "site-c")
         self.assertEqual(lh.tree_digest(self.export("run1")), before)
-        self.assertEqual(self.metric("site-b", "longhaul_export_access_refused_total",
+        self.assertEqual(self.sites.metric("site-b", "longhaul_export_access_refused_total",
                                      {"peer": "site-c", "export": "ckpt"}), 4)
 
         # Through a real daemon: the transfer fails with the owner's name.
