@@ -1,9 +1,11 @@
 #include "storage/file_io.h"
 
 #include <liburing.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +20,10 @@ namespace longhaul::storage {
 
 using internal::ErrnoError;
 using internal::FdPath;
+
+absl::Status FileIo::RegisterBuffers(const BufferPool& /*pool*/) {
+  return absl::UnimplementedError(absl::StrCat(std::string(name()), " has no registered buffers"));
+}
 
 absl::StatusOr<size_t> FileIo::ReadAt(int fd, uint64_t offset, absl::Span<uint8_t> buf) {
   return ReadAtStreaming(fd, offset, buf, [](absl::Span<const uint8_t>) {});
@@ -93,7 +99,57 @@ absl::StatusOr<std::unique_ptr<IoUringFileIo>> IoUringFileIo::Create(unsigned qu
 IoUringFileIo::IoUringFileIo(std::unique_ptr<Ring> ring, unsigned queue_depth)
     : ring_(std::move(ring)), queue_depth_(queue_depth) {}
 
-IoUringFileIo::~IoUringFileIo() { io_uring_queue_exit(&ring_->ring); }
+IoUringFileIo::~IoUringFileIo() {
+  io_uring_queue_exit(&ring_->ring);  // drops the registered buffers with the ring
+  if (pool_ != nullptr) pool_->registrations_.fetch_sub(1);
+}
+
+absl::Status IoUringFileIo::RegisterBuffers(const BufferPool& pool) {
+  if (pool_ != nullptr) {
+    return absl::FailedPreconditionError("this io_uring ring already has a buffer pool registered");
+  }
+  std::vector<iovec> iovecs(pool.count());
+  for (size_t i = 0; i < pool.count(); ++i) {
+    iovecs[i].iov_base = pool.base() + i * pool.buffer_size();
+    iovecs[i].iov_len = pool.buffer_size();
+  }
+  const int ret =
+      io_uring_register_buffers(&ring_->ring, iovecs.data(), static_cast<unsigned>(iovecs.size()));
+  if (ret < 0) {
+    absl::Status refused = ErrnoError(-ret,
+                                      absl::StrCat("io_uring_register_buffers (", pool.count(),
+                                                   " x ", pool.buffer_size(), " bytes)"),
+                                      "of the chunk buffer pool");
+    if (ret == -ENOMEM) {
+      refused = absl::ResourceExhaustedError(
+          absl::StrCat(refused.message(), "; RLIMIT_MEMLOCK (ulimit -l) is too low to pin it"));
+    }
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) {
+      spdlog::warn(
+          "storage: chunk buffers not registered with io_uring, using normal reads and "
+          "writes: {}",
+          std::string(refused.message()));
+    }
+    return refused;
+  }
+  pool_ = &pool;
+  pool.registrations_.fetch_add(1);
+  return absl::OkStatus();
+}
+
+void IoUringFileIo::UnregisterBuffers() {
+  if (pool_ == nullptr) return;
+  const int ret = io_uring_unregister_buffers(&ring_->ring);
+  if (ret < 0) {
+    // The kernel still pins the pool for this ring; keeping pool_ set keeps
+    // the pool's destructor from unmapping it under the ring.
+    spdlog::error("storage: io_uring_unregister_buffers: {}", std::strerror(-ret));
+    return;
+  }
+  pool_->registrations_.fetch_sub(1);
+  pool_ = nullptr;
+}
 
 namespace {
 
@@ -105,18 +161,32 @@ struct SubRequest {
   bool finished = false;  // complete, or ended early at EOF
 };
 
-void PrepSub(io_uring* ring, bool write, int fd, uint64_t offset, uint8_t* base,
+// The ring and what it needs to prepare one request.
+struct RingContext {
+  io_uring* ring;
+  const BufferPool* pool;    // registered with `ring`, or nullptr
+  uint64_t* fixed_requests;  // counts READ_FIXED / WRITE_FIXED submissions
+};
+
+void PrepSub(const RingContext& ctx, bool write, int fd, uint64_t offset, uint8_t* base,
              const SubRequest& sub, uint64_t user_data) {
-  io_uring_sqe* sqe = io_uring_get_sqe(ring);
+  io_uring_sqe* sqe = io_uring_get_sqe(ctx.ring);
   // Never null: at most queue_depth requests are in flight and every prepared
   // SQE is submitted before the next wait.
   const size_t pos = sub.start + sub.done;
-  if (write) {
-    io_uring_prep_write(sqe, fd, base + pos, static_cast<unsigned>(sub.len - sub.done),
-                        offset + pos);
+  const auto len = static_cast<unsigned>(sub.len - sub.done);
+  const int fixed = ctx.pool == nullptr ? -1 : ctx.pool->BufferIndexOf(base + pos, len);
+  if (fixed >= 0) {
+    ++*ctx.fixed_requests;
+    if (write) {
+      io_uring_prep_write_fixed(sqe, fd, base + pos, len, offset + pos, fixed);
+    } else {
+      io_uring_prep_read_fixed(sqe, fd, base + pos, len, offset + pos, fixed);
+    }
+  } else if (write) {
+    io_uring_prep_write(sqe, fd, base + pos, len, offset + pos);
   } else {
-    io_uring_prep_read(sqe, fd, base + pos, static_cast<unsigned>(sub.len - sub.done),
-                       offset + pos);
+    io_uring_prep_read(sqe, fd, base + pos, len, offset + pos);
   }
   io_uring_sqe_set_data64(sqe, user_data);
 }
@@ -125,7 +195,7 @@ void PrepSub(io_uring* ring, bool write, int fd, uint64_t offset, uint8_t* base,
 // Reads deliver completed sub-blocks to `on_block` in order and stop at EOF.
 // Always drains every request in flight before returning, since they point
 // into the caller's buffer.
-absl::StatusOr<size_t> RunSplit(io_uring* ring, unsigned depth, bool write, int fd,
+absl::StatusOr<size_t> RunSplit(const RingContext& ctx, unsigned depth, bool write, int fd,
                                 uint64_t offset, uint8_t* base, size_t size,
                                 absl::FunctionRef<void(absl::Span<const uint8_t>)> on_block) {
   const size_t block = FileIo::kSubBlockSize;
@@ -144,14 +214,14 @@ absl::StatusOr<size_t> RunSplit(io_uring* ring, unsigned depth, bool write, int 
 
   while (true) {
     while (!stop && inflight < depth && next_submit < count) {
-      PrepSub(ring, write, fd, offset, base, subs[next_submit], next_submit);
+      PrepSub(ctx, write, fd, offset, base, subs[next_submit], next_submit);
       ++next_submit;
       ++inflight;
     }
     if (inflight == 0) break;
     // Submits whatever is prepared (including after a transient failure)
     // and waits for one completion.
-    int ret = io_uring_submit_and_wait(ring, 1);
+    int ret = io_uring_submit_and_wait(ctx.ring, 1);
     if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
       // The ring itself is unusable (EBADF, EFAULT, ...) while the kernel may
       // still hold pointers into the caller's buffer: an invariant is broken.
@@ -159,14 +229,14 @@ absl::StatusOr<size_t> RunSplit(io_uring* ring, unsigned depth, bool write, int 
       std::abort();
     }
     io_uring_cqe* cqe = nullptr;
-    if (io_uring_peek_cqe(ring, &cqe) != 0 || cqe == nullptr) continue;
+    if (io_uring_peek_cqe(ctx.ring, &cqe) != 0 || cqe == nullptr) continue;
     const size_t idx = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
     const int res = cqe->res;
-    io_uring_cqe_seen(ring, cqe);
+    io_uring_cqe_seen(ctx.ring, cqe);
     --inflight;
     SubRequest& sub = subs[idx];
     if (res == -EINTR || res == -EAGAIN) {
-      PrepSub(ring, write, fd, offset, base, sub, idx);
+      PrepSub(ctx, write, fd, offset, base, sub, idx);
       ++inflight;
       continue;
     }
@@ -191,7 +261,7 @@ absl::StatusOr<size_t> RunSplit(io_uring* ring, unsigned depth, bool write, int 
     } else {
       sub.done += static_cast<size_t>(res);
       if (sub.done < sub.len) {
-        PrepSub(ring, write, fd, offset, base, sub, idx);  // short: continue
+        PrepSub(ctx, write, fd, offset, base, sub, idx);  // short: continue
         ++inflight;
       } else {
         sub.finished = true;
@@ -220,16 +290,17 @@ absl::StatusOr<size_t> IoUringFileIo::ReadAtStreaming(
     int fd, uint64_t offset, absl::Span<uint8_t> buf,
     absl::FunctionRef<void(absl::Span<const uint8_t>)> on_block) {
   if (buf.empty()) return 0;
-  return RunSplit(&ring_->ring, queue_depth_, /*write=*/false, fd, offset, buf.data(),
-                  buf.size(), on_block);
+  return RunSplit({&ring_->ring, pool_, &fixed_requests_}, queue_depth_, /*write=*/false, fd,
+                  offset, buf.data(), buf.size(), on_block);
 }
 
 absl::Status IoUringFileIo::WriteAt(int fd, uint64_t offset, absl::Span<const uint8_t> data) {
   if (data.empty()) return absl::OkStatus();
   // The kernel only reads from the buffer for a write.
   auto* base = const_cast<uint8_t*>(data.data());
-  absl::StatusOr<size_t> n = RunSplit(&ring_->ring, queue_depth_, /*write=*/true, fd, offset,
-                                      base, data.size(), [](absl::Span<const uint8_t>) {});
+  absl::StatusOr<size_t> n =
+      RunSplit({&ring_->ring, pool_, &fixed_requests_}, queue_depth_, /*write=*/true, fd, offset,
+               base, data.size(), [](absl::Span<const uint8_t>) {});
   return n.status();
 }
 

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "storage/buffer_pool.h"
 
 namespace longhaul::storage {
 
@@ -47,6 +48,27 @@ class FileIo {
 
   // fdatasync(2): the data written so far (and the size) is durable on return.
   virtual absl::Status SyncData(int fd) = 0;
+
+  // Lets this FileIo do the I/O of every (sub-)request whose bytes lie inside
+  // one buffer of `pool` with the kernel's standing pin of that buffer
+  // (io_uring registered buffers, IORING_OP_READ_FIXED / WRITE_FIXED) rather
+  // than pinning the caller's pages per request. The caller needs to do
+  // nothing else: ReadAt*/WriteAt find the buffer from the span's address,
+  // and every other span is done as before. Buffered and O_DIRECT
+  // descriptors both work.
+  //
+  // At most one pool per FileIo, and any number of FileIos may register the
+  // same pool (each ring pins it once). `pool` must outlive this FileIo or
+  // its UnregisterBuffers() (BufferPool's destructor aborts otherwise).
+  //
+  // An error means nothing was registered and the FileIo goes on with the
+  // normal operations: Unimplemented for PosixFileIo; for IoUringFileIo the
+  // kernel's refusal (ResourceExhausted for RLIMIT_MEMLOCK, InvalidArgument
+  // on an old kernel), logged at warning level the first
+  // time in the process; FailedPrecondition when a pool is already registered.
+  virtual absl::Status RegisterBuffers(const BufferPool& pool);
+  // Drops the registration, if any; later requests use the normal operations.
+  virtual void UnregisterBuffers() {}
 
   // "io_uring" or "pread", for logs and metrics.
   virtual std::string_view name() const = 0;
@@ -83,13 +105,23 @@ class IoUringFileIo final : public FileIo {
       absl::FunctionRef<void(absl::Span<const uint8_t>)> on_block) override;
   absl::Status WriteAt(int fd, uint64_t offset, absl::Span<const uint8_t> data) override;
   absl::Status SyncData(int fd) override;
+  absl::Status RegisterBuffers(const BufferPool& pool) override;
+  void UnregisterBuffers() override;
   std::string_view name() const override { return "io_uring"; }
+
+  // The pool registered with this ring, or nullptr.
+  const BufferPool* registered_pool() const { return pool_; }
+  // Sub-requests submitted as READ_FIXED / WRITE_FIXED so far (for tests and
+  // metrics): each is one that did not pin pages itself.
+  uint64_t fixed_requests() const { return fixed_requests_; }
 
  private:
   struct Ring;  // liburing's io_uring, kept out of this header
   IoUringFileIo(std::unique_ptr<Ring> ring, unsigned queue_depth);
   std::unique_ptr<Ring> ring_;
   const unsigned queue_depth_;
+  const BufferPool* pool_ = nullptr;
+  uint64_t fixed_requests_ = 0;
 };
 
 // Returns an IoUringFileIo when `prefer_io_uring` and io_uring works here,

@@ -1,14 +1,11 @@
 // Staged chunk I/O with O_DIRECT on a file system that takes it (ext4 under
 // TEST_TMPDIR or /tmp) and buffered on one that refuses it (tmpfs /dev/shm).
 #include <fcntl.h>
-#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,17 +22,14 @@ namespace longhaul::storage {
 namespace {
 
 using testing::Bytes;
+using testing::IsTmpfs;
 using testing::MakeDirs;
+using testing::ShmDir;
 using testing::TempDir;
 
 constexpr uint64_t kChunk = 64 << 10;
 // Three whole chunks and a last one that is not a multiple of the block size.
 constexpr uint64_t kFileSize = 3 * kChunk + 1000;
-
-bool IsTmpfs(const std::string& path) {
-  struct statfs st;
-  return statfs(path.c_str(), &st) == 0 && st.f_type == TMPFS_MAGIC;
-}
 
 // How many of the pages of [offset, offset + len) of `fd` are in the page
 // cache (mincore on a mapping, which does not fault them in).
@@ -56,26 +50,6 @@ size_t ResidentPages(int fd, uint64_t offset, size_t len) {
   munmap(map, len);
   return resident;
 }
-
-// A temporary directory on tmpfs /dev/shm, removed with what it holds.
-class ShmDir {
- public:
-  ShmDir() {
-    char tmpl[] = "/dev/shm/longhaul-direct-XXXXXX";
-    if (IsTmpfs("/dev/shm") && mkdtemp(tmpl) != nullptr) path_ = tmpl;
-  }
-  ~ShmDir() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-  }
-  ShmDir(const ShmDir&) = delete;
-  ShmDir& operator=(const ShmDir&) = delete;
-  // Empty when /dev/shm is not a usable tmpfs here.
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 std::vector<uint8_t> Pread(int fd, uint64_t offset, size_t len) {
   std::vector<uint8_t> out(len);

@@ -1,7 +1,9 @@
 #include "tests/storage/test_util.h"
 
+#include <linux/magic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 
 #include <filesystem>
 #include <fstream>
@@ -32,6 +34,21 @@ TempDir::~TempDir() {
     }
   }
   std::filesystem::remove_all(path_, ec);
+}
+
+bool IsTmpfs(const std::string& path) {
+  struct statfs st;
+  return statfs(path.c_str(), &st) == 0 && st.f_type == TMPFS_MAGIC;
+}
+
+ShmDir::ShmDir() {
+  char tmpl[] = "/dev/shm/longhaul-storage-XXXXXX";
+  if (IsTmpfs("/dev/shm") && mkdtemp(tmpl) != nullptr) path_ = tmpl;
+}
+
+ShmDir::~ShmDir() {
+  std::error_code ignored;
+  if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
 }
 
 std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {

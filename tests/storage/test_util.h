@@ -27,6 +27,24 @@ class TempDir {
   std::string path_;
 };
 
+// A fresh directory on tmpfs /dev/shm, removed with what it holds.
+class ShmDir {
+ public:
+  ShmDir();
+  ~ShmDir();
+  ShmDir(const ShmDir&) = delete;
+  ShmDir& operator=(const ShmDir&) = delete;
+  // Empty when /dev/shm is not a usable tmpfs here.
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Whether `path` is on tmpfs (which keeps file data in memory and, before
+// Linux 6.6, refuses O_DIRECT).
+bool IsTmpfs(const std::string& path);
+
 // Deterministic pseudo-random bytes.
 std::vector<uint8_t> Bytes(size_t n, uint32_t seed);
 void WriteFile(const std::string& path, const std::vector<uint8_t>& data);
