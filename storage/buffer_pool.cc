@@ -1,6 +1,5 @@
 #include "storage/buffer_pool.h"
 
-#include <sys/mman.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -11,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "storage/chunk_io.h"
 #include "storage/file_system.h"
 
 namespace longhaul::storage {
@@ -66,15 +66,12 @@ absl::StatusOr<std::unique_ptr<BufferPool>> BufferPool::Create(size_t count, siz
         absl::StrCat("buffer pool of ", count, " buffers of ", buffer_size, " bytes overflows"));
   }
   const size_t bytes = count * buffer_size;
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
+  uint8_t* p = MapChunkMemory(bytes);
+  if (p == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("mapping a buffer pool of ", bytes, " bytes: ", std::strerror(errno)));
   }
-  // Fewer TLB misses and, once registered with io_uring, fewer pinned pages
-  // to walk. Advisory: ignored where THP is off.
-  (void)madvise(p, bytes, MADV_HUGEPAGE);
-  return std::unique_ptr<BufferPool>(new BufferPool(static_cast<uint8_t*>(p), count, buffer_size));
+  return std::unique_ptr<BufferPool>(new BufferPool(p, count, buffer_size));
 }
 
 BufferPool::BufferPool(uint8_t* base, size_t count, size_t buffer_size)
@@ -89,7 +86,7 @@ BufferPool::~BufferPool() {
     Check(free_.size() == count_, "buffer pool destroyed with leases outstanding");
   }
   Check(registrations_.load() == 0, "buffer pool destroyed while registered with an io_uring ring");
-  munmap(base_, region_size());
+  UnmapChunkMemory(base_, region_size());
 }
 
 absl::StatusOr<BufferPool::Lease> BufferPool::Acquire(absl::Time deadline) {

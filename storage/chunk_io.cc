@@ -13,6 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "storage/posix_util.h"
 
+#include <sys/mman.h>
+
 namespace longhaul::storage {
 
 std::array<uint8_t, 16> Xxh128::ToBytes() const {
@@ -79,15 +81,38 @@ absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, int fd, uint64_t offset,
   return Xxh128{h.low64, h.high64};
 }
 
+uint8_t* MapChunkMemory(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  (void)madvise(p, bytes, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+  return static_cast<uint8_t*>(p);
+}
+
+void UnmapChunkMemory(uint8_t* p, size_t bytes) {
+  if (p != nullptr) munmap(p, bytes);
+}
+
+namespace {
+constexpr size_t kMapAlignedFrom = 1u << 20;
+}  // namespace
+
 AlignedBuffer::AlignedBuffer(size_t size)
-    : capacity_((std::max<size_t>(size, 1) + kDirectIoAlignment - 1) / kDirectIoAlignment *
-                kDirectIoAlignment) {
-  void* p = std::aligned_alloc(kDirectIoAlignment, capacity_);
+    : data_(nullptr, Free{(std::max<size_t>(size, 1) + kDirectIoAlignment - 1) /
+                          kDirectIoAlignment * kDirectIoAlignment}),
+      capacity_(data_.get_deleter().capacity) {
+  void* p = capacity_ >= kMapAlignedFrom ? MapChunkMemory(capacity_)
+                                         : std::aligned_alloc(kDirectIoAlignment, capacity_);
   if (p == nullptr) std::abort();
   data_.reset(static_cast<uint8_t*>(p));
 }
 
-void AlignedBuffer::Free::operator()(uint8_t* p) const { std::free(p); }
+void AlignedBuffer::Free::operator()(uint8_t* p) const {
+  if (capacity >= kMapAlignedFrom) {
+    UnmapChunkMemory(p, capacity);
+  } else {
+    std::free(p);
+  }
+}
 
 absl::Status WriteChunk(FileIo& io, const File& file, uint64_t offset,
                         absl::Span<const uint8_t> data) {

@@ -1,7 +1,5 @@
 #include "daemon/peer/messaging.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -11,6 +9,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "storage/chunk_io.h"
 #include "xxhash.h"
 
 namespace longhaul::peer {
@@ -80,16 +79,14 @@ GrowingBuffer::Storage GrowingBuffer::Allocate(size_t capacity) {
   if (capacity < kMapThreshold) {
     return Storage(new (std::nothrow) uint8_t[capacity], Free{capacity});
   }
-  void* p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return Storage(nullptr, Free{capacity});
-  return Storage(static_cast<uint8_t*>(p), Free{capacity});
+  return Storage(storage::MapChunkMemory(capacity), Free{capacity});
 }
 
 void GrowingBuffer::Free::operator()(uint8_t* p) const {
   if (capacity < kMapThreshold) {
     delete[] p;
   } else {
-    munmap(p, capacity);
+    storage::UnmapChunkMemory(p, capacity);
   }
 }
 
