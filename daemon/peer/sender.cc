@@ -292,10 +292,10 @@ absl::Status TransferSender::RunAttempt() {
   absl::flat_hash_set<uint64_t> durable;
   for (const v1::ChunkId& id : reply.durable())
     durable.insert(ChunkKey(id.file_index(), id.chunk_index()));
-  // A piece size out of bounds is the peer's mistake; pieces then are whole
-  // chunks, which every destination accepts.
-  uint64_t durable_piece = reply.durable_piece();
-  if (durable_piece != 0 && (durable_piece < kMinDurablePiece || durable_piece > chunk_size)) {
+  // A piece is at most a chunk. One below kMinDurablePiece is the peer's
+  // mistake; pieces then are whole chunks, which every destination accepts.
+  uint64_t durable_piece = std::min<uint64_t>(reply.durable_piece(), chunk_size);
+  if (durable_piece != 0 && durable_piece < std::min(kMinDurablePiece, chunk_size)) {
     spdlog::warn("transfer {}: {} announced durable pieces of {} bytes; using whole chunks",
                  record.id(), spec.dest_site(), durable_piece);
     durable_piece = chunk_size;
@@ -491,17 +491,19 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
   };
 
   // Bytes sent on this stream and not acknowledged durable stay within one
-  // chunk size: a crash re-sends at most that. The window slides by durable
-  // pieces (CHUNK_PROGRESS), so while the receiver syncs a piece, the rest
-  // of the window is on the wire; a chunk frame is written a piece at a time
-  // as the window allows, and the next chunk's first pieces leave while the
-  // last ones of this chunk are being made durable. A destination that
-  // acknowledges whole chunks only gets two chunk sizes, so that a chunk is
-  // on the wire while the one before it is synced (with one, the wan-lossy
-  // udp run lost ~5 % of its goodput); small chunks (ends of files, small
-  // files) do not cost a round trip each either way.
+  // chunk size, or two pieces where a chunk is smaller than that: a crash
+  // re-sends at most that. The window slides by durable pieces
+  // (CHUNK_PROGRESS), so while the receiver syncs a piece the rest of the
+  // window is on the wire: a chunk frame is written a piece at a time as the
+  // window allows, and the next chunk's first pieces leave while the last
+  // ones of this chunk are made durable. With one piece in the window the
+  // stream would idle for a round trip and an fdatasync per piece (with one
+  // chunk, before pieces, the wan-lossy udp run lost ~5 % of its goodput so).
+  // A destination that acknowledges whole chunks only gets two chunk sizes.
+  // Small chunks (ends of files, small files) do not cost a round trip each
+  // either way.
   const uint64_t slice_size = durable_piece > 0 ? durable_piece : chunk_size;
-  SendWindow window(durable_piece > 0 ? chunk_size
+  SendWindow window(durable_piece > 0 ? std::max(chunk_size, 2 * durable_piece)
                                       : kMaxUnackedChunkSizesWithoutPieces * chunk_size);
   auto update_resent = [&] {
     // Bytes that left more than once: everything sent beyond what is durable

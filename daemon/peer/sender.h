@@ -78,7 +78,8 @@ class SendWindow {
 
   // Whether `bytes` more may be sent now: with nothing unacknowledged
   // always; otherwise when the unacknowledged bytes plus these stay within
-  // the limit and fewer than kMaxChunks chunks are open.
+  // the limit and at most kMaxChunks chunks are open (the one being sent
+  // among them).
   bool Fits(uint64_t bytes) const;
   // A chunk frame of the `size`-byte chunk starts at byte `start` of it.
   void Begin(uint32_t file_index, uint32_t chunk_index, uint64_t size, uint64_t start);
@@ -109,10 +110,11 @@ using LinkObserver = std::function<void(const std::string& site, const transport
 // Drives one outgoing transfer to its end: opens a session with the
 // destination, sends every chunk it lacks over N streams, re-sends files
 // whose source changed, and asks the destination to publish. Per stream at
-// most one chunk size of bytes is unacknowledged: the destination reports
-// durable pieces of a chunk as they are synced (CHUNK_PROGRESS) and, after a
-// crash, the durable prefix of each chunk it holds part of, which is not sent
-// again. So a crash of either side re-sends at most streams x chunk size. A
+// most one chunk size of bytes (two durable pieces, if that is more) is
+// unacknowledged: the destination reports durable pieces of a chunk as they
+// are synced (CHUNK_PROGRESS) and, after a crash, the durable prefix of each
+// chunk it holds part of, which is not sent again. So a crash of either side
+// re-sends at most streams x max(chunk size, 2 pieces). A
 // destination without durable pieces (an older version) acknowledges whole
 // chunks only; then two chunk sizes per stream are unacknowledged, and a
 // crash re-sends up to twice as much.
