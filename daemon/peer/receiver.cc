@@ -55,10 +55,12 @@ absl::Time LastActive(const v1::IncomingTransfer& r) {
 
 // Feeds the bytes [offset, offset + length) of a staged file to `state`,
 // read from the device where the file has a direct descriptor and the range
-// is aligned. DataLoss when the file ends first.
+// is aligned. DataLoss when the file ends first. Reads kReadPiece bytes at a
+// time (as much as a stream's scratch for skipped payload): it runs once per
+// resumed chunk, and holds nothing beside the stream's budgeted piece buffer.
 absl::Status HashStagedRange(storage::FileIo& io, const storage::File& file, uint64_t offset,
                              uint64_t length, XXH3_state_t& state) {
-  storage::AlignedBuffer buffer(std::min(length, Receiver::kDurablePiece));
+  storage::AlignedBuffer buffer(std::min<uint64_t>(length, kReadPiece));
   for (uint64_t done = 0; done < length;) {
     const size_t n = std::min<uint64_t>(length - done, buffer.capacity());
     const absl::Span<uint8_t> span = buffer.span(n);
