@@ -67,7 +67,8 @@ absl::Status HashStagedRange(storage::FileIo& io, const storage::File& file, uin
     const bool direct = file.direct_fd() >= 0 &&
                         (offset + done) % storage::kDirectIoAlignment == 0 &&
                         n % storage::kDirectIoAlignment == 0;
-    absl::StatusOr<size_t> got = io.ReadAt(direct ? file.direct_fd() : file.fd(), offset + done, span);
+    absl::StatusOr<size_t> got =
+        io.ReadAt(direct ? file.direct_fd() : file.fd(), offset + done, span);
     if (direct && absl::IsInvalidArgument(got.status())) {
       got = io.ReadAt(file.fd(), offset + done, span);
     }
@@ -968,7 +969,9 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     if (!stored.ok()) {
       spdlog::warn("transfer {}: cannot store chunk {} of {}: {}", transfer_id,
                    chunk->chunk_index, file.path(), stored.message());
-      if (!send_ack(*chunk, ChunkAck::Result::kRetryLater, std::string(stored.message())).ok()) break;
+      if (!send_ack(*chunk, ChunkAck::Result::kRetryLater, std::string(stored.message())).ok()) {
+        break;
+      }
       continue;
     }
     {
