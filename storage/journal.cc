@@ -305,7 +305,7 @@ absl::Status Journal::OpenDbLocked() {
   rocksdb::Status s = rocksdb::DB::ListColumnFamilies(options, dir_, &names);
   if (!s.ok()) names.clear();  // a new database: only ours
   for (const char* cf : {rocksdb::kDefaultColumnFamilyName.c_str(), kOutgoingCf, kIncomingCf,
-                         kChunksCf, kRequestsCf, kCountersCf}) {
+                         kChunksCf, kRequestsCf, kCountersCf, kPartialChunksCf}) {
     if (std::find(names.begin(), names.end(), cf) == names.end()) names.push_back(cf);
   }
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
@@ -332,6 +332,7 @@ absl::Status Journal::OpenDbLocked() {
     if (h->GetName() == kChunksCf) chunks_ = h;
     if (h->GetName() == kRequestsCf) requests_ = h;
     if (h->GetName() == kCountersCf) counters_ = h;
+    if (h->GetName() == kPartialChunksCf) partial_chunks_ = h;
   }
 
   wal_recoveries_.clear();
@@ -356,7 +357,7 @@ void Journal::CloseDbLocked() {
   if (db_ == nullptr) return;
   for (rocksdb::ColumnFamilyHandle* h : handles_) db_->DestroyColumnFamilyHandle(h);
   handles_.clear();
-  outgoing_ = incoming_ = chunks_ = requests_ = counters_ = nullptr;
+  outgoing_ = incoming_ = chunks_ = requests_ = counters_ = partial_chunks_ = nullptr;
   // Synced writes are already durable; a database stopped by an error
   // reports that error again here.
   db_->Close().PermitUncheckedError();
@@ -633,15 +634,65 @@ absl::Status Journal::RecordDurableChunks(std::string_view transfer_id,
   rocksdb::WriteBatch batch;
   std::string value;
   for (const ChunkDurability& c : chunks) {
+    const std::string key = ChunkKey(transfer_id, c.file_index, c.chunk_index);
     value.clear();
-    c.chunk.SerializeToString(&value);
-    rocksdb::Status s =
-        batch.Put(chunks_, ToSlice(ChunkKey(transfer_id, c.file_index, c.chunk_index)), value);
+    rocksdb::Status s;
+    if (c.prefix_bytes == 0) {
+      c.chunk.SerializeToString(&value);
+      s = batch.Put(chunks_, ToSlice(key), value);
+      if (s.ok()) s = batch.Delete(partial_chunks_, ToSlice(key));
+    } else {
+      v1::DurablePrefix partial;
+      partial.set_durable_bytes(c.prefix_bytes);
+      partial.set_generation(c.chunk.generation());
+      partial.SerializeToString(&value);
+      s = batch.Put(partial_chunks_, ToSlice(key), value);
+    }
     if (!s.ok()) return FromRocks(s, "batch", dir_);
   }
   return WriteLocked(
       batch, /*sync=*/true,
       absl::StrCat("record ", chunks.size(), " durable chunks of ", Av(transfer_id)));
+}
+
+absl::StatusOr<std::vector<ChunkDurability>> Journal::ListChunksLocked(
+    rocksdb::ColumnFamilyHandle* cf, const char* cf_name, std::string_view transfer_id,
+    bool partial) {
+  const std::string prefix = ChunkPrefix(transfer_id);
+  std::vector<ChunkDurability> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cf));
+  for (it->Seek(prefix); it->Valid(); it->Next()) {
+    std::string_view key = it->key().ToStringView();
+    if (key.substr(0, prefix.size()) != prefix) break;
+    if (key.size() != prefix.size() + 8) {
+      return absl::DataLossError(absl::StrCat("journal: malformed chunk key \"",
+                                              absl::CHexEscape(Av(key)), "\" in column family ",
+                                              cf_name));
+    }
+    ChunkDurability c;
+    c.file_index = ReadBigEndian32(key.data() + prefix.size());
+    c.chunk_index = ReadBigEndian32(key.data() + prefix.size() + 4);
+    if (partial) {
+      absl::StatusOr<v1::DurablePrefix> p =
+          Parse<v1::DurablePrefix>(it->value().ToStringView(), cf_name, key);
+      if (!p.ok()) return p.status();
+      if (p->durable_bytes() == 0) {
+        return absl::DataLossError(absl::StrCat("journal: partial chunk record \"",
+                                                absl::CHexEscape(Av(key)),
+                                                "\" holds no durable bytes"));
+      }
+      c.prefix_bytes = p->durable_bytes();
+      c.chunk.set_generation(p->generation());
+    } else {
+      absl::StatusOr<v1::DurableChunk> p =
+          Parse<v1::DurableChunk>(it->value().ToStringView(), cf_name, key);
+      if (!p.ok()) return p.status();
+      c.chunk = *std::move(p);
+    }
+    out.push_back(std::move(c));
+  }
+  if (!it->status().ok()) return FromRocks(it->status(), "scan chunks", dir_);
+  return out;
 }
 
 absl::StatusOr<std::vector<ChunkDurability>> Journal::ListDurableChunks(
@@ -650,28 +701,31 @@ absl::StatusOr<std::vector<ChunkDurability>> Journal::ListDurableChunks(
   MaybeRecover(/*writing=*/false);
   absl::ReaderMutexLock lock(&db_mu_);
   if (absl::Status s = OpenedLocked(); !s.ok()) return s;
-  const std::string prefix = ChunkPrefix(transfer_id);
-  std::vector<ChunkDurability> out;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), chunks_));
-  for (it->Seek(prefix); it->Valid(); it->Next()) {
-    std::string_view key = it->key().ToStringView();
-    if (key.substr(0, prefix.size()) != prefix) break;
-    if (key.size() != prefix.size() + 8) {
-      return absl::DataLossError(absl::StrCat("journal: malformed chunk key \"",
-                                              absl::CHexEscape(Av(key)), "\" in column family ",
-                                              kChunksCf));
-    }
-    ChunkDurability c;
-    c.file_index = ReadBigEndian32(key.data() + prefix.size());
-    c.chunk_index = ReadBigEndian32(key.data() + prefix.size() + 4);
-    absl::StatusOr<v1::DurableChunk> p =
-        Parse<v1::DurableChunk>(it->value().ToStringView(), kChunksCf, key);
-    if (!p.ok()) return p.status();
-    c.chunk = *std::move(p);
-    out.push_back(std::move(c));
-  }
-  if (!it->status().ok()) return FromRocks(it->status(), "scan chunks", dir_);
-  return out;
+  return ListChunksLocked(chunks_, kChunksCf, transfer_id, /*partial=*/false);
+}
+
+absl::StatusOr<std::vector<ChunkDurability>> Journal::ListPartialChunks(
+    std::string_view transfer_id) {
+  if (absl::Status s = CheckId(transfer_id, "transfer id"); !s.ok()) return s;
+  MaybeRecover(/*writing=*/false);
+  absl::ReaderMutexLock lock(&db_mu_);
+  if (absl::Status s = OpenedLocked(); !s.ok()) return s;
+  return ListChunksLocked(partial_chunks_, kPartialChunksCf, transfer_id, /*partial=*/true);
+}
+
+absl::Status Journal::DeletePartialChunk(std::string_view transfer_id, uint32_t file_index,
+                                         uint32_t chunk_index) {
+  if (absl::Status s = CheckId(transfer_id, "transfer id"); !s.ok()) return s;
+  MaybeRecover(/*writing=*/true);
+  absl::ReaderMutexLock lock(&db_mu_);
+  if (absl::Status s = OpenedLocked(); !s.ok()) return s;
+  rocksdb::WriteBatch batch;
+  rocksdb::Status s =
+      batch.Delete(partial_chunks_, ToSlice(ChunkKey(transfer_id, file_index, chunk_index)));
+  if (!s.ok()) return FromRocks(s, "batch", dir_);
+  return WriteLocked(batch, /*sync=*/true,
+                     absl::StrCat("delete partial chunk ", chunk_index, " of file ", file_index,
+                                  " of ", Av(transfer_id)));
 }
 
 absl::Status Journal::DeleteChunks(std::string_view transfer_id) {
@@ -684,6 +738,7 @@ absl::Status Journal::DeleteChunks(std::string_view transfer_id) {
   end.push_back('\1');
   rocksdb::WriteBatch batch;
   rocksdb::Status s = batch.DeleteRange(chunks_, begin, end);
+  if (s.ok()) s = batch.DeleteRange(partial_chunks_, begin, end);
   if (!s.ok()) return FromRocks(s, "batch", dir_);
   return WriteLocked(batch, /*sync=*/true, absl::StrCat("delete chunks of ", Av(transfer_id)));
 }
@@ -705,6 +760,7 @@ absl::Status Journal::DeleteFileChunks(std::string_view transfer_id, uint32_t fi
   }
   rocksdb::WriteBatch batch;
   rocksdb::Status s = batch.DeleteRange(chunks_, begin, end);
+  if (s.ok()) s = batch.DeleteRange(partial_chunks_, begin, end);
   if (!s.ok()) return FromRocks(s, "batch", dir_);
   return WriteLocked(batch, /*sync=*/true,
                      absl::StrCat("delete chunks of file ", file_index, " of ", Av(transfer_id)));

@@ -36,6 +36,7 @@ inline constexpr char kIncomingCf[] = "incoming";
 inline constexpr char kChunksCf[] = "chunks";
 inline constexpr char kRequestsCf[] = "requests";
 inline constexpr char kCountersCf[] = "counters";
+inline constexpr char kPartialChunksCf[] = "partial_chunks";
 
 // Key of a chunk record: transfer_id, '\0', big-endian file_index,
 // big-endian chunk_index. Exposed for tests and tools.
@@ -56,11 +57,18 @@ struct JournalStats {
   std::array<uint64_t, kJournalLatencyBoundsUs.size() + 1> synced_buckets{};
 };
 
-// One chunk made durable at the destination.
+// One chunk made durable at the destination, whole or (prefix_bytes > 0)
+// only its first prefix_bytes bytes.
 struct ChunkDurability {
   uint32_t file_index = 0;
   uint32_t chunk_index = 0;
+  // A whole chunk: digest, size and generation. A partial one: only
+  // chunk.generation is used.
   v1::DurableChunk chunk;
+  // 0: the whole chunk is durable (a record of the `chunks` column family).
+  // Otherwise the bytes [0, prefix_bytes) of the chunk are written and
+  // synced and the rest is not (a record of `partial_chunks`).
+  uint64_t prefix_bytes = 0;
 };
 
 struct JournalOptions {
@@ -171,13 +179,23 @@ class Journal {
   absl::Status DeleteIncoming(std::string_view id);
 
   using ChunkDurability = storage::ChunkDurability;
-  // Records chunks as durable in ONE synced WriteBatch. Call only after the
-  // chunk data is fdatasync'ed; acknowledge to the sender only after OK.
+  // Records chunks, whole or partial, as durable in ONE synced WriteBatch.
+  // A whole chunk's record also removes its partial record; a partial one
+  // replaces the chunk's earlier partial record. Call only after the chunk
+  // data is fdatasync'ed; acknowledge to the sender only after OK.
   absl::Status RecordDurableChunks(std::string_view transfer_id,
                                    absl::Span<const ChunkDurability> chunks);
-  // In (file_index, chunk_index) order.
+  // The whole chunks (prefix_bytes 0) in (file_index, chunk_index) order;
+  // never a partial one.
   absl::StatusOr<std::vector<ChunkDurability>> ListDurableChunks(std::string_view transfer_id);
-  // Synced range deletes.
+  // The partial chunks (prefix_bytes > 0) in (file_index, chunk_index)
+  // order. A chunk may have both records only after a crash between the
+  // whole record's write and nothing else: the whole one counts.
+  absl::StatusOr<std::vector<ChunkDurability>> ListPartialChunks(std::string_view transfer_id);
+  // Synced: removes the partial record of one chunk, if any.
+  absl::Status DeletePartialChunk(std::string_view transfer_id, uint32_t file_index,
+                                  uint32_t chunk_index);
+  // Synced range deletes, of whole and partial records alike.
   absl::Status DeleteChunks(std::string_view transfer_id);
   absl::Status DeleteFileChunks(std::string_view transfer_id, uint32_t file_index);
 
@@ -222,6 +240,12 @@ class Journal {
   rocksdb::ColumnFamilyHandle* chunks_ ABSL_GUARDED_BY(db_mu_) = nullptr;
   rocksdb::ColumnFamilyHandle* requests_ ABSL_GUARDED_BY(db_mu_) = nullptr;
   rocksdb::ColumnFamilyHandle* counters_ ABSL_GUARDED_BY(db_mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* partial_chunks_ ABSL_GUARDED_BY(db_mu_) = nullptr;
+  // ListDurableChunks and ListPartialChunks: the records of `cf` under the
+  // transfer's prefix; partial values are v1::DurablePrefix.
+  absl::StatusOr<std::vector<ChunkDurability>> ListChunksLocked(
+      rocksdb::ColumnFamilyHandle* cf, const char* cf_name, std::string_view transfer_id,
+      bool partial) ABSL_SHARED_LOCKS_REQUIRED(db_mu_);
   // Lives as long as the options that point at it.
   std::unique_ptr<WalReplay> wal_replay_ ABSL_GUARDED_BY(db_mu_);
   std::vector<WalRecovery> wal_recoveries_ ABSL_GUARDED_BY(db_mu_);

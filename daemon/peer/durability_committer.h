@@ -14,10 +14,12 @@
 
 namespace longhaul::peer {
 
-// Group commit for received chunks. Stream threads hand in chunks whose bytes
-// are already written to a staging fd; one thread fdatasyncs every distinct
-// fd of the waiting group once, records the whole group in the journal with
-// synced WriteBatches, and only then releases the waiters, who acknowledge.
+// Group commit for received chunks and durable pieces of chunks. Stream
+// threads hand in chunks (or a chunk's durable prefix, prefix_bytes > 0)
+// whose bytes are already written to a staging fd; one thread fdatasyncs
+// every distinct fd of the waiting group once, records the whole group in the
+// journal with synced WriteBatches (whole and partial records alike), and
+// only then releases the waiters, who acknowledge or report progress.
 // Batching lets 8 streams share one fdatasync and one journal sync.
 //
 // Thread-safe. The fds must stay open until MakeDurable returns.
@@ -26,8 +28,8 @@ class DurabilityCommitter {
   explicit DurabilityCommitter(storage::Journal& journal);
   ~DurabilityCommitter();
 
-  // Blocks until the chunk is durable and journaled, or returns the error
-  // that prevented it (then it must not be acknowledged).
+  // Blocks until the chunk (or its prefix) is durable and journaled, or
+  // returns the error that prevented it (then it must not be acknowledged).
   absl::Status MakeDurable(int fd, const std::string& transfer_id,
                            const storage::ChunkDurability& chunk);
 

@@ -32,6 +32,8 @@ const char* TypeName(FrameType type) {
       return "CHUNK";
     case FrameType::kChunkAck:
       return "CHUNK_ACK";
+    case FrameType::kChunkProgress:
+      return "CHUNK_PROGRESS";
   }
   return "unknown";
 }
@@ -72,7 +74,7 @@ absl::StatusOr<FrameHeader> ParseFrameHeader(absl::Span<const uint8_t> bytes,
   }
   uint8_t type = p[5];
   if (type < static_cast<uint8_t>(FrameType::kHello) ||
-      type > static_cast<uint8_t>(FrameType::kChunkAck)) {
+      type > static_cast<uint8_t>(FrameType::kChunkProgress)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown frame type ", type));
   }
   if ((p[6] | p[7]) != 0 || Load32(p + 12) != 0) {
@@ -90,14 +92,14 @@ absl::StatusOr<FrameHeader> ParseFrameHeader(absl::Span<const uint8_t> bytes,
   return header;
 }
 
-// Layout: file_index u32 | chunk_index u32 | generation u32 | reserved u32 |
+// Layout: file_index u32 | chunk_index u32 | generation u32 | offset u32 |
 // xxh128 low u64 | xxh128 high u64.
 void EncodeChunkHeader(const ChunkHeader& header, std::array<uint8_t, kChunkHeaderSize>& out) {
   uint8_t* p = out.data();
   Store32(p, header.file_index);
   Store32(p + 4, header.chunk_index);
   Store32(p + 8, header.generation);
-  Store32(p + 12, 0);
+  Store32(p + 12, header.offset);
   Store64(p + 16, header.xxh128_low);
   Store64(p + 24, header.xxh128_high);
 }
@@ -108,8 +110,8 @@ absl::StatusOr<ChunkHeader> ParseChunkHeader(absl::Span<const uint8_t> bytes) {
         absl::StrCat("chunk header truncated: ", bytes.size(), " of ", kChunkHeaderSize, " bytes"));
   }
   const uint8_t* p = bytes.data();
-  if (Load32(p + 12) != 0) return absl::InvalidArgumentError("chunk header has reserved bits set");
   ChunkHeader header;
+  header.offset = Load32(p + 12);
   header.file_index = Load32(p);
   header.chunk_index = Load32(p + 4);
   header.generation = Load32(p + 8);
@@ -152,6 +154,54 @@ absl::StatusOr<ChunkAck> ParseChunkAck(absl::Span<const uint8_t> bytes) {
   ack.message.assign(reinterpret_cast<const char*>(p + kChunkAckFixedSize),
                      bytes.size() - kChunkAckFixedSize);
   return ack;
+}
+
+absl::Status CheckChunkExtent(uint64_t header_offset, uint64_t payload_bytes,
+                              uint64_t chunk_bytes, uint64_t durable_prefix) {
+  if (header_offset > chunk_bytes || payload_bytes != chunk_bytes - header_offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a chunk frame of ", payload_bytes, " bytes from offset ", header_offset,
+                     " does not end where the ", chunk_bytes, "-byte chunk ends"));
+  }
+  if (header_offset != 0 && header_offset != durable_prefix) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a chunk frame starts at offset ", header_offset, " of its chunk, where ",
+                     durable_prefix, " bytes are durable: it must start at 0 or there"));
+  }
+  return absl::OkStatus();
+}
+
+// Layout: file_index u32 | chunk_index u32 | generation u32 | reserved u32 |
+// durable_bytes u64.
+std::string EncodeChunkProgress(const ChunkProgress& progress) {
+  std::string out(kChunkProgressSize, '\0');
+  auto* p = reinterpret_cast<uint8_t*>(out.data());
+  Store32(p, progress.file_index);
+  Store32(p + 4, progress.chunk_index);
+  Store32(p + 8, progress.generation);
+  Store32(p + 12, 0);
+  Store64(p + 16, progress.durable_bytes);
+  return out;
+}
+
+absl::StatusOr<ChunkProgress> ParseChunkProgress(absl::Span<const uint8_t> bytes) {
+  if (bytes.size() != kChunkProgressSize) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk progress of ", bytes.size(),
+                                                   " bytes (it has ", kChunkProgressSize, ")"));
+  }
+  const uint8_t* p = bytes.data();
+  if (Load32(p + 12) != 0) {
+    return absl::InvalidArgumentError("chunk progress has reserved bits set");
+  }
+  ChunkProgress progress;
+  progress.file_index = Load32(p);
+  progress.chunk_index = Load32(p + 4);
+  progress.generation = Load32(p + 8);
+  progress.durable_bytes = Load64(p + 16);
+  if (progress.durable_bytes == 0) {
+    return absl::InvalidArgumentError("chunk progress reports no durable bytes");
+  }
+  return progress;
 }
 
 }  // namespace longhaul::peer

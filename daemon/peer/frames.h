@@ -22,6 +22,7 @@ inline constexpr uint8_t kFrameVersion = 1;
 inline constexpr size_t kFrameHeaderSize = 24;
 inline constexpr size_t kChunkHeaderSize = 32;
 inline constexpr size_t kChunkAckFixedSize = 16;
+inline constexpr size_t kChunkProgressSize = 24;
 inline constexpr size_t kMaxAckMessage = 1024;
 // Payload ceilings by frame type; a frame declaring more is refused before
 // any of its payload is read. A HELLO names a role, a transfer id and a
@@ -39,6 +40,9 @@ enum class FrameType : uint8_t {
   kControl = 2,   // payload: v1::PeerMessage
   kChunk = 3,     // payload: ChunkHeader + chunk bytes
   kChunkAck = 4,  // payload: ChunkAck
+  // payload: ChunkProgress. Sent only to a sender whose open asked for it
+  // (OpenRequest.durable_pieces): older peers refuse the type.
+  kChunkProgress = 5,
 };
 
 struct FrameHeader {
@@ -53,13 +57,17 @@ void EncodeFrameHeader(const FrameHeader& header, std::array<uint8_t, kFrameHead
 // most `max_payload` (the caller's limit for what it is ready to receive).
 absl::StatusOr<FrameHeader> ParseFrameHeader(absl::Span<const uint8_t> bytes, uint32_t max_payload);
 
-// Leads a kChunk payload; the chunk's bytes follow it.
+// Leads a kChunk payload; the chunk's bytes from `offset` to its end follow
+// it. The digest is always the whole chunk's.
 struct ChunkHeader {
   uint32_t file_index = 0;
   uint32_t chunk_index = 0;
   uint32_t generation = 0;
   uint64_t xxh128_low = 0;
   uint64_t xxh128_high = 0;
+  // Where the payload starts within the chunk: 0, or the durable prefix the
+  // receiver reported (OpenReply.partial), which it does not receive again.
+  uint32_t offset = 0;
 };
 void EncodeChunkHeader(const ChunkHeader& header, std::array<uint8_t, kChunkHeaderSize>& out);
 absl::StatusOr<ChunkHeader> ParseChunkHeader(absl::Span<const uint8_t> bytes);
@@ -81,6 +89,27 @@ struct ChunkAck {
 };
 std::string EncodeChunkAck(const ChunkAck& ack);
 absl::StatusOr<ChunkAck> ParseChunkAck(absl::Span<const uint8_t> bytes);
+
+// Checks a chunk frame's extent against what the receiver holds: its
+// payload of `payload_bytes` starts at `header_offset` and must run exactly
+// to the end of the chunk (`chunk_bytes` long), and it may start only at 0
+// or at `durable_prefix`, the bytes of the chunk the receiver has durable.
+// InvalidArgument, saying which, otherwise.
+absl::Status CheckChunkExtent(uint64_t header_offset, uint64_t payload_bytes,
+                              uint64_t chunk_bytes, uint64_t durable_prefix);
+
+// The receiver's report, mid-chunk, that the chunk's first `durable_bytes`
+// bytes are durable (written, synced and journaled); the sender may count
+// them as acknowledged. The chunk's end is still answered by a ChunkAck.
+struct ChunkProgress {
+  uint32_t file_index = 0;
+  uint32_t chunk_index = 0;
+  uint32_t generation = 0;
+  uint64_t durable_bytes = 0;
+};
+std::string EncodeChunkProgress(const ChunkProgress& progress);
+// Exactly kChunkProgressSize bytes, reserved bits 0, durable_bytes > 0.
+absl::StatusOr<ChunkProgress> ParseChunkProgress(absl::Span<const uint8_t> bytes);
 
 }  // namespace longhaul::peer
 

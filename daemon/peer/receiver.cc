@@ -9,6 +9,9 @@
 #include <optional>
 #include <thread>
 
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include <xxhash.h>
+
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -54,6 +57,36 @@ absl::Time LastActive(const v1::IncomingTransfer& r) {
   return absl::FromUnixMillis(std::max(r.active_unix_ms(), r.created_unix_ms()));
 }
 
+// Feeds the bytes [offset, offset + length) of a staged file to `state`,
+// read from the device where the file has a direct descriptor and the range
+// is aligned. DataLoss when the file ends first. Reads kReadPiece bytes at a
+// time (as much as a stream's scratch for skipped payload): it runs once per
+// resumed chunk, and holds nothing beside the stream's budgeted piece buffer.
+absl::Status HashStagedRange(storage::FileIo& io, const storage::File& file, uint64_t offset,
+                             uint64_t length, XXH3_state_t& state) {
+  storage::AlignedBuffer buffer(std::min<uint64_t>(length, kReadPiece));
+  for (uint64_t done = 0; done < length;) {
+    const size_t n = std::min<uint64_t>(length - done, buffer.capacity());
+    const absl::Span<uint8_t> span = buffer.span(n);
+    const bool direct = file.direct_fd() >= 0 &&
+                        (offset + done) % storage::kDirectIoAlignment == 0 &&
+                        n % storage::kDirectIoAlignment == 0;
+    absl::StatusOr<size_t> got =
+        io.ReadAt(direct ? file.direct_fd() : file.fd(), offset + done, span);
+    if (direct && absl::IsInvalidArgument(got.status())) {
+      got = io.ReadAt(file.fd(), offset + done, span);
+    }
+    if (!got.ok()) return got.status();
+    if (*got != n) {
+      return absl::DataLossError(absl::StrCat("staged file ", file.path(), " ends at byte ",
+                                              offset + done + *got, ", inside a durable prefix"));
+    }
+    XXH3_128bits_update(&state, span.data(), n);
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
 std::string ParentOf(const std::string& relative) {
   const size_t slash = relative.rfind('/');
   return slash == std::string::npos ? "" : relative.substr(0, slash);
@@ -76,6 +109,11 @@ struct Receiver::Session {
   // they were read back after. A chunk counts as checked only while that is
   // still its number in `durable`.
   absl::flat_hash_map<uint64_t, uint64_t> read_back ABSL_GUARDED_BY(mu);
+  // Chunks of which a prefix is durable: its length, by chunk key.
+  absl::flat_hash_map<uint64_t, uint64_t> partial ABSL_GUARDED_BY(mu);
+  // The sender takes CHUNK_PROGRESS and resumes inside chunks
+  // (OpenRequest.durable_pieces).
+  bool durable_pieces ABSL_GUARDED_BY(mu) = false;
   absl::flat_hash_set<transport::Channel*> data_channels ABSL_GUARDED_BY(mu);
 
   // Stops the data channels of an older attempt and waits until they are
@@ -656,12 +694,42 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
     id->set_file_index(c.file_index);
     id->set_chunk_index(c.chunk_index);
   }
+  session->partial.clear();
+  session->durable_pieces = open.durable_pieces();
+  if (open.durable_pieces()) {
+    reply->set_durable_piece(kDurablePiece);
+    auto partials = journal_.ListPartialChunks(open.transfer_id());
+    if (!partials.ok()) return fail(partials.status());
+    const uint64_t chunk_size = record.manifest().chunk_size();
+    for (const storage::ChunkDurability& c : *partials) {
+      if (c.file_index >= static_cast<uint32_t>(record.manifest().files_size())) continue;
+      const v1::ManifestFile& file = record.manifest().files(c.file_index);
+      const uint64_t key = ChunkKey(c.file_index, c.chunk_index);
+      if (c.chunk.generation() != file.generation() || session->durable.contains(key) ||
+          c.chunk_index >= storage::ChunkCount(file, chunk_size) ||
+          c.prefix_bytes >= storage::ChunkSize(file, c.chunk_index, chunk_size)) {
+        continue;
+      }
+      if (!held.contains(c.file_index)) {
+        absl::StatusOr<bool> holds = session->staging->HoldsFile(c.file_index, file);
+        if (!holds.ok()) return fail(holds.status());
+        held[c.file_index] = *holds;
+      }
+      if (!held[c.file_index]) continue;
+      session->partial[key] = c.prefix_bytes;
+      v1::PartialChunk* p = reply->add_partial();
+      p->set_file_index(c.file_index);
+      p->set_chunk_index(c.chunk_index);
+      p->set_durable_bytes(c.prefix_bytes);
+    }
+  }
   for (uint32_t f : record.unchanged_files()) reply->add_unchanged_files(f);
   session->dest = *dest;
   session->record = std::move(record);
-  spdlog::info("transfer {} from {}: opened into {}:{} ({} files, {} chunks already durable)",
-               open.transfer_id(), peer_site, open.export_name(), open.dest_path(),
-               open.manifest().files_size(), reply->durable_size());
+  spdlog::info(
+      "transfer {} from {}: opened into {}:{} ({} files, {} chunks already durable, {} in part)",
+      open.transfer_id(), peer_site, open.export_name(), open.dest_path(),
+      open.manifest().files_size(), reply->durable_size(), reply->partial_size());
   return answer;
 }
 
@@ -716,6 +784,12 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     absl::MutexLock lock(&mu_);
     ++stats_.frames_refused;
   };
+  auto send_progress = [&](const ChunkHeader& h, uint64_t durable_bytes) {
+    std::string bytes =
+        EncodeChunkProgress({h.file_index, h.chunk_index, h.generation, durable_bytes});
+    absl::Span<const uint8_t> part(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    return SendFrame(channel, FrameType::kChunkProgress, session_id, {part});
+  };
   auto send_ack = [&](const ChunkHeader& h, ChunkAck::Result result, std::string message) {
     ChunkAck ack{h.file_index, h.chunk_index, h.generation, result, std::move(message)};
     std::string bytes = EncodeChunkAck(ack);
@@ -749,12 +823,16 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       break;
     }
     const uint64_t data_length = header->payload_length - kChunkHeaderSize;
+    const uint64_t key = ChunkKey(chunk->file_index, chunk->chunk_index);
 
     v1::ManifestFile file;
+    uint64_t chunk_bytes = 0;
+    bool pieces = false;
     absl::Status valid = absl::OkStatus();
     {
       absl::MutexLock lock(&session->mu);
       const v1::Manifest& manifest = session->record.manifest();
+      pieces = session->durable_pieces;
       if (chunk->file_index >= static_cast<uint32_t>(manifest.files_size())) {
         valid = absl::InvalidArgumentError(absl::StrCat("no file ", chunk->file_index));
       } else {
@@ -763,9 +841,15 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
           valid = absl::InvalidArgumentError(absl::StrCat("file ", file.path(), " has no chunk ", chunk->chunk_index));
         } else if (chunk->generation != file.generation()) {
           valid = absl::InvalidArgumentError(absl::StrCat("stale generation for ", file.path()));
-        } else if (data_length != storage::ChunkSize(file, chunk->chunk_index, chunk_size)) {
-          valid = absl::InvalidArgumentError(absl::StrCat("chunk ", chunk->chunk_index, " of ",
-                                                          file.path(), " has the wrong length"));
+        } else {
+          chunk_bytes = storage::ChunkSize(file, chunk->chunk_index, chunk_size);
+          auto prefix = session->partial.find(key);
+          valid = CheckChunkExtent(chunk->offset, data_length, chunk_bytes,
+                                   prefix == session->partial.end() ? 0 : prefix->second);
+          if (!valid.ok()) {
+            valid = absl::InvalidArgumentError(absl::StrCat(
+                "chunk ", chunk->chunk_index, " of ", file.path(), ": ", valid.message()));
+          }
         }
       }
     }
@@ -774,16 +858,18 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       send_ack(*chunk, ChunkAck::Result::kRefused, std::string(valid.message())).IgnoreError();
       break;
     }
-    if (held < data_length) {
+    // One piece is held at a time.
+    const uint64_t need = std::min(data_length, kDurablePiece);
+    if (held < need) {
       // Give back the smaller buffer first, so that two streams each holding
       // part of what they need cannot starve each other.
       buffer.Release();
       budget_->Release(peer_site, held);
       held = 0;
-      if (!WaitForBudget(peer_site, data_length)) {
+      if (!WaitForBudget(peer_site, need)) {
         const std::string why = absl::StrCat(
             config_.site, " holds ", budget_->used(peer_site), " bytes of receive buffers for ",
-            peer_site, "; a ", data_length, "-byte chunk would pass peer_limits.memory_per_peer (",
+            peer_site, "; a ", need, "-byte piece would pass peer_limits.memory_per_peer (",
             budget_->bytes_per_peer(), " bytes); retry later");
         spdlog::warn("transfer {}: chunk {} of {}: {}", transfer_id, chunk->chunk_index,
                      file.path(), why);
@@ -798,28 +884,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
         if (!send_ack(*chunk, ChunkAck::Result::kRetryLater, why).ok()) break;
         continue;
       }
-      held = data_length;
-    }
-    if (absl::Status s = buffer.Read(channel, data_length); !s.ok()) {
-      if (s.code() != absl::StatusCode::kCancelled) {
-        spdlog::warn("transfer {}: data stream from {} broke mid-chunk: {}", transfer_id,
-                     channel.peer_site(), s.message());
-      }
-      break;
-    }
-    absl::Span<const uint8_t> data = buffer.data();
-
-    storage::Xxh128 expected{chunk->xxh128_low, chunk->xxh128_high};
-    storage::Xxh128 actual = storage::HashBytes(data);
-    if (!(actual == expected)) {
-      spdlog::warn("transfer {}: chunk {} of {} failed its xxh3-128 check; asking for it again",
-                   transfer_id, chunk->chunk_index, file.path());
-      {
-        absl::MutexLock lock(&mu_);
-        ++stats_.hash_mismatches;
-      }
-      if (!send_ack(*chunk, ChunkAck::Result::kHashMismatch, "digest mismatch").ok()) break;
-      continue;
+      held = need;
     }
 
     absl::StatusOr<storage::File*> staged;
@@ -828,28 +893,108 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       staged = session->staging ? session->staging->OpenFile(chunk->file_index, file)
                                 : absl::UnavailableError("transfer is not receiving");
     }
-    absl::Status durable = staged.status();
-    if (durable.ok()) {
-      durable = storage::WriteChunk(*io, **staged, chunk->chunk_index * chunk_size, data);
+    absl::Status stored = staged.status();
+    const uint64_t chunk_offset = uint64_t{chunk->chunk_index} * chunk_size;
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    XXH3_128bits_reset(&state);
+    // A frame that resumes the chunk: its durable prefix is hashed as it is
+    // on disk, so the chunk's digest covers every byte that will be published.
+    bool prefix_read = true;
+    if (chunk->offset > 0 && stored.ok()) {
+      if (absl::Status s = HashStagedRange(*io, **staged, chunk_offset, chunk->offset, state);
+          !s.ok()) {
+        spdlog::warn("transfer {}: cannot read back the durable prefix of chunk {} of {}: {}",
+                     transfer_id, chunk->chunk_index, file.path(), s.message());
+        prefix_read = false;
+      }
     }
+    // Piece by piece: each is hashed, written and, but the last, made
+    // durable and reported, so a crash loses at most the piece in flight.
+    bool broke = false;
+    for (uint64_t pos = chunk->offset; pos < chunk_bytes;) {
+      const uint64_t length = std::min(kDurablePiece - pos % kDurablePiece, chunk_bytes - pos);
+      if (absl::Status s = buffer.Read(channel, length); !s.ok()) {
+        if (s.code() != absl::StatusCode::kCancelled) {
+          spdlog::warn("transfer {}: data stream from {} broke mid-chunk: {}", transfer_id,
+                       channel.peer_site(), s.message());
+        }
+        broke = true;
+        break;
+      }
+      absl::Span<const uint8_t> data = buffer.data();
+      XXH3_128bits_update(&state, data.data(), data.size());
+      if (stored.ok()) stored = storage::WriteChunk(*io, **staged, chunk_offset + pos, data);
+      pos += length;
+      if (!pieces || pos == chunk_bytes || !stored.ok() || !prefix_read) continue;
+      storage::ChunkDurability piece;
+      piece.file_index = chunk->file_index;
+      piece.chunk_index = chunk->chunk_index;
+      piece.chunk.set_generation(chunk->generation);
+      piece.prefix_bytes = pos;
+      stored = committer_.MakeDurable((*staged)->fd(), transfer_id, piece);
+      if (!stored.ok()) continue;
+      {
+        absl::MutexLock lock(&session->mu);
+        session->partial[key] = pos;
+      }
+      if (!send_progress(*chunk, pos).ok()) {
+        broke = true;
+        break;
+      }
+    }
+    if (broke) break;
+
+    const XXH128_hash_t digest = XXH3_128bits_digest(&state);
+    const storage::Xxh128 actual{digest.low64, digest.high64};
+    const storage::Xxh128 expected{chunk->xxh128_low, chunk->xxh128_high};
+    if (!prefix_read || !(actual == expected)) {
+      spdlog::warn("transfer {}: chunk {} of {} failed its xxh3-128 check{}; asking for it again",
+                   transfer_id, chunk->chunk_index, file.path(),
+                   chunk->offset > 0 ? " (with its durable prefix read back)" : "");
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.hash_mismatches;
+      }
+      // It is sent again from byte 0: its prefix is no longer durable data.
+      bool had_prefix;
+      {
+        absl::MutexLock lock(&session->mu);
+        had_prefix = session->partial.erase(key) > 0;
+      }
+      if (had_prefix) {
+        if (absl::Status s =
+                journal_.DeletePartialChunk(transfer_id, chunk->file_index, chunk->chunk_index);
+            !s.ok()) {
+          spdlog::warn("transfer {}: cannot drop the durable prefix of chunk {} of {}: {}",
+                       transfer_id, chunk->chunk_index, file.path(), s.message());
+        }
+      }
+      if (!send_ack(*chunk, ChunkAck::Result::kHashMismatch, "digest mismatch").ok()) break;
+      continue;
+    }
+
     storage::ChunkDurability record;
     record.file_index = chunk->file_index;
     record.chunk_index = chunk->chunk_index;
-    auto digest = actual.ToBytes();
-    record.chunk.set_xxh128(digest.data(), digest.size());
-    record.chunk.set_size(data_length);
+    auto digest_bytes = actual.ToBytes();
+    record.chunk.set_xxh128(digest_bytes.data(), digest_bytes.size());
+    record.chunk.set_size(chunk_bytes);
     record.chunk.set_generation(chunk->generation);
-    if (durable.ok()) durable = committer_.MakeDurable((*staged)->fd(), transfer_id, record);
-    if (!durable.ok()) {
+    if (stored.ok()) stored = committer_.MakeDurable((*staged)->fd(), transfer_id, record);
+    if (!stored.ok()) {
       spdlog::warn("transfer {}: cannot store chunk {} of {}: {}", transfer_id,
-                   chunk->chunk_index, file.path(), durable.message());
-      if (!send_ack(*chunk, ChunkAck::Result::kRetryLater, std::string(durable.message())).ok()) break;
+                   chunk->chunk_index, file.path(), stored.message());
+      if (!send_ack(*chunk, ChunkAck::Result::kRetryLater, std::string(stored.message())).ok()) {
+        break;
+      }
       continue;
     }
     uint64_t write;
     {
       absl::MutexLock lock(&session->mu);
-      write = session->durable[ChunkKey(chunk->file_index, chunk->chunk_index)] = ++session->writes;
+      write = session->durable[key] = ++session->writes;
+      session->partial.erase(key);
     }
     {
       absl::MutexLock lock(&mu_);

@@ -50,7 +50,11 @@ struct ReceiverStats {
 // DATA channels; Serve() answers control requests (open, commit, abort,
 // verify) and receives chunk frames until the channel closes. Nothing is
 // written outside the transfer's staging directory before commit, and a chunk
-// is acknowledged only after DurabilityCommitter made it durable.
+// (or, with CHUNK_PROGRESS, a prefix of one) is acknowledged only after
+// DurabilityCommitter made it durable. A chunk is acknowledged whole only
+// once its XXH3-128 over every byte, the durable prefix of a resumed chunk
+// read back from its staged file included, matches the sender's; on a
+// mismatch its prefix record is dropped and it is asked for from byte 0.
 //
 // Authorization: only the export's writers may open or commit a transfer
 // into it, and only where no other site's published destination is
@@ -61,9 +65,10 @@ struct ReceiverStats {
 //
 // Memory: what a peer makes it hold grows only with bytes received and is
 // charged to the peer's PeerMemoryBudget: control messages while they are
-// read, each DATA channel's chunk buffer (the chunk's length, reserved before
-// its payload is read, and kept for the stream's next chunks), and the read
-// buffer of a verify. A chunk that would take the peer past its budget waits
+// read, each DATA channel's piece buffer (a chunk is received in pieces of
+// kDurablePiece: the smaller of that and the chunk frame's payload, reserved
+// before its payload is read, and kept for the stream's next chunks), and the
+// read buffer of a verify. A chunk that would take the peer past its budget waits
 // up to kBudgetWait for its other streams to free some; then its payload is
 // read and dropped and it is answered kRetryLater, so the sender slows down.
 // A control message past the budget closes its channel.
@@ -118,6 +123,11 @@ class Receiver {
   void Shutdown();
 
   ReceiverStats stats() const;
+
+  // A chunk is received, written and made durable in pieces of this many
+  // bytes from its start (a multiple of storage::kDirectIoAlignment); each
+  // but the last is answered CHUNK_PROGRESS when the sender asked for it.
+  static constexpr uint64_t kDurablePiece = 4u << 20;
 
   // How long a chunk waits for its peer's memory budget before it is
   // answered kRetryLater.

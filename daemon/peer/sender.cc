@@ -8,6 +8,7 @@
 #include <future>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
@@ -25,10 +26,12 @@ namespace {
 
 constexpr absl::Duration kMinBackoff = absl::Milliseconds(500);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
-// Per stream, the most chunks sent and not yet acknowledged (see StreamLoop).
-constexpr size_t kMaxPipelinedChunks = 64;
-// Per stream, the most bytes sent and not yet acknowledged, in chunk sizes (see StreamLoop).
-constexpr uint64_t kMaxUnackedChunkSizes = 2;
+// Per stream, the most bytes sent and not yet acknowledged, in chunk sizes,
+// to a destination that acknowledges whole chunks only (see StreamLoop).
+constexpr uint64_t kMaxUnackedChunkSizesWithoutPieces = 2;
+// The smallest durable piece a destination may announce: pieces are slices
+// the sender writes and waits for, and tiny ones would cost a round trip each.
+constexpr uint64_t kMinDurablePiece = 64u << 10;
 // Read size when hashing whole source files for sync --checksum.
 constexpr size_t kDigestReadSize = size_t{8} << 20;
 // The share of the configured link a transfer's streams pace at, together
@@ -55,6 +58,60 @@ uint64_t ChunkKey(uint32_t file_index, uint32_t chunk_index) {
 }
 
 }  // namespace
+
+bool SendWindow::Fits(uint64_t bytes) const {
+  return unacked_ == 0 || (unacked_ + bytes <= limit_ && entries_.size() <= kMaxChunks);
+}
+
+void SendWindow::Begin(uint32_t file_index, uint32_t chunk_index, uint64_t size, uint64_t start) {
+  entries_.push_back({file_index, chunk_index, size, start, start, start});
+}
+
+void SendWindow::Sent(uint64_t bytes) {
+  entries_.back().sent += bytes;
+  unacked_ += bytes;
+}
+
+absl::StatusOr<uint64_t> SendWindow::Progress(const ChunkProgress& progress) {
+  if (entries_.empty() || entries_.front().file_index != progress.file_index ||
+      entries_.front().chunk_index != progress.chunk_index) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reported progress on chunk ", progress.chunk_index, " of file ", progress.file_index,
+        ", which is not the chunk it is receiving"));
+  }
+  Entry& e = entries_.front();
+  if (progress.durable_bytes <= e.durable || progress.durable_bytes >= e.size ||
+      progress.durable_bytes > e.sent) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reported ", progress.durable_bytes, " bytes of chunk ", e.chunk_index, " of file ",
+        e.file_index, " durable, where ", e.durable, " were and ", e.sent, " of its ", e.size,
+        " are sent"));
+  }
+  const uint64_t added = progress.durable_bytes - e.durable;
+  e.durable = progress.durable_bytes;
+  unacked_ -= added;
+  return added;
+}
+
+absl::StatusOr<SendWindow::Entry> SendWindow::Ack(const ChunkAck& ack) {
+  if (entries_.empty() || entries_.front().file_index != ack.file_index ||
+      entries_.front().chunk_index != ack.chunk_index) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("acknowledged chunk ", ack.chunk_index, " of file ", ack.file_index,
+                     ", which was not sent"));
+  }
+  const Entry e = entries_.front();
+  const bool whole = ack.result == ChunkAck::Result::kDurable ||
+                     ack.result == ChunkAck::Result::kHashMismatch;
+  if (whole && e.sent != e.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("acknowledged chunk ", e.chunk_index, " of file ", e.file_index, " after ",
+                     e.sent, " of its ", e.size, " bytes"));
+  }
+  entries_.pop_front();
+  unacked_ -= e.sent - e.durable;
+  return e;
+}
 
 TransferSender::TransferSender(const daemon::DaemonConfig& config, transport::Transport& control,
                                transport::Transport& data, PriorityGate& gate,
@@ -225,6 +282,7 @@ absl::Status TransferSender::RunAttempt() {
   open->set_keep_checkpoints(spec.keep_checkpoints());
   open->set_checkpoint_marker(spec.checkpoint_marker());
   open->set_compare_content(spec.sync() && spec.checksum());
+  open->set_durable_pieces(true);
   auto opened = Call(**control, session_id, request);
   if (!opened.ok()) return opened.status();
   const v1::OpenReply& reply = opened->open_reply();
@@ -234,6 +292,28 @@ absl::Status TransferSender::RunAttempt() {
   absl::flat_hash_set<uint64_t> durable;
   for (const v1::ChunkId& id : reply.durable())
     durable.insert(ChunkKey(id.file_index(), id.chunk_index()));
+  // A piece is at most a chunk. One below kMinDurablePiece is the peer's
+  // mistake; pieces then are whole chunks, which every destination accepts.
+  uint64_t durable_piece = std::min<uint64_t>(reply.durable_piece(), chunk_size);
+  if (durable_piece != 0 && durable_piece < std::min(kMinDurablePiece, chunk_size)) {
+    spdlog::warn("transfer {}: {} announced durable pieces of {} bytes; using whole chunks",
+                 record.id(), spec.dest_site(), durable_piece);
+    durable_piece = chunk_size;
+  }
+  // Durable prefixes: a chunk is sent from there on. One the manifest does
+  // not allow is ignored (the chunk is sent whole).
+  absl::flat_hash_map<uint64_t, uint64_t> prefixes;
+  for (const v1::PartialChunk& p : reply.partial()) {
+    if (durable_piece == 0 || p.file_index() >= static_cast<uint32_t>(manifest.files_size())) {
+      continue;
+    }
+    const v1::ManifestFile& file = manifest.files(p.file_index());
+    if (p.chunk_index() >= storage::ChunkCount(file, chunk_size) ||
+        p.durable_bytes() >= storage::ChunkSize(file, p.chunk_index(), chunk_size)) {
+      continue;
+    }
+    prefixes[ChunkKey(p.file_index(), p.chunk_index())] = p.durable_bytes();
+  }
 
   TransferProgress::Snapshot totals;
   std::deque<Chunk> queue;
@@ -252,7 +332,10 @@ absl::Status TransferSender::RunAttempt() {
         totals.bytes_done += size;
         ++totals.chunks_done;
       } else {
-        queue.push_back({static_cast<uint32_t>(f), static_cast<uint32_t>(c), size});
+        auto prefix = prefixes.find(ChunkKey(f, c));
+        const uint64_t start = prefix == prefixes.end() ? 0 : prefix->second;
+        totals.bytes_done += start;
+        queue.push_back({static_cast<uint32_t>(f), static_cast<uint32_t>(c), size, start});
       }
     }
   }
@@ -295,7 +378,7 @@ absl::Status TransferSender::RunAttempt() {
         } else if (absl::Status s = SendHello(**channel, data_hello); !s.ok()) {
           results[i] = s;
         } else {
-          results[i] = StreamLoop(i, session_id, std::move(*channel));
+          results[i] = StreamLoop(i, session_id, durable_piece, std::move(*channel));
         }
         if (!results[i].ok() && !stopping()) AbortChannels();  // fail the attempt fast
       });
@@ -355,6 +438,7 @@ void TransferSender::AddBytesSent(uint64_t bytes) {
 }
 
 absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_id,
+                                        uint64_t durable_piece,
                                         std::unique_ptr<transport::Channel> channel) {
   {
     absl::MutexLock lock(&mu_);
@@ -406,66 +490,22 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     return absl::AbortedError(why.message());
   };
 
-  // Chunks sent on this stream and not acknowledged yet, oldest first (the
-  // receiver answers in order). Up to kMaxUnackedChunkSizes x chunk_size of
-  // bytes are pipelined: a stream sends its next chunk while the last one is
-  // still on the wire and being made durable (a round trip plus an fdatasync
-  // that would otherwise leave it idle for every chunk; with one chunk the
-  // wan-lossy udp run lost ~5 % of its goodput so), and small chunks (ends of
-  // files, small files) do not cost a round trip each. What a crash can make
-  // us re-send stays within streams x kMaxUnackedChunkSizes x chunk_size.
-  std::deque<Chunk> unacked;
-  uint64_t unacked_bytes = 0;
-  auto next_fits = [&] {
-    absl::MutexLock lock(&mu_);
-    return !queue_.empty() && unacked.size() < kMaxPipelinedChunks &&
-           unacked_bytes + queue_.front().size <= kMaxUnackedChunkSizes * chunk_size;
-  };
-  // Reads the ack of unacked.front() and applies it.
-  auto await_ack = [&]() -> absl::Status {
-    auto ack_header = ReadFrameHeader(*channel, kChunkAckFixedSize + kMaxAckMessage);
-    if (!ack_header.ok()) return ack_header.status();
-    if (ack_header->type != FrameType::kChunkAck || ack_header->session_id != session_id) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(channel->peer_site(), " answered a chunk with an unexpected frame"));
-    }
-    std::vector<uint8_t> ack_bytes(ack_header->payload_length);
-    if (absl::Status s = channel->ReadExactly(absl::MakeSpan(ack_bytes)); !s.ok()) return s;
-    auto ack = ParseChunkAck(ack_bytes);
-    if (!ack.ok()) return ack.status();
-    const Chunk chunk = unacked.front();
-    if (ack->file_index != chunk.file_index || ack->chunk_index != chunk.chunk_index) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(channel->peer_site(), " acknowledged a chunk that was not sent"));
-    }
-    unacked.pop_front();
-    unacked_bytes -= chunk.size;
-    {
-      absl::MutexLock lock(&mu_);
-      in_flight_bytes_ -= chunk.size;
-      if (ack->result == ChunkAck::Result::kHashMismatch) queue_.push_front(chunk);
-    }
-    switch (ack->result) {
-      case ChunkAck::Result::kDurable: {
-        progress_.Update([&](TransferProgress::Snapshot& s) {
-          s.bytes_done += chunk.size;
-          ++s.chunks_done;
-        });
-        if (observer_) observer_(channel->peer_site(), channel->Stats());
-        break;
-      }
-      case ChunkAck::Result::kHashMismatch:
-        spdlog::warn("transfer {}: {} reports a corrupted chunk {} of {}; sending it again",
-                     record.id(), channel->peer_site(), chunk.chunk_index,
-                     manifest.files(chunk.file_index).path());
-        break;
-      case ChunkAck::Result::kRetryLater:
-        return absl::ResourceExhaustedError(
-            absl::StrCat(channel->peer_site(), " cannot store data: ", ack->message));
-      case ChunkAck::Result::kRefused:
-        return absl::FailedPreconditionError(
-            absl::StrCat(channel->peer_site(), " refused a chunk: ", ack->message));
-    }
+  // Bytes sent on this stream and not acknowledged durable stay within one
+  // chunk size, or two pieces where a chunk is smaller than that: a crash
+  // re-sends at most that. The window slides by durable pieces
+  // (CHUNK_PROGRESS), so while the receiver syncs a piece the rest of the
+  // window is on the wire: a chunk frame is written a piece at a time as the
+  // window allows, and the next chunk's first pieces leave while the last
+  // ones of this chunk are made durable. With one piece in the window the
+  // stream would idle for a round trip and an fdatasync per piece (with one
+  // chunk, before pieces, the wan-lossy udp run lost ~5 % of its goodput so).
+  // A destination that acknowledges whole chunks only gets two chunk sizes.
+  // Small chunks (ends of files, small files) do not cost a round trip each
+  // either way.
+  const uint64_t slice_size = durable_piece > 0 ? durable_piece : chunk_size;
+  SendWindow window(durable_piece > 0 ? std::max(chunk_size, 2 * durable_piece)
+                                      : kMaxUnackedChunkSizesWithoutPieces * chunk_size);
+  auto update_resent = [&] {
     // Bytes that left more than once: everything sent beyond what is durable
     // or still on its way.
     uint64_t in_flight;
@@ -477,6 +517,75 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
       uint64_t accounted = s.bytes_done + in_flight;
       s.resent_bytes = s.bytes_sent > accounted ? s.bytes_sent - accounted : 0;
     });
+  };
+  // Reads one answer (a progress report or the ack of the oldest chunk)
+  // and applies it.
+  auto await_answer = [&]() -> absl::Status {
+    auto frame = ReadFrameHeader(
+        *channel, static_cast<uint32_t>(std::max(kChunkAckFixedSize + kMaxAckMessage,
+                                                 kChunkProgressSize)));
+    if (!frame.ok()) return frame.status();
+    const bool progress_frame = frame->type == FrameType::kChunkProgress && durable_piece > 0;
+    if ((frame->type != FrameType::kChunkAck && !progress_frame) ||
+        frame->session_id != session_id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(channel->peer_site(), " answered a chunk with an unexpected frame"));
+    }
+    std::vector<uint8_t> bytes(frame->payload_length);
+    if (absl::Status s = channel->ReadExactly(absl::MakeSpan(bytes)); !s.ok()) return s;
+    if (progress_frame) {
+      auto progress = ParseChunkProgress(bytes);
+      if (!progress.ok()) return progress.status();
+      absl::StatusOr<uint64_t> added = window.Progress(*progress);
+      if (!added.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(channel->peer_site(), " ", added.status().message()));
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        in_flight_bytes_ -= *added;
+      }
+      progress_.Update([&](TransferProgress::Snapshot& s) { s.bytes_done += *added; });
+      update_resent();
+      return absl::OkStatus();
+    }
+    auto ack = ParseChunkAck(bytes);
+    if (!ack.ok()) return ack.status();
+    absl::StatusOr<SendWindow::Entry> acked = window.Ack(*ack);
+    if (!acked.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(channel->peer_site(), " ", acked.status().message()));
+    }
+    const Chunk chunk{acked->file_index, acked->chunk_index, acked->size, 0};
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_bytes_ -= acked->size - acked->durable;
+      if (ack->result == ChunkAck::Result::kHashMismatch) queue_.push_front(chunk);
+    }
+    switch (ack->result) {
+      case ChunkAck::Result::kDurable: {
+        progress_.Update([&](TransferProgress::Snapshot& s) {
+          s.bytes_done += acked->size - acked->durable;
+          ++s.chunks_done;
+        });
+        if (observer_) observer_(channel->peer_site(), channel->Stats());
+        break;
+      }
+      case ChunkAck::Result::kHashMismatch:
+        // Sent again from its first byte: what was durable of it no longer counts.
+        progress_.Update([&](TransferProgress::Snapshot& s) { s.bytes_done -= acked->durable; });
+        spdlog::warn("transfer {}: {} reports a corrupted chunk {} of {}; sending it again",
+                     record.id(), channel->peer_site(), chunk.chunk_index,
+                     manifest.files(chunk.file_index).path());
+        break;
+      case ChunkAck::Result::kRetryLater:
+        return absl::ResourceExhaustedError(
+            absl::StrCat(channel->peer_site(), " cannot store data: ", ack->message));
+      case ChunkAck::Result::kRefused:
+        return absl::FailedPreconditionError(
+            absl::StrCat(channel->peer_site(), " refused a chunk: ", ack->message));
+    }
+    update_resent();
     return absl::OkStatus();
   };
 
@@ -490,8 +599,8 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
       unregister.StopSending();
       // Done once everything sent here is acknowledged; an ack may requeue
       // a chunk (hash mismatch), which is then sent again.
-      if (unacked.empty()) break;
-      if (absl::Status s = await_ack(); !s.ok()) return s;
+      if (window.empty()) break;
+      if (absl::Status s = await_answer(); !s.ok()) return s;
       continue;
     }
     // Chunk boundary: a higher class on this link goes first.
@@ -504,7 +613,7 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
       {
         absl::MutexLock lock(&mu_);
         if (queue_.empty()) continue;
-        next_size = queue_.front().size;
+        next_size = queue_.front().size - queue_.front().start;
       }
       if (!rate_limiter_->Acquire(record.spec().dest_site(), record.spec().priority(), next_size,
                                   [this] { return stopping(); })) {
@@ -517,7 +626,7 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
       if (queue_.empty()) continue;
       chunk = queue_.front();
       queue_.pop_front();
-      in_flight_bytes_ += chunk.size;
+      in_flight_bytes_ += chunk.size - chunk.start;
     }
     const v1::ManifestFile& file = manifest.files(chunk.file_index);
     if (fd_file != chunk.file_index) {
@@ -535,7 +644,9 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
       }
     }
     // The identity is checked before and after the read, so the bytes we
-    // hash belong to the file the manifest describes.
+    // hash belong to the file the manifest describes. The whole chunk is
+    // read and hashed even when only its end is sent: the digest covers
+    // the durable prefix the receiver reads back too.
     if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) {
       return s.code() == absl::StatusCode::kAborted ? source_changed(chunk.file_index, s) : s;
     }
@@ -551,31 +662,41 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     }
 
     ChunkHeader header{chunk.file_index, chunk.chunk_index, file.generation(), hash->low,
-                       hash->high};
+                       hash->high, static_cast<uint32_t>(chunk.start)};
     std::array<uint8_t, kChunkHeaderSize> header_bytes;
     EncodeChunkHeader(header, header_bytes);
-    AddBytesSent(chunk.size);
-    progress_.Update([&](TransferProgress::Snapshot& s) { s.bytes_sent += chunk.size; });
-    // Written in slices: an exchange that starts mid-chunk goes first.
     std::array<uint8_t, kFrameHeaderSize> frame_header;
-    EncodeFrameHeader(
-        {FrameType::kChunk, static_cast<uint32_t>(kChunkHeaderSize + data.size()), session_id},
-        frame_header);
-    if (absl::Status s =
-            gate_.WriteYielding(*channel,
-                                {absl::Span<const uint8_t>(frame_header),
-                                 absl::Span<const uint8_t>(header_bytes), data},
-                                record.spec().dest_site(), record.spec().priority(), stop_);
-        !s.ok()) {
-      return s;
-    }
-
-    unacked.push_back(chunk);
-    unacked_bytes += chunk.size;
-    // Wait for acks until the next chunk fits the pipeline (or, with the
-    // queue empty, until this stream has nothing unacknowledged).
-    while (!unacked.empty() && !next_fits()) {
-      if (absl::Status s = await_ack(); !s.ok()) return s;
+    EncodeFrameHeader({FrameType::kChunk,
+                       static_cast<uint32_t>(kChunkHeaderSize + chunk.size - chunk.start),
+                       session_id},
+                      frame_header);
+    window.Begin(chunk.file_index, chunk.chunk_index, chunk.size, chunk.start);
+    // A slice ends where the receiver's durable pieces do.
+    for (uint64_t pos = chunk.start; pos < chunk.size;) {
+      const uint64_t length = std::min(slice_size - pos % slice_size, chunk.size - pos);
+      while (!window.Fits(length)) {
+        if (absl::Status s = await_answer(); !s.ok()) return s;
+      }
+      // Counted (and journaled) before the bytes leave, so a crash never
+      // hides bytes that were sent.
+      AddBytesSent(length);
+      progress_.Update([&](TransferProgress::Snapshot& s) { s.bytes_sent += length; });
+      const absl::Span<const uint8_t> slice(data.data() + pos, length);
+      std::vector<absl::Span<const uint8_t>> parts;
+      if (pos == chunk.start) {
+        parts = {absl::Span<const uint8_t>(frame_header), absl::Span<const uint8_t>(header_bytes),
+                 slice};
+      } else {
+        parts = {slice};
+      }
+      // Written in slices: an exchange that starts mid-chunk goes first.
+      if (absl::Status s = gate_.WriteYielding(*channel, parts, record.spec().dest_site(),
+                                               record.spec().priority(), stop_);
+          !s.ok()) {
+        return s;
+      }
+      window.Sent(length);
+      pos += length;
     }
   }
   return absl::OkStatus();

@@ -13,7 +13,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/status/statusor.h"
 #include "daemon/config.h"
+#include "daemon/peer/frames.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
 #include "daemon/transport/transport.h"
@@ -53,14 +55,69 @@ class TransferProgress {
   Snapshot s_ ABSL_GUARDED_BY(mu_);
 };
 
+// What one stream has sent and the receiver has not yet acknowledged
+// durable, chunk by chunk, oldest first (a receiver answers a stream's chunks
+// in order). Acks and progress reports are checked against it, so a peer
+// cannot acknowledge bytes that were not sent. Not thread-safe.
+class SendWindow {
+ public:
+  struct Entry {
+    uint32_t file_index = 0;
+    uint32_t chunk_index = 0;
+    uint64_t size = 0;     // the whole chunk
+    uint64_t start = 0;    // the chunk frame's first byte (ChunkHeader.offset)
+    uint64_t sent = 0;     // bytes [0, sent) of the chunk are sent or were durable before
+    uint64_t durable = 0;  // bytes [0, durable) are acknowledged durable (start at first)
+  };
+
+  // Most chunks open at once, however small.
+  static constexpr size_t kMaxChunks = 64;
+
+  // At most `limit` bytes sent and not acknowledged durable.
+  explicit SendWindow(uint64_t limit) : limit_(limit) {}
+
+  // Whether `bytes` more may be sent now: with nothing unacknowledged
+  // always; otherwise when the unacknowledged bytes plus these stay within
+  // the limit and at most kMaxChunks chunks are open (the one being sent
+  // among them).
+  bool Fits(uint64_t bytes) const;
+  // A chunk frame of the `size`-byte chunk starts at byte `start` of it.
+  void Begin(uint32_t file_index, uint32_t chunk_index, uint64_t size, uint64_t start);
+  // `bytes` more of the chunk begun last have been sent.
+  void Sent(uint64_t bytes);
+  // Applies a progress report and returns how many bytes it newly covers.
+  // InvalidArgument when it is not about the oldest open chunk, does not
+  // move forward, reaches the chunk's end (that is an ack's) or covers
+  // bytes not sent.
+  absl::StatusOr<uint64_t> Progress(const ChunkProgress& progress);
+  // Closes the oldest open chunk with its ack and returns it. InvalidArgument
+  // when the ack is about another chunk, or reports it durable or corrupted
+  // before all of it was sent.
+  absl::StatusOr<Entry> Ack(const ChunkAck& ack);
+
+  uint64_t unacked_bytes() const { return unacked_; }
+  bool empty() const { return entries_.empty(); }
+
+ private:
+  const uint64_t limit_;
+  std::deque<Entry> entries_;
+  uint64_t unacked_ = 0;
+};
+
 // Link figures a sender saw last for its peer (for `longhaul peers`).
 using LinkObserver = std::function<void(const std::string& site, const transport::LinkStats&)>;
 
 // Drives one outgoing transfer to its end: opens a session with the
-// destination, sends every chunk it lacks over N streams (up to two chunk
-// sizes unacknowledged per stream, so a crash re-sends at most 2 x streams x
-// chunk size), re-sends files whose source changed, and asks the destination
-// to publish.
+// destination, sends every chunk it lacks over N streams, re-sends files
+// whose source changed, and asks the destination to publish. Per stream at
+// most one chunk size of bytes (two durable pieces, if that is more) is
+// unacknowledged: the destination reports durable pieces of a chunk as they
+// are synced (CHUNK_PROGRESS) and, after a crash, the durable prefix of each
+// chunk it holds part of, which is not sent again. So a crash of either side
+// re-sends at most streams x max(chunk size, 2 pieces). A
+// destination without durable pieces (an older version) acknowledges whole
+// chunks only; then two chunk sizes per stream are unacknowledged, and a
+// crash re-sends up to twice as much.
 // Transient failures (a broken connection, a restarted peer, a full disk at
 // the destination) are retried with exponential backoff; the journal record
 // is kept current so a restarted daemon resumes where this one stopped.
@@ -106,11 +163,13 @@ class TransferSender {
     uint32_t file_index;
     uint32_t chunk_index;
     uint64_t size;
+    uint64_t start = 0;  // bytes [0, start) are durable at the destination already
   };
 
   absl::Status RunAttempt();
-  // Sends chunks on one stream.
-  absl::Status StreamLoop(uint32_t stream_index, uint64_t session_id,
+  // Sends chunks on one stream. `durable_piece`: OpenReply.durable_piece
+  // (0: the destination acknowledges whole chunks only).
+  absl::Status StreamLoop(uint32_t stream_index, uint64_t session_id, uint64_t durable_piece,
                           std::unique_ptr<transport::Channel> channel);
   // A stream starts (+1) or stops (-1) sending chunks: every stream's pacing
   // cap becomes StreamPacingLimit(link, streams still sending).

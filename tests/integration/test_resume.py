@@ -46,7 +46,9 @@ class ResumeTest(lh.SitesTestCase):
         done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"})
         self.assertEqual(done["state"], "COMPLETED", done.get("error"))
         self.assert_identical(src)
-        self.assertLessEqual(done["resent_bytes"], 2 * STREAMS * CHUNK)
+        # Durable pieces: per stream at most one chunk size was unacknowledged
+        # when the receiver died, and chunks resume from their durable prefix.
+        self.assertLessEqual(done["resent_bytes"], STREAMS * CHUNK)
         self.assertGreaterEqual(done["attempts"], 2)
 
     def test_sender_sigkill_mid_transfer_resumes_after_restart(self):
@@ -57,7 +59,7 @@ class ResumeTest(lh.SitesTestCase):
         done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"})
         self.assertEqual(done["state"], "COMPLETED", done.get("error"))
         self.assert_identical(src)
-        self.assertLessEqual(done["resent_bytes"], 2 * STREAMS * CHUNK)
+        self.assertLessEqual(done["resent_bytes"], STREAMS * CHUNK)
 
     def test_sigterm_drains_and_restart_continues(self):
         src, tid = self.start_big_transfer()

@@ -318,6 +318,70 @@ TEST_F(JournalTest, DurableChunksListInOrderAndSurviveReopen) {
   EXPECT_EQ(other->size(), 1u);
 }
 
+TEST_F(JournalTest, PartialChunksAreListedApartAndGiveWayToTheWholeChunk) {
+  auto partial = [](uint32_t file, uint32_t chunk, uint64_t prefix) {
+    ChunkDurability c;
+    c.file_index = file;
+    c.chunk_index = chunk;
+    c.chunk.set_generation(2);
+    c.prefix_bytes = prefix;
+    return c;
+  };
+  {
+    auto j = OpenJournal();
+    ASSERT_TRUE(j);
+    // One batch, as the committer writes a group: whole and partial chunks.
+    ASSERT_TRUE(j->RecordDurableChunks("t1", {partial(0, 1, 4096), Chunk(0, 0, 10),
+                                              partial(1, 0, 8192)})
+                    .ok());
+    // A later prefix of the same chunk replaces the earlier one.
+    ASSERT_TRUE(j->RecordDurableChunks("t1", {partial(0, 1, 3 * 4096)}).ok());
+  }
+  auto j = OpenJournal();
+  ASSERT_TRUE(j);
+  auto whole = j->ListDurableChunks("t1");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ(whole->size(), 1u);  // never a partial one
+  EXPECT_EQ((*whole)[0].chunk_index, 0u);
+  EXPECT_EQ((*whole)[0].prefix_bytes, 0u);
+  auto parts = j->ListPartialChunks("t1");
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_EQ(parts->size(), 2u);
+  EXPECT_EQ((*parts)[0].file_index, 0u);
+  EXPECT_EQ((*parts)[0].chunk_index, 1u);
+  EXPECT_EQ((*parts)[0].prefix_bytes, 3 * 4096u);
+  EXPECT_EQ((*parts)[0].chunk.generation(), 2u);
+  EXPECT_EQ((*parts)[1].file_index, 1u);
+
+  // The whole record of a chunk removes its prefix record in the same batch.
+  ASSERT_TRUE(j->RecordDurableChunks("t1", {Chunk(0, 1, 20)}).ok());
+  parts = j->ListPartialChunks("t1");
+  ASSERT_TRUE(parts.ok());
+  ASSERT_EQ(parts->size(), 1u);
+  EXPECT_EQ((*parts)[0].file_index, 1u);
+
+  ASSERT_TRUE(j->DeletePartialChunk("t1", 1, 0).ok());
+  parts = j->ListPartialChunks("t1");
+  ASSERT_TRUE(parts.ok());
+  EXPECT_TRUE(parts->empty());
+
+  // Range deletes take prefixes too.
+  ASSERT_TRUE(j->RecordDurableChunks("t1", {partial(2, 0, 4096), partial(3, 0, 4096)}).ok());
+  ASSERT_TRUE(j->RecordDurableChunks("t10", {partial(2, 0, 4096)}).ok());
+  ASSERT_TRUE(j->DeleteFileChunks("t1", 2).ok());
+  parts = j->ListPartialChunks("t1");
+  ASSERT_TRUE(parts.ok());
+  ASSERT_EQ(parts->size(), 1u);
+  EXPECT_EQ((*parts)[0].file_index, 3u);
+  ASSERT_TRUE(j->DeleteChunks("t1").ok());
+  parts = j->ListPartialChunks("t1");
+  ASSERT_TRUE(parts.ok());
+  EXPECT_TRUE(parts->empty());
+  auto other = j->ListPartialChunks("t10");
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->size(), 1u);
+}
+
 TEST_F(JournalTest, DeleteFileChunksOfLastFileIndex) {
   auto j = OpenJournal();
   ASSERT_TRUE(j);

@@ -136,9 +136,11 @@ longhaul_row() {
   rm -rf "$dest"
 }
 
-# longhaul_resume_row TOOL [CLI ARGS...]: one `longhaul cp` of the data set a -> b whose receiving
+# longhaul_resume_row TOOL [CLI ARGS...]: one `longhaul cp` of the data set a -> b, with
+# LH_RESUME_STREAMS streams [8] of LH_RESUME_CHUNK-byte chunks [16 MiB], whose receiving
 # daemon is SIGKILLed once half the data is durable at the destination, and restarted; the
-# transfer must resume and finish. resent_ratio: IP bytes the link carried a -> b over the bytes needed.
+# transfer must resume and finish. resent_ratio: IP bytes the link carried a -> b over the bytes needed;
+# resent_chunks_per_stream: the sender's resent bytes over streams x chunk size (at most 1).
 longhaul_resume_row() {
   local tool=$1
   shift
@@ -147,13 +149,16 @@ longhaul_resume_row() {
     return
   fi
   local name="run-resume-${tool//\//-}"
+  local streams=${LH_RESUME_STREAMS:-8} chunk=${LH_RESUME_CHUNK:-$((16 << 20))}
   rm -rf "${LH_EXPORT_B:?}/$name"
   link_mark
   local t0 t1 tx0 rx0 rx_before_kill=0 rx_restarted=0
   tx0=$(proc_cpu_threads "$LH_PID_site_a")
   rx0=$(proc_cpu_threads "$LH_PID_site_b")
   t0=$(date +%s%N)
-  lh_cli site-a cp "$SRC" "site-b:/ckpt/$name" --wait --json "$@" >"$WORK/lh-resume.out" 2>"$WORK/lh-resume.err" &
+  lh_cli site-a cp "$SRC" "site-b:/ckpt/$name" --wait --json \
+    --streams "$streams" --chunk-size "$chunk" "$@" \
+    >"$WORK/lh-resume.out" 2>"$WORK/lh-resume.err" &
   local cp=$!
   local killed=0 durable
   # Polled only until the kill, so the rest of the transfer runs without the CLI beside it.
@@ -199,6 +204,7 @@ longhaul_resume_row() {
     "goodput_mbit=$(mbit "$DATA_BYTES" "$secs")" "cpu_seconds=null" "verified=$verified" \
     "link_counters=$lc" "killed_at_half=$([[ $killed == 1 ]] && echo true || echo false)" \
     "resent_bytes=${resent:-null}" \
+    "resent_chunks_per_stream=$(awk -v r="${resent:-0}" -v s="$streams" -v c="$chunk" 'BEGIN { printf "%.3f", r / (s * c) }')" \
     "cpu_seconds_sender=$tx" "cpu_seconds_receiver=$rx" \
     "cpu_seconds_per_gib_sender=$(per_gib "$tx" "$DATA_BYTES")" \
     "cpu_seconds_per_gib_receiver=$(per_gib "$rx" "$DATA_BYTES")" \

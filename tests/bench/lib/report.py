@@ -92,7 +92,8 @@ def final(scenario, link_path, rows_path, extra_path, out=None):
             table.append([r["tool"], "-", "-", "-", "-", "-", "-", "-", "error: " + r["error"]])
             continue
         notes = []
-        for k in ("share", "resent_ratio", "note", "resent_bytes", "retransmits", "ratio_to_alone",
+        for k in ("share", "resent_ratio", "note", "resent_bytes", "resent_chunks_per_stream",
+                  "retransmits", "ratio_to_alone",
                   "peak_hwm_mib", "peak_threads", "peak_fds"):
             if k in r:
                 notes.append(f"{k}={fmt(r[k], 3)}")

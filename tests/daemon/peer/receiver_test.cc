@@ -2,6 +2,7 @@
 // with publishes a crash interrupted, and whom it lets write.
 #include "daemon/peer/receiver.h"
 
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -477,6 +478,229 @@ TEST_F(ReceiverExpiryTest, AnUndatedTombstoneAgesFromTheFirstPassThatSeesIt) {
   now_ += kExpiry;
   EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
   EXPECT_FALSE(Record("t-old").has_value());
+}
+
+// Chunks received in durable pieces on the real file system (the
+// committer needs real fds): a chunk cut after 2 of its 4 pieces, a restart,
+// and the rest sent from the durable prefix.
+class ReceiverPiecesTest : public ReceiverAuthorizationTest {
+ protected:
+  static constexpr uint64_t kPiece = Receiver::kDurablePiece;
+  static constexpr uint64_t kChunk = 4 * kPiece;
+
+  void SetUp() override {
+    ReceiverAuthorizationTest::SetUp();
+    data_.resize(kChunk);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (uint8_t& b : data_) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      b = static_cast<uint8_t>(x);
+    }
+    digest_ = storage::HashBytes(data_);
+    manifest_.set_chunk_size(kChunk);
+    v1::ManifestFile* f = manifest_.add_files();
+    f->set_path("shard-0");
+    f->set_size(kChunk);
+    f->set_mode(0644);
+    f->set_mtime_ns(1700000000000000000);
+  }
+
+  std::unique_ptr<Receiver> Start() {
+    return std::make_unique<Receiver>(config_, *journal_, storage::PosixFileSystem());
+  }
+
+  v1::OpenReply Open(Receiver& receiver, bool durable_pieces = true) {
+    v1::PeerMessage request;
+    v1::OpenRequest* open = request.mutable_open();
+    open->set_transfer_id(kId);
+    open->set_export_name("ckpt");
+    open->set_dest_path("pieces");
+    open->set_durable_pieces(durable_pieces);
+    *open->mutable_manifest() = manifest_;
+    v1::PeerMessage answer = Call(receiver, "site-a", kId, request);
+    EXPECT_EQ(answer.error(), "");
+    return answer.open_reply();
+  }
+
+  // One chunk frame of chunk 0 from byte `offset` with the whole chunk's
+  // digest, of which only `sent` payload bytes arrive before the stream ends.
+  std::vector<uint8_t> ChunkFrame(uint64_t offset, uint64_t sent) {
+    std::array<uint8_t, kChunkHeaderSize> header;
+    EncodeChunkHeader({0, 0, 0, digest_.low, digest_.high, static_cast<uint32_t>(offset)}, header);
+    std::vector<uint8_t> script;
+    ScriptedChannel encoder("site-a", {}, &script);
+    std::array<uint8_t, kFrameHeaderSize> frame;
+    EncodeFrameHeader({FrameType::kChunk, static_cast<uint32_t>(kChunkHeaderSize + kChunk - offset),
+                       SessionIdFor(kId)},
+                      frame);
+    EXPECT_TRUE(encoder
+                    .Write({absl::Span<const uint8_t>(frame), absl::Span<const uint8_t>(header),
+                            absl::Span<const uint8_t>(data_.data() + offset, sent)})
+                    .ok());
+    return script;
+  }
+
+  // What the receiver answered on a data channel: progress reports (as
+  // durable byte counts) and acks, in order.
+  struct Answers {
+    std::vector<uint64_t> progress;
+    std::vector<ChunkAck> acks;
+  };
+  Answers Serve(Receiver& receiver, std::vector<uint8_t> script) {
+    std::vector<uint8_t> written;
+    v1::Hello hello;
+    hello.set_role(v1::Hello::DATA);
+    hello.set_transfer_id(kId);
+    receiver.Serve(std::make_unique<ScriptedChannel>("site-a", std::move(script), &written),
+                   hello);
+    ScriptedChannel decoder("site-b", written, nullptr);
+    Answers answers;
+    while (true) {
+      auto frame = ReadFrameHeader(decoder, kChunkAckFixedSize + kMaxAckMessage);
+      if (!frame.ok()) break;
+      std::vector<uint8_t> payload(frame->payload_length);
+      EXPECT_TRUE(decoder.ReadExactly(absl::MakeSpan(payload)).ok());
+      if (frame->type == FrameType::kChunkProgress) {
+        auto progress = ParseChunkProgress(payload);
+        EXPECT_TRUE(progress.ok()) << progress.status();
+        if (progress.ok()) answers.progress.push_back(progress->durable_bytes);
+      } else {
+        auto ack = ParseChunkAck(payload);
+        EXPECT_TRUE(ack.ok()) << ack.status();
+        if (ack.ok()) answers.acks.push_back(*ack);
+      }
+    }
+    return answers;
+  }
+
+  std::string StagedPath() const { return export_ + "/.longhaul/staging/" + kId + "/f/0"; }
+
+  // Cuts the stream after 2 of the chunk's 4 pieces and a bit of the third.
+  void SendHalfAndCut() {
+    std::unique_ptr<Receiver> receiver = Start();
+    v1::OpenReply reply = Open(*receiver);
+    EXPECT_EQ(reply.durable_piece(), kPiece);
+    EXPECT_EQ(reply.partial_size(), 0);
+    Answers answers = Serve(*receiver, ChunkFrame(0, 2 * kPiece + 1000));
+    EXPECT_EQ(answers.progress, (std::vector<uint64_t>{kPiece, 2 * kPiece}));
+    EXPECT_TRUE(answers.acks.empty());
+  }
+
+  static constexpr char kId[] = "t-pieces";
+  v1::Manifest manifest_;
+  std::vector<uint8_t> data_;
+  storage::Xxh128 digest_;
+};
+
+TEST_F(ReceiverPiecesTest, AChunkCutAfterTwoPiecesResumesFromItsDurablePrefix) {
+  SendHalfAndCut();
+  auto partial = journal_->ListPartialChunks(kId);
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  ASSERT_EQ(partial->size(), 1u);
+  EXPECT_EQ((*partial)[0].prefix_bytes, 2 * kPiece);
+  auto whole = journal_->ListDurableChunks(kId);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_TRUE(whole->empty());  // a prefix is never reported as a chunk
+
+  // Restarted: the open reports the prefix, and the rest arrives from there.
+  std::unique_ptr<Receiver> receiver = Start();
+  v1::OpenReply reply = Open(*receiver);
+  EXPECT_EQ(reply.durable_size(), 0);
+  ASSERT_EQ(reply.partial_size(), 1);
+  EXPECT_EQ(reply.partial(0).durable_bytes(), 2 * kPiece);
+  Answers answers = Serve(*receiver, ChunkFrame(2 * kPiece, kChunk - 2 * kPiece));
+  EXPECT_EQ(answers.progress, (std::vector<uint64_t>{3 * kPiece}));
+  ASSERT_EQ(answers.acks.size(), 1u);
+  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kDurable) << answers.acks[0].message;
+
+  whole = journal_->ListDurableChunks(kId);
+  ASSERT_TRUE(whole.ok());
+  ASSERT_EQ(whole->size(), 1u);
+  EXPECT_EQ(storage::Xxh128::FromBytes((*whole)[0].chunk.xxh128()), digest_);
+  partial = journal_->ListPartialChunks(kId);
+  ASSERT_TRUE(partial.ok());
+  EXPECT_TRUE(partial->empty());
+  const std::string staged = storage::testing::ReadFile(StagedPath());
+  EXPECT_TRUE(staged == std::string(data_.begin(), data_.end()));
+  // The receiver takes it whole: a commit publishes it.
+  v1::PeerMessage commit;
+  commit.mutable_commit()->set_transfer_id(kId);
+  EXPECT_EQ(Call(*receiver, "site-a", kId, commit).error(), "");
+  EXPECT_TRUE(storage::testing::ReadFile(export_ + "/pieces/shard-0") ==
+              std::string(data_.begin(), data_.end()));
+}
+
+TEST_F(ReceiverPiecesTest, ATamperedPrefixFailsTheDigestAndTheChunkIsSentAgainWhole) {
+  SendHalfAndCut();
+  {
+    std::string staged = storage::testing::ReadFile(StagedPath());
+    staged[kPiece + 17] ^= 0x40;
+    storage::testing::WriteFile(StagedPath(), staged);
+  }
+  std::unique_ptr<Receiver> receiver = Start();
+  v1::OpenReply reply = Open(*receiver);
+  ASSERT_EQ(reply.partial_size(), 1);
+  Answers answers = Serve(*receiver, ChunkFrame(2 * kPiece, kChunk - 2 * kPiece));
+  ASSERT_EQ(answers.acks.size(), 1u);
+  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kHashMismatch);
+  EXPECT_EQ(receiver->stats().hash_mismatches, 1u);
+  auto partial = journal_->ListPartialChunks(kId);
+  ASSERT_TRUE(partial.ok());
+  EXPECT_TRUE(partial->empty());
+  auto whole = journal_->ListDurableChunks(kId);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_TRUE(whole->empty());
+  // Nothing is published meanwhile.
+  v1::PeerMessage commit;
+  commit.mutable_commit()->set_transfer_id(kId);
+  EXPECT_NE(Call(*receiver, "site-a", kId, commit).error().find("not durable yet"),
+            std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(export_ + "/pieces"));
+  // The prefix is gone: resuming from it is refused, sending from 0 is not.
+  answers = Serve(*receiver, ChunkFrame(2 * kPiece, kChunk - 2 * kPiece));
+  ASSERT_EQ(answers.acks.size(), 1u);
+  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kRefused);
+  answers = Serve(*receiver, ChunkFrame(0, kChunk));
+  ASSERT_EQ(answers.acks.size(), 1u);
+  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kDurable) << answers.acks[0].message;
+  EXPECT_EQ(Call(*receiver, "site-a", kId, commit).error(), "");
+  EXPECT_TRUE(storage::testing::ReadFile(export_ + "/pieces/shard-0") ==
+              std::string(data_.begin(), data_.end()));
+}
+
+TEST_F(ReceiverPiecesTest, AFrameStartingElsewhereThanTheDurablePrefixIsRefused) {
+  SendHalfAndCut();
+  std::unique_ptr<Receiver> receiver = Start();
+  Open(*receiver);
+  Answers answers = Serve(*receiver, ChunkFrame(kPiece, kChunk - kPiece));
+  ASSERT_EQ(answers.acks.size(), 1u);
+  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kRefused);
+  EXPECT_NE(answers.acks[0].message.find("must start at 0 or there"), std::string::npos)
+      << answers.acks[0].message;
+  EXPECT_TRUE(answers.progress.empty());
+  // The prefix is still there for a frame that starts right.
+  auto partial = journal_->ListPartialChunks(kId);
+  ASSERT_TRUE(partial.ok());
+  ASSERT_EQ(partial->size(), 1u);
+  EXPECT_EQ((*partial)[0].prefix_bytes, 2 * kPiece);
+}
+
+TEST_F(ReceiverPiecesTest, ASenderWithoutPiecesGetsWholeChunkAcksOnly) {
+  SendHalfAndCut();  // a prefix is durable
+  std::unique_ptr<Receiver> receiver = Start();
+  v1::OpenReply reply = Open(*receiver, /*durable_pieces=*/false);
+  EXPECT_EQ(reply.durable_piece(), 0u);
+  EXPECT_EQ(reply.partial_size(), 0);
+  // Resuming is not offered, so a frame from the prefix is refused.
+  Answers answers = Serve(*receiver, ChunkFrame(2 * kPiece, kChunk - 2 * kPiece));
+  ASSERT_EQ(answers.acks.size(), 1u);
+  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kRefused);
+  answers = Serve(*receiver, ChunkFrame(0, kChunk));
+  EXPECT_TRUE(answers.progress.empty());
+  ASSERT_EQ(answers.acks.size(), 1u);
+  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kDurable) << answers.acks[0].message;
 }
 
 TEST(ReceiverExpirySweepTest, SweepsTenTimesPerExpiryWithinBounds) {

@@ -154,5 +154,100 @@ TEST(TransferSenderTest, StreamsTogetherPaceJustBelowTheConfiguredLink) {
   EXPECT_EQ(TransferSender::StreamPacingLimit(link, 0), TransferSender::StreamPacingLimit(link, 1));
 }
 
+// The per-stream window: one chunk size unacknowledged, slid by progress
+// reports, and answers checked against what was sent.
+constexpr uint64_t kMiB = 1 << 20;
+
+TEST(SendWindowTest, ProgressSlidesTheWindowIntoTheNextChunk) {
+  SendWindow window(16 * kMiB);
+  window.Begin(0, 0, 16 * kMiB, 0);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(window.Fits(4 * kMiB));
+    window.Sent(4 * kMiB);
+  }
+  window.Begin(0, 1, 16 * kMiB, 0);
+  EXPECT_FALSE(window.Fits(4 * kMiB));  // a whole chunk size is unacknowledged
+  auto added = window.Progress({0, 0, 0, 4 * kMiB});
+  ASSERT_TRUE(added.ok()) << added.status();
+  EXPECT_EQ(*added, 4 * kMiB);
+  EXPECT_EQ(window.unacked_bytes(), 12 * kMiB);
+  ASSERT_TRUE(window.Fits(4 * kMiB));
+  window.Sent(4 * kMiB);
+  EXPECT_FALSE(window.Fits(1));
+  auto acked = window.Ack({0, 0, 0, ChunkAck::Result::kDurable, ""});
+  ASSERT_TRUE(acked.ok()) << acked.status();
+  EXPECT_EQ(acked->durable, 4 * kMiB);  // the ack covers the rest
+  EXPECT_EQ(window.unacked_bytes(), 4 * kMiB);
+  EXPECT_TRUE(window.Fits(12 * kMiB));
+  EXPECT_FALSE(window.Fits(12 * kMiB + 1));
+}
+
+TEST(SendWindowTest, AResumedChunkCountsOnlyWhatIsSentFromItsPrefix) {
+  SendWindow window(16 * kMiB);
+  window.Begin(2, 3, 16 * kMiB, 8 * kMiB);
+  window.Sent(8 * kMiB);
+  EXPECT_EQ(window.unacked_bytes(), 8 * kMiB);
+  // The prefix itself is not news.
+  EXPECT_FALSE(window.Progress({2, 3, 0, 8 * kMiB}).ok());
+  auto added = window.Progress({2, 3, 0, 12 * kMiB});
+  ASSERT_TRUE(added.ok());
+  EXPECT_EQ(*added, 4 * kMiB);
+  auto acked = window.Ack({2, 3, 0, ChunkAck::Result::kDurable, ""});
+  ASSERT_TRUE(acked.ok());
+  EXPECT_EQ(acked->start, 8 * kMiB);
+  EXPECT_TRUE(window.empty());
+  EXPECT_EQ(window.unacked_bytes(), 0u);
+}
+
+TEST(SendWindowTest, RefusesAnswersForWhatWasNotSent) {
+  SendWindow window(16 * kMiB);
+  // Nothing sent at all.
+  EXPECT_FALSE(window.Progress({0, 0, 0, 4 * kMiB}).ok());
+  EXPECT_FALSE(window.Ack({0, 0, 0, ChunkAck::Result::kDurable, ""}).ok());
+  window.Begin(0, 0, 16 * kMiB, 0);
+  window.Sent(8 * kMiB);
+  // Progress on a chunk that is not the one being received.
+  EXPECT_EQ(window.Progress({0, 1, 0, 4 * kMiB}).status().message(),
+            "reported progress on chunk 1 of file 0, which is not the chunk it is receiving");
+  EXPECT_FALSE(window.Progress({1, 0, 0, 4 * kMiB}).ok());
+  // Beyond the bytes sent, at or past the chunk's end.
+  EXPECT_FALSE(window.Progress({0, 0, 0, 8 * kMiB + 1}).ok());
+  EXPECT_FALSE(window.Progress({0, 0, 0, 16 * kMiB}).ok());
+  // Backwards.
+  ASSERT_TRUE(window.Progress({0, 0, 0, 8 * kMiB}).ok());
+  EXPECT_FALSE(window.Progress({0, 0, 0, 4 * kMiB}).ok());
+  // Durable before all of it was sent; a refusal may come any time.
+  EXPECT_FALSE(window.Ack({0, 0, 0, ChunkAck::Result::kDurable, ""}).ok());
+  EXPECT_FALSE(window.Ack({0, 0, 0, ChunkAck::Result::kHashMismatch, ""}).ok());
+  EXPECT_FALSE(window.Ack({0, 1, 0, ChunkAck::Result::kRefused, ""}).ok());
+  EXPECT_TRUE(window.Ack({0, 0, 0, ChunkAck::Result::kRefused, "no"}).ok());
+  EXPECT_TRUE(window.empty());
+}
+
+TEST(SendWindowTest, WithoutPiecesTwoWholeChunksFit) {
+  SendWindow window(32 * kMiB);
+  window.Begin(0, 0, 16 * kMiB, 0);
+  ASSERT_TRUE(window.Fits(16 * kMiB));
+  window.Sent(16 * kMiB);
+  window.Begin(0, 1, 16 * kMiB, 0);
+  ASSERT_TRUE(window.Fits(16 * kMiB));
+  window.Sent(16 * kMiB);
+  window.Begin(0, 2, 16 * kMiB, 0);
+  EXPECT_FALSE(window.Fits(16 * kMiB));
+  ASSERT_TRUE(window.Ack({0, 0, 0, ChunkAck::Result::kDurable, ""}).ok());
+  EXPECT_TRUE(window.Fits(16 * kMiB));
+}
+
+TEST(SendWindowTest, SmallChunksAreCappedInNumber) {
+  SendWindow window(16 * kMiB);
+  for (size_t i = 0; i < SendWindow::kMaxChunks; ++i) {
+    window.Begin(0, static_cast<uint32_t>(i), 4096, 0);
+    ASSERT_TRUE(window.Fits(4096)) << i;
+    window.Sent(4096);
+  }
+  window.Begin(0, SendWindow::kMaxChunks, 4096, 0);
+  EXPECT_FALSE(window.Fits(4096));
+}
+
 }  // namespace
 }  // namespace longhaul::peer
