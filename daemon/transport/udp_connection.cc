@@ -32,6 +32,10 @@ constexpr TimeDelta kMaxAckDelay = TimeDelta::Milliseconds(1);
 // An ACK goes out at once after this many ack-eliciting packets (or any packet out of order);
 // fewer ACKs mean fewer wake-ups of the sender's I/O thread, and BBR copes with ACK aggregation.
 constexpr int kAckElicitingThreshold = 8;
+// Once the socket has no more datagrams queued, an ACK goes out at once for this many: a
+// sender with only a few packets in flight (a small cwnd share, e.g. on a sub-millisecond path)
+// would otherwise wait out max_ack_delay for each round trip.
+constexpr int kAckElicitingThresholdWhenDrained = 2;
 // Paced bursts are at least this many datagrams (within one GSO batch): a flow of a coupled
 // aggregate is paced at 1/N of the model's rate, and one datagram per pacer release costs a
 // wake-up and a sendmsg per datagram.
@@ -416,7 +420,7 @@ void UdpConnection::Receive(Timestamp now) {
       msgs[i].msg_hdr.msg_controllen = sizeof control[i];
     }
     const int n = ::recvmmsg(params_.fd, msgs, kRecvBatch, MSG_DONTWAIT, nullptr);
-    if (n <= 0) return;
+    if (n <= 0) break;
     for (int i = 0; i < n; ++i) {
       const size_t length = msgs[i].msg_len;
       size_t segment = length;
@@ -435,8 +439,9 @@ void UdpConnection::Receive(Timestamp now) {
         if (io_failed_ || io_peer_closed_) return;
       }
     }
-    if (static_cast<size_t>(n) < kRecvBatch) return;
+    if (static_cast<size_t>(n) < kRecvBatch) break;
   }
+  if (ack_pending_ && unacked_eliciting_ >= kAckElicitingThresholdWhenDrained) ack_now_ = true;
 }
 
 void UdpConnection::ProcessDatagram(absl::Span<uint8_t> datagram, Timestamp now) {
@@ -689,7 +694,7 @@ Timestamp UdpConnection::NextWake(Timestamp now) const {
       absl::MutexLock lock(params_.controller_mu.get());
       cwnd = params_.controller->cwnd();
     }
-    if (probes_pending_ > 0 || loss_.bytes_in_flight() + params_.max_datagram <= cwnd) {
+    if (probes_pending_ > 0 || loss_.bytes_in_flight() < cwnd) {
       wake = std::min(wake, pacer_.EarliestDeparture());
     }
   }
@@ -823,9 +828,11 @@ void UdpConnection::Send(Timestamp now) {
           absl::MutexLock lock(params_.controller_mu.get());
           cwnd = params_.controller->cwnd();
         }
-        allow_data = loss_.bytes_in_flight() + params_.max_datagram <= cwnd && pacer_.CanSend(now);
+        // As TCP counts cwnd in packets, a packet may go while anything of cwnd is left: with
+        // jumbo datagrams and a cwnd split across N flows, a flow's share is a few datagrams.
+        allow_data = loss_.bytes_in_flight() < cwnd && pacer_.CanSend(now);
         if (!allow_data) {
-          if (loss_.bytes_in_flight() + params_.max_datagram > cwnd) {
+          if (loss_.bytes_in_flight() >= cwnd) {
             ++blocked_by_cwnd_;
           } else {
             ++blocked_by_pacer_;
