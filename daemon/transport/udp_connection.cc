@@ -137,11 +137,14 @@ absl::Status UdpConnection::Write(absl::Span<const absl::Span<const uint8_t>> pa
       std::memcpy(&send_ring_[at], part.data() + done, first);
       if (first < n) std::memcpy(&send_ring_[0], part.data() + done + first, n - first);
       done += n;
+      bool wake;
       {
         absl::MutexLock lock(&mu_);
         send_written_ += n;
+        wake = io_wants_writes_;
       }
-      Wake();
+      // A busy I/O thread (waiting for ACKs, or for the pacer) takes the bytes at its next pass.
+      if (wake) Wake();
     }
   }
   return absl::OkStatus();
@@ -160,7 +163,6 @@ absl::Status UdpConnection::ReadExactly(absl::Span<uint8_t> out) {
         const size_t n = static_cast<size_t>(std::min<uint64_t>(left, window_ / 2));
         read_target_ = {recv_read_, out.data() + done, n};
         read_target_set_ = true;
-        Wake();
         const uint64_t end = recv_read_ + n;
         while (status_.ok() && !peer_closed_ && !io_done_ &&
                (read_target_held_ || recv_ready_ < end)) {
@@ -341,6 +343,13 @@ void UdpConnection::Run() {
     if (io_failed_) continue;
     Sync(&stop);
     Send(now);
+    bool write_pending;
+    {
+      // Whether a Write should wake us: only if its bytes could go out at once.
+      absl::MutexLock lock(&mu_);
+      io_wants_writes_ = send_next_ >= io_written_ && send_next_ < peer_max_data_;
+      write_pending = io_wants_writes_ && send_written_ > io_written_;
+    }
     if (now - last_stats > TimeDelta::Milliseconds(200)) {
       last_stats = now;
       absl::MutexLock cc(params_.controller_mu.get());
@@ -373,7 +382,7 @@ void UdpConnection::Run() {
     const Timestamp wake = NextWake(clock_.Now());
     const TimeDelta wait = wake - clock_.Now();
     struct pollfd fds[2] = {{params_.fd, POLLIN, 0}, {event_fd_, POLLIN, 0}};
-    if (wait > TimeDelta::Zero()) {
+    if (wait > TimeDelta::Zero() && !write_pending) {
       const int64_t ns = std::min<int64_t>(wait.ToNanoseconds(), 1'000'000'000);
       struct timespec ts = {static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
       ::ppoll(fds, 2, &ts, nullptr);

@@ -159,6 +159,7 @@ class UdpConnection final : public Channel, private FrameVisitor {
   uint64_t recv_read_ ABSL_GUARDED_BY(mu_) = 0;     // caller: consumed
   uint64_t recv_ready_ ABSL_GUARDED_BY(mu_) = 0;    // I/O: everything below has arrived
   uint64_t writer_wants_ ABSL_GUARDED_BY(mu_) = 0;  // a blocked Write waits for this much room
+  bool io_wants_writes_ ABSL_GUARDED_BY(mu_) = true;  // the I/O thread would send new bytes now
   uint64_t reader_wants_ ABSL_GUARDED_BY(mu_) = 0;  // a blocked read waits for this much data
   ReadTarget read_target_ ABSL_GUARDED_BY(mu_);
   bool read_target_set_ ABSL_GUARDED_BY(mu_) = false;   // the reader lends read_target_
