@@ -359,7 +359,7 @@ void UdpConnection::Run() {
             "udp to {} fd {}: sent {} received {} lost {} gso {} | cwnd {} in flight {} pacing {:.0f} "
             "Mbit/s bw {:.0f} Mbit/s (max {:.0f} short {:.0f}) {} min_rtt {:.1f} ms "
             "srtt {:.1f} ms | blocked by cwnd {} pacer {}, app-limited {} | written {} acked {} "
-            "next {} peer credit {} loss-tolerant {}",
+            "next {} peer credit {} loss-tolerant {} | received {} gro {}, placed {} in reader {}",
             params_.peer_site, params_.fd, io_counters_.datagrams_sent,
             io_counters_.datagrams_received, io_counters_.lost, io_counters_.gso_batches, st.cwnd,
             loss_.bytes_in_flight(), st.pacing_rate.ToMbitsPerSecondF(),
@@ -369,7 +369,8 @@ void UdpConnection::Run() {
             st.min_rtt.IsInfinite() ? -1.0 : st.min_rtt.ToMillisecondsF(),
             loss_.rtt().smoothed.ToMillisecondsF(), blocked_by_cwnd_, blocked_by_pacer_,
             app_limited_events_, io_written_, io_send_acked_, send_next_, peer_max_data_,
-            st.loss_tolerant);
+            st.loss_tolerant, io_recv_ready_, io_counters_.gro_datagrams,
+            io_counters_.stream_bytes_placed, io_counters_.stream_bytes_placed_in_reader);
       }
       absl::MutexLock lock(&mu_);
       stats_.delivery_rate_mbit = st.bw.IsInfinite() ? 0 : st.bw.ToMbitsPerSecondF();
