@@ -180,10 +180,9 @@ absl::Status UdpConnection::ReadExactly(absl::Span<uint8_t> out) {
         Wake();
         while (read_target_held_ && !io_done_) cv_.Wait(&mu_);
         if (!status_.ok()) return status_;
-        return absl::UnavailableError(absl::StrCat(params_.peer_site, " at ", params_.peer_address,
-                                                   " closed the connection",
-                                                   peer_close_reason_.empty() ? "" : ": ",
-                                                   peer_close_reason_));
+        return absl::UnavailableError(
+            absl::StrCat(params_.peer_site, " at ", params_.peer_address, " closed the connection",
+                         peer_close_reason_.empty() ? "" : ": ", peer_close_reason_));
       }
       // Wait for a useful amount of data, not for every packet. The peer may always send
       // window / 8 more than we have read (it has at least 3/4 of a window of credit). A long
@@ -195,10 +194,9 @@ absl::Status UdpConnection::ReadExactly(absl::Span<uint8_t> out) {
       reader_wants_ = 0;
       if (!status_.ok()) return status_;
       if (recv_ready_ == recv_read_) {
-        return absl::UnavailableError(absl::StrCat(params_.peer_site, " at ", params_.peer_address,
-                                                   " closed the connection",
-                                                   peer_close_reason_.empty() ? "" : ": ",
-                                                   peer_close_reason_));
+        return absl::UnavailableError(
+            absl::StrCat(params_.peer_site, " at ", params_.peer_address, " closed the connection",
+                         peer_close_reason_.empty() ? "" : ": ", peer_close_reason_));
       }
       offset = recv_read_;
       available = recv_ready_ - recv_read_;
@@ -356,8 +354,8 @@ void UdpConnection::Run() {
       const congestion::ControllerState st = params_.controller->DebugState();
       if (spdlog::should_log(spdlog::level::debug)) {
         spdlog::debug(
-            "udp to {} fd {}: sent {} received {} lost {} gso {} | cwnd {} in flight {} pacing {:.0f} "
-            "Mbit/s bw {:.0f} Mbit/s (max {:.0f} short {:.0f}) {} min_rtt {:.1f} ms "
+            "udp to {} fd {}: sent {} received {} lost {} gso {} | cwnd {} in flight {} "
+            "pacing {:.0f} Mbit/s bw {:.0f} Mbit/s (max {:.0f} short {:.0f}) {} min_rtt {:.1f} ms "
             "srtt {:.1f} ms | blocked by cwnd {} pacer {}, app-limited {} | written {} acked {} "
             "next {} peer credit {} loss-tolerant {} | received {} gro {}, placed {} in reader {}",
             params_.peer_site, params_.fd, io_counters_.datagrams_sent,
@@ -802,9 +800,9 @@ size_t UdpConnection::BuildPacket(uint8_t* slot, Timestamp now, bool allow_data,
   ping_pending_ = false;
   if (used == 0) return 0;
   const uint64_t pn = next_pn_++;
-  auto size = sealer_.SealGather(params_.peer_connection_id, pn,
-                                 absl::MakeSpan(slot, params_.max_datagram), used,
-                                 absl::MakeConstSpan(tail, tail_length > 0 ? 2 : 0));
+  auto size =
+      sealer_.SealGather(params_.peer_connection_id, pn, absl::MakeSpan(slot, params_.max_datagram),
+                         used, absl::MakeConstSpan(tail, tail_length > 0 ? 2 : 0));
   if (!size.ok()) {
     Fail(size.status());
     return 0;

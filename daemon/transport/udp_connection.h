@@ -205,7 +205,7 @@ class UdpConnection final : public Channel, private FrameVisitor {
   RangeSet received_above_;     // stream ranges above io_recv_ready_
   ReadTarget io_target_;        // valid while read_target_held_
   bool io_target_valid_ = false;
-  TrailingStream placed_;       // the STREAM frame PlaceStream placed
+  TrailingStream placed_;        // the STREAM frame PlaceStream placed
   size_t placed_in_reader_ = 0;  // how much of it went to io_target_
   RangeSet received_pns_;       // packet numbers, half-open ranges
   uint64_t pn_floor_ = 0;       // packet numbers below this count as duplicates

@@ -95,7 +95,8 @@ absl::StatusOr<size_t> PacketSealer::SealGather(uint64_t connection_id, uint64_t
   size_t at = prefix_length;
   for (absl::Span<const uint8_t> part : tail) {
     if (!ok || part.empty()) continue;
-    ok = EVP_EncryptUpdate(ctx, payload + at, &len, part.data(), static_cast<int>(part.size())) == 1;
+    ok =
+        EVP_EncryptUpdate(ctx, payload + at, &len, part.data(), static_cast<int>(part.size())) == 1;
     at += part.size();
   }
   if (!ok || EVP_EncryptFinal_ex(ctx, payload + at, &len) != 1 ||
@@ -132,14 +133,16 @@ bool PacketOpener::TryOpen(Generation& g, const PacketHeader& h, absl::Span<uint
   // unauthenticated plaintext in the datagram.
   EVP_CIPHER_CTX* ctx = g.ctx.get();
   int len = 0;
-  const size_t head = scatter != nullptr ? std::min(ciphertext_length, kHeadBytes) : ciphertext_length;
+  const size_t head =
+      scatter != nullptr ? std::min(ciphertext_length, kHeadBytes) : ciphertext_length;
   if (EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce) != 1 ||
       EVP_DecryptUpdate(ctx, nullptr, &len, datagram.data(), kHeaderSize) != 1 ||
       EVP_DecryptUpdate(ctx, payload, &len, payload, static_cast<int>(head)) != 1) {
     return false;
   }
   Scatter chosen;
-  if (scatter != nullptr) chosen = (*scatter)(absl::MakeConstSpan(payload, head), ciphertext_length);
+  if (scatter != nullptr)
+    chosen = (*scatter)(absl::MakeConstSpan(payload, head), ciphertext_length);
   const size_t in_place = chosen.count > 0 ? std::max(head, chosen.from) : ciphertext_length;
   bool ok = true;
   if (chosen.count > 0) {
@@ -204,7 +207,7 @@ absl::StatusOr<absl::Span<uint8_t>> PacketOpener::OpenImpl(uint64_t expected_con
                                                            absl::Span<uint8_t> datagram,
                                                            PacketHeader* header,
                                                            const ScatterFn* scatter,
-                                                       Scatter* scattered) {
+                                                           Scatter* scattered) {
   if (scattered != nullptr) *scattered = Scatter{};
   auto parsed = ParseHeader(datagram);
   if (!parsed.ok()) return parsed.status();

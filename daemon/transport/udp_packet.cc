@@ -174,8 +174,8 @@ bool FindTrailingStream(absl::Span<const uint8_t> head, size_t payload_length,
         uint64_t largest;
         uint32_t delay, first;
         uint8_t count;
-        if (!r.ReadU64(&largest) || !r.ReadU32(&delay) || !r.ReadU8(&count) ||
-            !r.ReadU32(&first) || count == 0 || count > kMaxAckRanges ||
+        if (!r.ReadU64(&largest) || !r.ReadU32(&delay) || !r.ReadU8(&count) || !r.ReadU32(&first) ||
+            count == 0 || count > kMaxAckRanges ||
             !r.ReadBytes(size_t{8} * (count - 1), &skipped)) {
           return false;
         }

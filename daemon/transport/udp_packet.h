@@ -111,8 +111,7 @@ struct TrailingStream {
 // parses them). False when `head` does not reach that frame's data, another
 // frame type comes first, or the frame is malformed or does not end the
 // payload. Safe on any bytes: it never reads outside `head`.
-bool FindTrailingStream(absl::Span<const uint8_t> head, size_t payload_length,
-                        TrailingStream* out);
+bool FindTrailingStream(absl::Span<const uint8_t> head, size_t payload_length, TrailingStream* out);
 
 // Appends frames to a caller-owned buffer. Each returns the bytes written, or
 // 0 if `out` is too small (nothing is written then).

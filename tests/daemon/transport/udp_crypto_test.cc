@@ -215,8 +215,9 @@ TEST(UdpCryptoTest, OpenDecryptsTheTailStraightIntoItsPieces) {
       auto out = OpenScattered(opener, packet, from, split, &status, &in_place);
       ASSERT_TRUE(status.ok()) << status << " from " << from;
       EXPECT_EQ(Text(out), text.substr(from)) << "from " << from;
-      EXPECT_EQ(Text(absl::MakeConstSpan(in_place).subspan(kHeaderSize, std::min(from, text.size()))),
-                text.substr(0, from));
+      EXPECT_EQ(
+          Text(absl::MakeConstSpan(in_place).subspan(kHeaderSize, std::min(from, text.size()))),
+          text.substr(0, from));
     }
   }
 }
@@ -226,8 +227,8 @@ TEST(UdpCryptoTest, TamperedPacketFailsWhenScatteredAndLeavesTheDatagramAsItWas)
   PacketOpener opener(TestKeys());
   const std::string text(2000, 'q');
   const auto original = Sealed(sealer, 7, 1, text);
-  for (size_t i : {size_t{10}, size_t{kHeaderSize + 3}, size_t{kHeaderSize + 1500},
-                   original.size() - 1}) {
+  for (size_t i :
+       {size_t{10}, size_t{kHeaderSize + 3}, size_t{kHeaderSize + 1500}, original.size() - 1}) {
     auto packet = original;
     packet[i] ^= 0x10;
     absl::Status status;

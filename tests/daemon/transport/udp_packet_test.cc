@@ -233,9 +233,10 @@ TEST(UdpPacketTest, FindTrailingStreamSkipsLeadingFramesBySize) {
 
   // Not a trailing frame (the payload goes on past its data), a head that ends inside the
   // STREAM header, or a head longer than the payload.
-  EXPECT_FALSE(FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, 384), length + 1, &found));
-  EXPECT_FALSE(FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, frame_start + 5), length,
-                                  &found));
+  EXPECT_FALSE(
+      FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, 384), length + 1, &found));
+  EXPECT_FALSE(
+      FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, frame_start + 5), length, &found));
   EXPECT_FALSE(FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, 384), 100, &found));
 }
 
@@ -246,7 +247,8 @@ TEST(UdpPacketTest, FindTrailingStreamRefusesWhatItCannotSkip) {
   size_t used = WriteClose(kCloseNoError, "bye", out);
   used += WriteStreamHeader(0, 10, out.subspan(used));
   TrailingStream found;
-  EXPECT_FALSE(FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, used), used + 10, &found));
+  EXPECT_FALSE(
+      FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, used), used + 10, &found));
   // An unknown frame type, an ACK with no ranges, an empty STREAM frame.
   payload.assign(600, 0);
   payload[0] = 0x7f;

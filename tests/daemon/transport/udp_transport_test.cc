@@ -336,7 +336,8 @@ struct GroReceiver {
     const absl::Span<uint8_t> payload = absl::MakeSpan(packet).subspan(udp::kHeaderSize);
     udp::WriteStreamHeader(offset, static_cast<uint16_t>(data.size()), payload);
     std::memcpy(&payload[udp::kStreamFrameHeaderSize], data.data(), data.size());
-    EXPECT_TRUE(sealer.Seal(22, pn, absl::MakeSpan(packet), packet.size() - udp::kPacketOverhead).ok());
+    EXPECT_TRUE(
+        sealer.Seal(22, pn, absl::MakeSpan(packet), packet.size() - udp::kPacketOverhead).ok());
     return packet;
   }
   // Sends equal-sized packets as one UDP_SEGMENT batch.
