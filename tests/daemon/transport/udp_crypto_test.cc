@@ -192,7 +192,9 @@ std::vector<uint8_t> OpenScattered(PacketOpener& opener, std::vector<uint8_t> pa
   auto payload = opener.Open(7, absl::MakeSpan(packet), &h, scatter, &used);
   EXPECT_EQ(seen_head, std::min(payload_length, PacketOpener::kHeadBytes));
   *status = payload.status();
-  if (payload.ok()) EXPECT_EQ(used.count, sizes.size());
+  if (payload.ok()) {
+    EXPECT_EQ(used.count, sizes.size());
+  }
   *in_place = packet;
   return out;
 }
