@@ -32,6 +32,10 @@ constexpr TimeDelta kMaxAckDelay = TimeDelta::Milliseconds(1);
 // An ACK goes out at once after this many ack-eliciting packets (or any packet out of order);
 // fewer ACKs mean fewer wake-ups of the sender's I/O thread, and BBR copes with ACK aggregation.
 constexpr int kAckElicitingThreshold = 8;
+// Once the socket has no more datagrams queued, an ACK goes out at once for this many: a
+// sender with only a few packets in flight (a small cwnd share, e.g. on a sub-millisecond path)
+// would otherwise wait out max_ack_delay for each round trip.
+constexpr int kAckElicitingThresholdWhenDrained = 2;
 // Paced bursts are at least this many datagrams (within one GSO batch): a flow of a coupled
 // aggregate is paced at 1/N of the model's rate, and one datagram per pacer release costs a
 // wake-up and a sendmsg per datagram.
@@ -133,11 +137,14 @@ absl::Status UdpConnection::Write(absl::Span<const absl::Span<const uint8_t>> pa
       std::memcpy(&send_ring_[at], part.data() + done, first);
       if (first < n) std::memcpy(&send_ring_[0], part.data() + done + first, n - first);
       done += n;
+      bool wake;
       {
         absl::MutexLock lock(&mu_);
         send_written_ += n;
+        wake = io_wants_writes_;
       }
-      Wake();
+      // A busy I/O thread (waiting for ACKs, or for the pacer) takes the bytes at its next pass.
+      if (wake) Wake();
     }
   }
   return absl::OkStatus();
@@ -149,23 +156,47 @@ absl::Status UdpConnection::ReadExactly(absl::Span<uint8_t> out) {
     uint64_t offset, available;
     {
       absl::MutexLock lock(&mu_);
+      const size_t left = out.size() - done;
+      if (recv_ready_ == recv_read_ && left >= kDirectReadBytes && status_.ok() && !peer_closed_) {
+        // Lend the rest of `out` to the I/O thread. At most half a window, so that the peer's
+        // credit (at least 3/4 of a window past recv_read_) covers all of it.
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(left, window_ / 2));
+        read_target_ = {recv_read_, out.data() + done, n};
+        read_target_set_ = true;
+        const uint64_t end = recv_read_ + n;
+        while (status_.ok() && !peer_closed_ && !io_done_ &&
+               (read_target_held_ || recv_ready_ < end)) {
+          cv_.Wait(&mu_);
+        }
+        read_target_set_ = false;
+        if (!read_target_held_ && recv_ready_ >= end) {
+          recv_read_ = end;
+          done += n;
+          const uint64_t read = recv_read_;
+          if (read + window_ >= advertised_max_data_.load() + window_ / 4) Wake();
+          continue;
+        }
+        // Take the buffer back before failing: the I/O thread lets go at its next pass.
+        Wake();
+        while (read_target_held_ && !io_done_) cv_.Wait(&mu_);
+        if (!status_.ok()) return status_;
+        return absl::UnavailableError(
+            absl::StrCat(params_.peer_site, " at ", params_.peer_address, " closed the connection",
+                         peer_close_reason_.empty() ? "" : ": ", peer_close_reason_));
+      }
       // Wait for a useful amount of data, not for every packet. The peer may always send
-      // window / 8 more than we have read (it has at least 3/4 of a window of credit).
-      reader_wants_ = std::min<uint64_t>(out.size() - done, window_ / 8);
+      // window / 8 more than we have read (it has at least 3/4 of a window of credit). A long
+      // read takes what has arrived and lends its buffer for the rest.
+      reader_wants_ = left >= kDirectReadBytes ? 1 : std::min<uint64_t>(left, window_ / 8);
       while (status_.ok() && !peer_closed_ && recv_ready_ - recv_read_ < reader_wants_) {
         cv_.Wait(&mu_);
       }
       reader_wants_ = 0;
       if (!status_.ok()) return status_;
       if (recv_ready_ == recv_read_) {
-        if (peer_closed_ && peer_close_reason_.empty()) {
-          return absl::UnavailableError(absl::StrCat(params_.peer_site, " at ",
-                                                     params_.peer_address,
-                                                     " closed the connection"));
-        }
-        return absl::UnavailableError(absl::StrCat(params_.peer_site, " at ",
-                                                   params_.peer_address,
-                                                   " closed the connection: ", peer_close_reason_));
+        return absl::UnavailableError(
+            absl::StrCat(params_.peer_site, " at ", params_.peer_address, " closed the connection",
+                         peer_close_reason_.empty() ? "" : ": ", peer_close_reason_));
       }
       offset = recv_read_;
       available = recv_ready_ - recv_read_;
@@ -230,9 +261,17 @@ void UdpConnection::Sync(bool* stop) {
       changed = true;
     }
   }
+  if (read_target_set_ && !io_target_valid_) AdoptReadTarget();
   if (recv_ready_ != io_recv_ready_) {
     recv_ready_ = io_recv_ready_;
     if (reader_wants_ > 0 && recv_ready_ - recv_read_ >= reader_wants_) changed = true;
+  }
+  if (io_target_valid_ &&
+      (!read_target_set_ || io_recv_ready_ >= io_target_.offset + io_target_.length)) {
+    io_target_valid_ = false;
+    read_target_held_ = false;
+    read_target_set_ = false;  // done or taken back: never adopted again
+    changed = true;
   }
   if (io_failed_ && status_.ok()) {
     status_ = io_status_;
@@ -249,6 +288,31 @@ void UdpConnection::Sync(bool* stop) {
   stats_.retransmits = io_counters_.lost;
   if (changed) cv_.SignalAll();
   *stop = stop_ || aborted_.load();
+}
+
+void UdpConnection::AdoptReadTarget() {
+  io_target_ = read_target_;
+  io_target_valid_ = true;
+  read_target_held_ = true;
+  // What of the range has arrived is in the ring: the contiguous prefix and any ranges above it.
+  const uint64_t start = io_target_.offset;
+  const uint64_t end = start + io_target_.length;
+  auto copy_from_ring = [&](uint64_t s, uint64_t e) {
+    s = std::max(s, start);
+    e = std::min(e, end);
+    if (s >= e) return;
+    const size_t n = static_cast<size_t>(e - s);
+    const size_t at = s % window_;
+    const size_t first = std::min<size_t>(n, window_ - at);
+    uint8_t* out = io_target_.data + (s - start);
+    std::memcpy(out, &recv_ring_[at], first);
+    if (first < n) std::memcpy(out + first, &recv_ring_[0], n - first);
+  };
+  copy_from_ring(start, io_recv_ready_);
+  for (const auto& [s, e] : received_above_.ranges()) {
+    if (s >= end) break;
+    copy_from_ring(s, e);
+  }
 }
 
 void UdpConnection::Run() {
@@ -277,16 +341,23 @@ void UdpConnection::Run() {
     if (io_failed_) continue;
     Sync(&stop);
     Send(now);
+    bool write_pending;
+    {
+      // Whether a Write should wake us: only if its bytes could go out at once.
+      absl::MutexLock lock(&mu_);
+      io_wants_writes_ = send_next_ >= io_written_ && send_next_ < peer_max_data_;
+      write_pending = io_wants_writes_ && send_written_ > io_written_;
+    }
     if (now - last_stats > TimeDelta::Milliseconds(200)) {
       last_stats = now;
       absl::MutexLock cc(params_.controller_mu.get());
       const congestion::ControllerState st = params_.controller->DebugState();
       if (spdlog::should_log(spdlog::level::debug)) {
         spdlog::debug(
-            "udp to {} fd {}: sent {} received {} lost {} gso {} | cwnd {} in flight {} pacing {:.0f} "
-            "Mbit/s bw {:.0f} Mbit/s (max {:.0f} short {:.0f}) {} min_rtt {:.1f} ms "
+            "udp to {} fd {}: sent {} received {} lost {} gso {} | cwnd {} in flight {} "
+            "pacing {:.0f} Mbit/s bw {:.0f} Mbit/s (max {:.0f} short {:.0f}) {} min_rtt {:.1f} ms "
             "srtt {:.1f} ms | blocked by cwnd {} pacer {}, app-limited {} | written {} acked {} "
-            "next {} peer credit {} loss-tolerant {}",
+            "next {} peer credit {} loss-tolerant {} | received {} gro {}, placed {} in reader {}",
             params_.peer_site, params_.fd, io_counters_.datagrams_sent,
             io_counters_.datagrams_received, io_counters_.lost, io_counters_.gso_batches, st.cwnd,
             loss_.bytes_in_flight(), st.pacing_rate.ToMbitsPerSecondF(),
@@ -296,7 +367,8 @@ void UdpConnection::Run() {
             st.min_rtt.IsInfinite() ? -1.0 : st.min_rtt.ToMillisecondsF(),
             loss_.rtt().smoothed.ToMillisecondsF(), blocked_by_cwnd_, blocked_by_pacer_,
             app_limited_events_, io_written_, io_send_acked_, send_next_, peer_max_data_,
-            st.loss_tolerant);
+            st.loss_tolerant, io_recv_ready_, io_counters_.gro_datagrams,
+            io_counters_.stream_bytes_placed, io_counters_.stream_bytes_placed_in_reader);
       }
       absl::MutexLock lock(&mu_);
       stats_.delivery_rate_mbit = st.bw.IsInfinite() ? 0 : st.bw.ToMbitsPerSecondF();
@@ -309,7 +381,7 @@ void UdpConnection::Run() {
     const Timestamp wake = NextWake(clock_.Now());
     const TimeDelta wait = wake - clock_.Now();
     struct pollfd fds[2] = {{params_.fd, POLLIN, 0}, {event_fd_, POLLIN, 0}};
-    if (wait > TimeDelta::Zero()) {
+    if (wait > TimeDelta::Zero() && !write_pending) {
       const int64_t ns = std::min<int64_t>(wait.ToNanoseconds(), 1'000'000'000);
       struct timespec ts = {static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
       ::ppoll(fds, 2, &ts, nullptr);
@@ -356,7 +428,7 @@ void UdpConnection::Receive(Timestamp now) {
       msgs[i].msg_hdr.msg_controllen = sizeof control[i];
     }
     const int n = ::recvmmsg(params_.fd, msgs, kRecvBatch, MSG_DONTWAIT, nullptr);
-    if (n <= 0) return;
+    if (n <= 0) break;
     for (int i = 0; i < n; ++i) {
       const size_t length = msgs[i].msg_len;
       size_t segment = length;
@@ -369,13 +441,15 @@ void UdpConnection::Receive(Timestamp now) {
         }
       }
       uint8_t* base = &recv_buffers_[i * kRecvBufferSize];
+      if (segment < length) io_counters_.gro_datagrams += (length + segment - 1) / segment;
       for (size_t off = 0; off < length; off += segment) {
         ProcessDatagram(absl::MakeSpan(base + off, std::min(segment, length - off)), now);
         if (io_failed_ || io_peer_closed_) return;
       }
     }
-    if (static_cast<size_t>(n) < kRecvBatch) return;
+    if (static_cast<size_t>(n) < kRecvBatch) break;
   }
+  if (ack_pending_ && unacked_eliciting_ >= kAckElicitingThresholdWhenDrained) ack_now_ = true;
 }
 
 void UdpConnection::ProcessDatagram(absl::Span<uint8_t> datagram, Timestamp now) {
@@ -387,7 +461,11 @@ void UdpConnection::ProcessDatagram(absl::Span<uint8_t> datagram, Timestamp now)
   }
   PacketHeader header;
   const uint64_t generation = opener_.key_generation();
-  auto payload = opener_.Open(params_.local_connection_id, datagram, &header);
+  Scatter scattered;
+  auto payload = opener_.Open(
+      params_.local_connection_id, datagram, &header,
+      [this](absl::Span<const uint8_t> head, size_t length) { return PlaceStream(head, length); },
+      &scattered);
   if (!payload.ok()) {
     if (payload.status().code() == absl::StatusCode::kPermissionDenied) {
       ++io_counters_.auth_failures;
@@ -404,7 +482,20 @@ void UdpConnection::ProcessDatagram(absl::Span<uint8_t> datagram, Timestamp now)
   }
   last_receive_ = now;
   packet_eliciting_ = false;
-  if (absl::Status s = ParseFrames(*payload, *this); !s.ok()) {
+  absl::Status s;
+  if (scattered.count > 0) {
+    // The trailing STREAM frame's data is in place already; the frames before it are parsed.
+    if (placed_.frame_start > 0) s = ParseFrames(payload->subspan(0, placed_.frame_start), *this);
+    if (s.ok() && !io_peer_closed_) {
+      packet_eliciting_ = true;
+      io_counters_.stream_bytes_placed += placed_.length;
+      io_counters_.stream_bytes_placed_in_reader += placed_in_reader_;
+      CommitStream(placed_.offset, placed_.offset + placed_.length);
+    }
+  } else {
+    s = ParseFrames(*payload, *this);
+  }
+  if (!s.ok()) {
     Fail(absl::InvalidArgumentError(absl::StrCat(params_.peer_site, " at ", params_.peer_address,
                                                  " broke the udp protocol: ", s.message())));
     return;
@@ -478,16 +569,71 @@ absl::Status UdpConnection::OnStream(const StreamFrame& frame) {
   if (end <= io_recv_ready_) return absl::OkStatus();
   if (start < io_recv_ready_) start = io_recv_ready_;
   const uint8_t* src = frame.data.data() + (start - frame.offset);
-  const size_t n = static_cast<size_t>(end - start);
-  const size_t at = start % window_;
-  const size_t first = std::min<size_t>(n, window_ - at);
-  std::memcpy(&recv_ring_[at], src, first);
-  if (first < n) std::memcpy(&recv_ring_[0], src + first, n - first);
+  Scatter where;
+  Locate(start, static_cast<size_t>(end - start), &where);
+  for (size_t i = 0; i < where.count; ++i) {
+    std::memcpy(where.pieces[i].data(), src, where.pieces[i].size());
+    src += where.pieces[i].size();
+  }
+  CommitStream(start, end);
+  return absl::OkStatus();
+}
+
+void UdpConnection::CommitStream(uint64_t start, uint64_t end) {
   received_above_.Add(start, end);
   while (!received_above_.empty() && received_above_.ranges()[0].first <= io_recv_ready_) {
     io_recv_ready_ = received_above_.PopContiguous(io_recv_ready_);
   }
-  return absl::OkStatus();
+}
+
+void UdpConnection::Locate(uint64_t offset, size_t length, Scatter* out) const {
+  out->count = 0;
+  auto add = [out](uint8_t* p, size_t n) {
+    if (n > 0) out->pieces[out->count++] = absl::MakeSpan(p, n);
+  };
+  auto ring = [&](uint64_t s, uint64_t e) {
+    if (s >= e) return;
+    const size_t n = static_cast<size_t>(e - s);
+    const size_t at = s % window_;
+    const size_t first = std::min<size_t>(n, window_ - at);
+    add(&recv_ring_[at], first);
+    add(&recv_ring_[0], n - first);
+  };
+  const uint64_t s = offset;
+  const uint64_t e = offset + length;
+  if (!io_target_valid_) {
+    ring(s, e);
+    return;
+  }
+  const uint64_t t = io_target_.offset;
+  const uint64_t u = t + io_target_.length;
+  ring(s, std::min(e, t));
+  const uint64_t lo = std::max(s, t);
+  const uint64_t hi = std::min(e, u);
+  if (lo < hi) add(io_target_.data + (lo - t), static_cast<size_t>(hi - lo));
+  ring(std::max(s, u), e);
+}
+
+Scatter UdpConnection::PlaceStream(absl::Span<const uint8_t> head, size_t payload_length) {
+  Scatter scatter;
+  // Unauthenticated bytes: the frame may only land on stream bytes not yet received, inside the
+  // window, where a forgery's garbage is overwritten by the real data later.
+  if (!FindTrailingStream(head, payload_length, &placed_)) return scatter;
+  const uint64_t start = placed_.offset;
+  const uint64_t end = start + placed_.length;
+  if (start < io_recv_ready_ || end > io_recv_read_ + window_ ||
+      received_above_.Overlaps(start, end)) {
+    return scatter;
+  }
+  Locate(start, placed_.length, &scatter);
+  scatter.from = placed_.data_start;
+  placed_in_reader_ = 0;
+  if (io_target_valid_) {
+    const uint64_t lo = std::max(start, io_target_.offset);
+    const uint64_t hi = std::min(end, io_target_.offset + io_target_.length);
+    if (lo < hi) placed_in_reader_ = static_cast<size_t>(hi - lo);
+  }
+  return scatter;
 }
 
 absl::Status UdpConnection::OnMaxData(uint64_t max_data) {
@@ -556,7 +702,7 @@ Timestamp UdpConnection::NextWake(Timestamp now) const {
       absl::MutexLock lock(params_.controller_mu.get());
       cwnd = params_.controller->cwnd();
     }
-    if (probes_pending_ > 0 || loss_.bytes_in_flight() + params_.max_datagram <= cwnd) {
+    if (probes_pending_ > 0 || loss_.bytes_in_flight() < cwnd) {
       wake = std::min(wake, pacer_.EarliestDeparture());
     }
   }
@@ -575,6 +721,8 @@ size_t UdpConnection::BuildPacket(uint8_t* slot, Timestamp now, bool allow_data,
   size_t used = 0;
   SentPacket sent;
   sent.sent_time = now;
+  absl::Span<const uint8_t> tail[2];
+  size_t tail_length = 0;
   if (ack_pending_ && largest_received_pn_ > 0) {
     AckFrame ack;
     const auto& ranges = received_pns_.ranges();
@@ -631,17 +779,18 @@ size_t UdpConnection::BuildPacket(uint8_t* slot, Timestamp now, bool allow_data,
     if (length > 0) {
       WriteStreamHeader(offset, static_cast<uint16_t>(length), payload.subspan(used));
       used += kStreamFrameHeaderSize;
+      // Sealed straight from the ring (see Seal below).
       const size_t at = offset % window_;
       const size_t first = std::min<size_t>(length, window_ - at);
-      std::memcpy(&payload[used], &send_ring_[at], first);
-      if (first < length) std::memcpy(&payload[used + first], &send_ring_[0], length - first);
-      used += length;
+      tail[0] = absl::MakeConstSpan(&send_ring_[at], first);
+      tail[1] = absl::MakeConstSpan(&send_ring_[0], length - first);
+      tail_length = length;
       sent.stream_offset = offset;
       sent.stream_length = static_cast<uint32_t>(length);
       sent.ack_eliciting = true;
       sent.congestion_controlled = true;
       if (retransmission) io_counters_.retransmitted_bytes += length;
-      *short_packet = used < capacity;
+      *short_packet = used + length < capacity;
     }
   }
   if (ping_pending_ && !sent.ack_eliciting) {
@@ -651,8 +800,9 @@ size_t UdpConnection::BuildPacket(uint8_t* slot, Timestamp now, bool allow_data,
   ping_pending_ = false;
   if (used == 0) return 0;
   const uint64_t pn = next_pn_++;
-  auto size = sealer_.Seal(params_.peer_connection_id, pn, absl::MakeSpan(slot, params_.max_datagram),
-                           used);
+  auto size =
+      sealer_.SealGather(params_.peer_connection_id, pn, absl::MakeSpan(slot, params_.max_datagram),
+                         used, absl::MakeConstSpan(tail, tail_length > 0 ? 2 : 0));
   if (!size.ok()) {
     Fail(size.status());
     return 0;
@@ -686,9 +836,11 @@ void UdpConnection::Send(Timestamp now) {
           absl::MutexLock lock(params_.controller_mu.get());
           cwnd = params_.controller->cwnd();
         }
-        allow_data = loss_.bytes_in_flight() + params_.max_datagram <= cwnd && pacer_.CanSend(now);
+        // As TCP counts cwnd in packets, a packet may go while anything of cwnd is left: with
+        // jumbo datagrams and a cwnd split across N flows, a flow's share is a few datagrams.
+        allow_data = loss_.bytes_in_flight() < cwnd && pacer_.CanSend(now);
         if (!allow_data) {
-          if (loss_.bytes_in_flight() + params_.max_datagram > cwnd) {
+          if (loss_.bytes_in_flight() >= cwnd) {
             ++blocked_by_cwnd_;
           } else {
             ++blocked_by_pacer_;

@@ -16,6 +16,13 @@
 // Memory: the send ring and the receive ring are `window_bytes` each and are
 // allocated once; packets are built in and received into preallocated batch
 // buffers, so nothing is allocated per packet.
+//
+// Copies: Write copies into the send ring; each packet is sealed from the
+// ring straight into the batch buffer (no plaintext copy). A ReadExactly of at
+// least kDirectReadBytes lends its buffer to the I/O thread, which decrypts
+// the stream data for that range straight from the received datagram into it
+// (what had arrived before, out of order, is copied over from the receive
+// ring once); smaller reads and data beyond the lent range go through the ring.
 
 #include <atomic>
 #include <cstdint>
@@ -86,15 +93,39 @@ class UdpConnection final : public Channel, private FrameVisitor {
     uint64_t key_updates_sent = 0;
     uint64_t key_updates_received = 0;
     uint64_t gso_batches = 0;
+    uint64_t gro_datagrams = 0;  // received coalesced with others in one buffer (UDP GRO)
+    // Stream bytes decrypted straight to their place (no copy), and of those the ones that
+    // went into a caller's ReadExactly buffer.
+    uint64_t stream_bytes_placed = 0;
+    uint64_t stream_bytes_placed_in_reader = 0;
   };
   Counters counters() const;
 
+  // Reads at least this long go straight into the caller's buffer.
+  static constexpr size_t kDirectReadBytes = 16 << 10;
+
  private:
+  // A caller's buffer for stream bytes [offset, offset + length).
+  struct ReadTarget {
+    uint64_t offset = 0;
+    uint8_t* data = nullptr;
+    size_t length = 0;
+  };
+
   // I/O thread.
   void Run();
   void Sync(bool* stop);
   void Receive(Timestamp now);
   void ProcessDatagram(absl::Span<uint8_t> datagram, Timestamp now);
+  // Where stream bytes [offset, offset + length) live: the lent read target
+  // or the receive ring.
+  void Locate(uint64_t offset, size_t length, Scatter* out) const;
+  // Decides, before authentication, whether a packet's trailing STREAM data
+  // can be decrypted straight into place (it must land only on bytes not yet
+  // received).
+  Scatter PlaceStream(absl::Span<const uint8_t> head, size_t payload_length);
+  void CommitStream(uint64_t start, uint64_t end);
+  void AdoptReadTarget() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnTimers(Timestamp now);
   void Send(Timestamp now);
   bool HasStreamToSend() const;
@@ -128,7 +159,11 @@ class UdpConnection final : public Channel, private FrameVisitor {
   uint64_t recv_read_ ABSL_GUARDED_BY(mu_) = 0;     // caller: consumed
   uint64_t recv_ready_ ABSL_GUARDED_BY(mu_) = 0;    // I/O: everything below has arrived
   uint64_t writer_wants_ ABSL_GUARDED_BY(mu_) = 0;  // a blocked Write waits for this much room
+  bool io_wants_writes_ ABSL_GUARDED_BY(mu_) = true;  // the I/O thread would send new bytes now
   uint64_t reader_wants_ ABSL_GUARDED_BY(mu_) = 0;  // a blocked read waits for this much data
+  ReadTarget read_target_ ABSL_GUARDED_BY(mu_);
+  bool read_target_set_ ABSL_GUARDED_BY(mu_) = false;   // the reader lends read_target_
+  bool read_target_held_ ABSL_GUARDED_BY(mu_) = false;  // the I/O thread may write to it
   absl::Status status_ ABSL_GUARDED_BY(mu_);        // why the channel failed
   bool peer_closed_ ABSL_GUARDED_BY(mu_) = false;
   std::string peer_close_reason_ ABSL_GUARDED_BY(mu_);
@@ -168,6 +203,10 @@ class UdpConnection final : public Channel, private FrameVisitor {
   uint64_t io_recv_read_ = 0;   // snapshot of recv_read_
   uint64_t io_recv_ready_ = 0;  // contiguous received prefix
   RangeSet received_above_;     // stream ranges above io_recv_ready_
+  ReadTarget io_target_;        // valid while read_target_held_
+  bool io_target_valid_ = false;
+  TrailingStream placed_;        // the STREAM frame PlaceStream placed
+  size_t placed_in_reader_ = 0;  // how much of it went to io_target_
   RangeSet received_pns_;       // packet numbers, half-open ranges
   uint64_t pn_floor_ = 0;       // packet numbers below this count as duplicates
   uint64_t largest_received_pn_ = 0;

@@ -2,6 +2,7 @@
 
 #include <openssl/sha.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -65,6 +66,14 @@ absl::Status PacketSealer::Rekey() {
 
 absl::StatusOr<size_t> PacketSealer::Seal(uint64_t connection_id, uint64_t packet_number,
                                           absl::Span<uint8_t> packet, size_t payload_length) {
+  return SealGather(connection_id, packet_number, packet, payload_length, {});
+}
+
+absl::StatusOr<size_t> PacketSealer::SealGather(uint64_t connection_id, uint64_t packet_number,
+                                                absl::Span<uint8_t> packet, size_t prefix_length,
+                                                absl::Span<const absl::Span<const uint8_t>> tail) {
+  size_t payload_length = prefix_length;
+  for (absl::Span<const uint8_t> part : tail) payload_length += part.size();
   UDP_CHECK((packet.size()) >= (kHeaderSize + payload_length + kAeadTagSize));
   if (!started_) {
     started_ = true;
@@ -80,12 +89,18 @@ absl::StatusOr<size_t> PacketSealer::Seal(uint64_t connection_id, uint64_t packe
   EVP_CIPHER_CTX* ctx = ctx_.get();
   int len = 0;
   uint8_t* payload = packet.data() + kHeaderSize;
-  if (EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce) != 1 ||
-      EVP_EncryptUpdate(ctx, nullptr, &len, packet.data(), kHeaderSize) != 1 ||
-      EVP_EncryptUpdate(ctx, payload, &len, payload, static_cast<int>(payload_length)) != 1 ||
-      EVP_EncryptFinal_ex(ctx, payload + len, &len) != 1 ||
-      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kAeadTagSize, payload + payload_length) !=
-          1) {
+  bool ok = EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce) == 1 &&
+            EVP_EncryptUpdate(ctx, nullptr, &len, packet.data(), kHeaderSize) == 1 &&
+            EVP_EncryptUpdate(ctx, payload, &len, payload, static_cast<int>(prefix_length)) == 1;
+  size_t at = prefix_length;
+  for (absl::Span<const uint8_t> part : tail) {
+    if (!ok || part.empty()) continue;
+    ok =
+        EVP_EncryptUpdate(ctx, payload + at, &len, part.data(), static_cast<int>(part.size())) == 1;
+    at += part.size();
+  }
+  if (!ok || EVP_EncryptFinal_ex(ctx, payload + at, &len) != 1 ||
+      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kAeadTagSize, payload + payload_length) != 1) {
     return absl::InternalError("AES-GCM encryption failed");
   }
   return kHeaderSize + payload_length + kAeadTagSize;
@@ -104,35 +119,96 @@ void PacketOpener::Install(Generation& g, const std::array<uint8_t, kKeySize>& k
   g.valid = true;
 }
 
-bool PacketOpener::TryOpen(Generation& g, const PacketHeader& h, absl::Span<uint8_t> datagram) {
+bool PacketOpener::TryOpen(Generation& g, const PacketHeader& h, absl::Span<uint8_t> datagram,
+                           const ScatterFn* scatter, Scatter* scattered) {
   if (!g.valid) return false;
   uint8_t nonce[kIvSize];
   MakeNonce(iv_, h.packet_number, nonce);
   const size_t ciphertext_length = datagram.size() - kPacketOverhead;
   uint8_t* payload = datagram.data() + kHeaderSize;
-  // Decrypts in place. If the tag does not verify, the same keystream is
-  // applied again to restore the ciphertext, so another generation's key can
-  // still be tried and the caller never sees unauthenticated plaintext.
+  // Decrypts the head in place, then the rest where the Scatter says (in
+  // place by default). If the tag does not verify, the same keystream is
+  // applied to the head again to restore the ciphertext, so another
+  // generation's key can still be tried and the caller never sees
+  // unauthenticated plaintext in the datagram.
   EVP_CIPHER_CTX* ctx = g.ctx.get();
   int len = 0;
+  const size_t head =
+      scatter != nullptr ? std::min(ciphertext_length, kHeadBytes) : ciphertext_length;
   if (EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce) != 1 ||
       EVP_DecryptUpdate(ctx, nullptr, &len, datagram.data(), kHeaderSize) != 1 ||
-      EVP_DecryptUpdate(ctx, payload, &len, payload, static_cast<int>(ciphertext_length)) != 1 ||
-      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, kAeadTagSize,
-                          payload + ciphertext_length) != 1) {
+      EVP_DecryptUpdate(ctx, payload, &len, payload, static_cast<int>(head)) != 1) {
     return false;
   }
-  if (EVP_DecryptFinal_ex(ctx, payload + len, &len) == 1) return true;
+  Scatter chosen;
+  if (scatter != nullptr)
+    chosen = (*scatter)(absl::MakeConstSpan(payload, head), ciphertext_length);
+  const size_t in_place = chosen.count > 0 ? std::max(head, chosen.from) : ciphertext_length;
+  bool ok = true;
+  if (chosen.count > 0) {
+    size_t total = 0;
+    for (size_t i = 0; i < chosen.count; ++i) total += chosen.pieces[i].size();
+    UDP_CHECK(chosen.from <= ciphertext_length && chosen.count <= Scatter::kMaxPieces &&
+              total == ciphertext_length - chosen.from);
+    // Payload bytes [at, ciphertext_length) go to the pieces in order; those below `head` are
+    // plaintext already and are copied, the others are decrypted straight into place.
+    size_t at = chosen.from;
+    if (at > head) {
+      ok = EVP_DecryptUpdate(ctx, payload + head, &len, payload + head,
+                             static_cast<int>(at - head)) == 1;
+    }
+    for (size_t i = 0; i < chosen.count && ok; ++i) {
+      uint8_t* out = chosen.pieces[i].data();
+      size_t n = chosen.pieces[i].size();
+      if (at < head) {
+        const size_t copied = std::min(n, head - at);
+        std::memcpy(out, payload + at, copied);
+        out += copied;
+        n -= copied;
+        at += copied;
+      }
+      if (n > 0) {
+        ok = EVP_DecryptUpdate(ctx, out, &len, payload + at, static_cast<int>(n)) == 1;
+        at += n;
+      }
+    }
+  } else if (head < ciphertext_length) {
+    ok = EVP_DecryptUpdate(ctx, payload + head, &len, payload + head,
+                           static_cast<int>(ciphertext_length - head)) == 1;
+  }
+  if (ok &&
+      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, kAeadTagSize, payload + ciphertext_length) ==
+          1 &&
+      EVP_DecryptFinal_ex(ctx, payload + ciphertext_length, &len) == 1) {
+    if (scattered != nullptr) *scattered = chosen;
+    return true;
+  }
   // Restore the ciphertext: CTR-mode decryption is an XOR with the keystream.
   int restored = 0;
   EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce);
-  EVP_DecryptUpdate(ctx, payload, &restored, payload, static_cast<int>(ciphertext_length));
+  EVP_DecryptUpdate(ctx, payload, &restored, payload, static_cast<int>(in_place));
   return false;
 }
 
 absl::StatusOr<absl::Span<uint8_t>> PacketOpener::Open(uint64_t expected_connection_id,
                                                        absl::Span<uint8_t> datagram,
                                                        PacketHeader* header) {
+  return OpenImpl(expected_connection_id, datagram, header, nullptr, nullptr);
+}
+
+absl::StatusOr<absl::Span<uint8_t>> PacketOpener::Open(uint64_t expected_connection_id,
+                                                       absl::Span<uint8_t> datagram,
+                                                       PacketHeader* header, ScatterFn scatter,
+                                                       Scatter* scattered) {
+  return OpenImpl(expected_connection_id, datagram, header, &scatter, scattered);
+}
+
+absl::StatusOr<absl::Span<uint8_t>> PacketOpener::OpenImpl(uint64_t expected_connection_id,
+                                                           absl::Span<uint8_t> datagram,
+                                                           PacketHeader* header,
+                                                           const ScatterFn* scatter,
+                                                           Scatter* scattered) {
+  if (scattered != nullptr) *scattered = Scatter{};
   auto parsed = ParseHeader(datagram);
   if (!parsed.ok()) return parsed.status();
   if (parsed->connection_id != expected_connection_id) {
@@ -142,14 +218,14 @@ absl::StatusOr<absl::Span<uint8_t>> PacketOpener::Open(uint64_t expected_connect
   const absl::Span<uint8_t> payload =
       datagram.subspan(kHeaderSize, datagram.size() - kPacketOverhead);
   if (header->key_phase == KeyPhaseOf(generation_)) {
-    if (TryOpen(current_, *header, datagram)) {
+    if (TryOpen(current_, *header, datagram, scatter, scattered)) {
       if (header->packet_number < generation_first_pn_) generation_first_pn_ = header->packet_number;
       return payload;
     }
   } else if (previous_.valid && header->packet_number < generation_first_pn_) {
     // A late packet from before the peer's last key update.
-    if (TryOpen(previous_, *header, datagram)) return payload;
-  } else if (TryOpen(next_, *header, datagram)) {
+    if (TryOpen(previous_, *header, datagram, scatter, scattered)) return payload;
+  } else if (TryOpen(next_, *header, datagram, scatter, scattered)) {
     // The peer moved to the next generation: rotate previous <- current <- next.
     std::swap(previous_, current_);
     std::swap(current_, next_);

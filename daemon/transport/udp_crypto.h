@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -63,6 +64,13 @@ class PacketSealer {
   // must increase. Returns the datagram length.
   absl::StatusOr<size_t> Seal(uint64_t connection_id, uint64_t packet_number,
                               absl::Span<uint8_t> packet, size_t payload_length);
+  // Like Seal, but the plaintext is the `prefix_length` bytes after the header
+  // followed by the bytes of `tail`, which are encrypted from where they are
+  // (e.g. the send ring) straight into `packet` after the prefix; the tag
+  // follows them. `packet` must hold the header, the whole payload and the tag.
+  absl::StatusOr<size_t> SealGather(uint64_t connection_id, uint64_t packet_number,
+                                    absl::Span<uint8_t> packet, size_t prefix_length,
+                                    absl::Span<const absl::Span<const uint8_t>> tail);
 
   uint64_t key_generation() const { return generation_; }
 
@@ -76,9 +84,30 @@ class PacketSealer {
   EvpCtx ctx_;
 };
 
+// Where Open decrypts the end of a payload to instead of back into the
+// datagram: payload bytes [from, payload length) go, in order, to pieces[0],
+// pieces[1], ... (their sizes add up to payload length - from). `count` 0
+// decrypts everything in place.
+struct Scatter {
+  static constexpr size_t kMaxPieces = 6;
+  size_t from = 0;
+  std::array<absl::Span<uint8_t>, kMaxPieces> pieces{};
+  size_t count = 0;
+};
+
 // Opens incoming packets. Not thread-safe; owned by the connection's I/O thread.
 class PacketOpener {
  public:
+  // Decrypted in place before Open asks for a Scatter: enough for every frame
+  // that precedes a STREAM frame's data in a packet of ours.
+  static constexpr size_t kHeadBytes = 384;
+  // Chooses a Scatter from the first min(payload length, kHeadBytes) bytes
+  // of plaintext, which are not yet authenticated: a Scatter may only name
+  // memory that holds nothing anyone relies on until the packet is accepted,
+  // since a packet that fails authentication leaves garbage there.
+  using ScatterFn =
+      absl::FunctionRef<Scatter(absl::Span<const uint8_t> head, size_t payload_length)>;
+
   explicit PacketOpener(const DirectionKeys& keys);
 
   // Authenticates and decrypts `datagram` in place. Returns the plaintext
@@ -87,6 +116,13 @@ class PacketOpener {
   // candidate key (previous, current and next generation).
   absl::StatusOr<absl::Span<uint8_t>> Open(uint64_t expected_connection_id,
                                            absl::Span<uint8_t> datagram, PacketHeader* header);
+  // Like Open, but decrypts the payload's tail where `scatter` says (one AES
+  // pass from the datagram to its destination, no copy). On success
+  // `*scattered` is the Scatter used, and the returned payload's bytes from
+  // scattered->from on are in its pieces, not in the datagram.
+  absl::StatusOr<absl::Span<uint8_t>> Open(uint64_t expected_connection_id,
+                                           absl::Span<uint8_t> datagram, PacketHeader* header,
+                                           ScatterFn scatter, Scatter* scattered);
 
   uint64_t key_generation() const { return generation_; }
 
@@ -96,7 +132,11 @@ class PacketOpener {
     EvpCtx ctx;
     bool valid = false;
   };
-  bool TryOpen(Generation& g, const PacketHeader& h, absl::Span<uint8_t> datagram);
+  absl::StatusOr<absl::Span<uint8_t>> OpenImpl(uint64_t expected_connection_id,
+                                               absl::Span<uint8_t> datagram, PacketHeader* header,
+                                               const ScatterFn* scatter, Scatter* scattered);
+  bool TryOpen(Generation& g, const PacketHeader& h, absl::Span<uint8_t> datagram,
+               const ScatterFn* scatter, Scatter* scattered);
   void Install(Generation& g, const std::array<uint8_t, kKeySize>& key);
 
   std::array<uint8_t, kIvSize> iv_{};

@@ -36,6 +36,14 @@ bool RangeSet::Contains(uint64_t start, uint64_t end) const {
   return it->first <= start && end <= it->second;
 }
 
+bool RangeSet::Overlaps(uint64_t start, uint64_t end) const {
+  if (start >= end) return false;
+  // The first range ending after `start` overlaps iff it begins before `end`.
+  auto it = std::upper_bound(ranges_.begin(), ranges_.end(), start,
+                             [](uint64_t v, const auto& r) { return v < r.second; });
+  return it != ranges_.end() && it->first < end;
+}
+
 void RangeSet::RemoveBelow(uint64_t floor) {
   auto it = ranges_.begin();
   while (it != ranges_.end() && it->second <= floor) ++it;

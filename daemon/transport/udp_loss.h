@@ -32,6 +32,8 @@ class RangeSet {
   void Add(uint64_t start, uint64_t end);
   // Whether [start, end) is entirely inside the set.
   bool Contains(uint64_t start, uint64_t end) const;
+  // Whether any of [start, end) is in the set.
+  bool Overlaps(uint64_t start, uint64_t end) const;
   // Removes everything below `floor`.
   void RemoveBelow(uint64_t floor);
   // If a range starts at or below `from`, removes it and returns its end;

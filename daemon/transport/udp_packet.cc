@@ -156,6 +156,53 @@ absl::Status ParseFrames(absl::Span<const uint8_t> payload, FrameVisitor& visito
   return absl::OkStatus();
 }
 
+bool FindTrailingStream(absl::Span<const uint8_t> head, size_t payload_length,
+                        TrailingStream* out) {
+  if (head.size() > payload_length) return false;
+  Reader r(head);
+  while (r.remaining() > 0) {
+    const size_t frame_start = head.size() - r.remaining();
+    uint8_t type;
+    r.ReadU8(&type);
+    absl::Span<const uint8_t> skipped;
+    switch (static_cast<FrameType>(type)) {
+      case FrameType::kPadding:
+      case FrameType::kPing:
+        break;
+      case FrameType::kAck: {
+        // largest u64, ack_delay_us u32, range_count u8, first_range u32, then pairs.
+        uint64_t largest;
+        uint32_t delay, first;
+        uint8_t count;
+        if (!r.ReadU64(&largest) || !r.ReadU32(&delay) || !r.ReadU8(&count) || !r.ReadU32(&first) ||
+            count == 0 || count > kMaxAckRanges ||
+            !r.ReadBytes(size_t{8} * (count - 1), &skipped)) {
+          return false;
+        }
+        break;
+      }
+      case FrameType::kMaxData:
+        if (!r.ReadBytes(8, &skipped)) return false;
+        break;
+      case FrameType::kStream: {
+        uint64_t offset;
+        uint16_t length;
+        if (!r.ReadU64(&offset) || !r.ReadU16(&length)) return false;
+        const size_t data_start = head.size() - r.remaining();
+        if (length == 0 || offset >= kMaxStreamOffset || kMaxStreamOffset - offset < length ||
+            data_start + length != payload_length) {
+          return false;
+        }
+        *out = {frame_start, data_start, offset, length};
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+  return false;
+}
+
 size_t WritePing(absl::Span<uint8_t> out) {
   if (out.empty()) return 0;
   out[0] = static_cast<uint8_t>(FrameType::kPing);

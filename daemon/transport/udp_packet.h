@@ -97,6 +97,22 @@ void WriteHeader(const PacketHeader& header, absl::Span<uint8_t> out);  // out.s
 // than kMaxCloseReason is InvalidArgument.
 absl::Status ParseFrames(absl::Span<const uint8_t> payload, FrameVisitor& visitor);
 
+// A STREAM frame that ends its packet: its data is payload bytes
+// [data_start, payload length).
+struct TrailingStream {
+  size_t frame_start = 0;  // the frames before it are payload[0, frame_start)
+  size_t data_start = 0;
+  uint64_t offset = 0;
+  size_t length = 0;
+};
+// Finds the STREAM frame that ends a payload of `payload_length` bytes from
+// its first bytes `head`, skipping the PADDING, PING, ACK and MAX_DATA frames
+// before it by their sizes alone (nothing else is checked: ParseFrames still
+// parses them). False when `head` does not reach that frame's data, another
+// frame type comes first, or the frame is malformed or does not end the
+// payload. Safe on any bytes: it never reads outside `head`.
+bool FindTrailingStream(absl::Span<const uint8_t> head, size_t payload_length, TrailingStream* out);
+
 // Appends frames to a caller-owned buffer. Each returns the bytes written, or
 // 0 if `out` is too small (nothing is written then).
 size_t WritePing(absl::Span<uint8_t> out);

@@ -149,5 +149,103 @@ TEST(UdpCryptoTest, ExportedKeysSplitPerDirection) {
   EXPECT_NE(NextKey(keys->dialer_to_listener.key), keys->dialer_to_listener.key);
 }
 
+TEST(UdpCryptoTest, GatherSealEqualsSealOfTheWholePayload) {
+  PacketSealer whole(TestKeys(), kDefaultKeyUpdateInterval);
+  PacketSealer gather(TestKeys(), kDefaultKeyUpdateInterval);
+  std::vector<uint8_t> plain(3000);
+  std::iota(plain.begin(), plain.end(), 0);
+  std::vector<uint8_t> a(kHeaderSize + plain.size() + kAeadTagSize);
+  std::memcpy(a.data() + kHeaderSize, plain.data(), plain.size());
+  ASSERT_TRUE(whole.Seal(9, 3, absl::MakeSpan(a), plain.size()).ok());
+  // 11 bytes of prefix in the packet, the rest from two places elsewhere (a ring that wraps).
+  std::vector<uint8_t> b(a.size());
+  std::memcpy(b.data() + kHeaderSize, plain.data(), 11);
+  const absl::Span<const uint8_t> tail[] = {absl::MakeConstSpan(plain).subspan(11, 1001),
+                                            absl::MakeConstSpan(plain).subspan(1012)};
+  auto size = gather.SealGather(9, 3, absl::MakeSpan(b), 11, tail);
+  ASSERT_TRUE(size.ok()) << size.status();
+  EXPECT_EQ(*size, a.size());
+  EXPECT_EQ(a, b);
+}
+
+// Opens `packet` with payload bytes [from, end) scattered over pieces of `sizes`.
+std::vector<uint8_t> OpenScattered(PacketOpener& opener, std::vector<uint8_t> packet, size_t from,
+                                   const std::vector<size_t>& sizes, absl::Status* status,
+                                   std::vector<uint8_t>* in_place) {
+  const size_t payload_length = packet.size() - kPacketOverhead;
+  std::vector<uint8_t> out(payload_length - from, 0xEE);
+  size_t seen_head = 0;
+  auto scatter = [&](absl::Span<const uint8_t> head, size_t length) {
+    seen_head = head.size();
+    EXPECT_EQ(length, payload_length);
+    Scatter s;
+    s.from = from;
+    size_t at = 0;
+    for (size_t n : sizes) {
+      s.pieces[s.count++] = absl::MakeSpan(out.data() + at, n);
+      at += n;
+    }
+    return s;
+  };
+  PacketHeader h;
+  Scatter used;
+  auto payload = opener.Open(7, absl::MakeSpan(packet), &h, scatter, &used);
+  EXPECT_EQ(seen_head, std::min(payload_length, PacketOpener::kHeadBytes));
+  *status = payload.status();
+  if (payload.ok()) {
+    EXPECT_EQ(used.count, sizes.size());
+  }
+  *in_place = packet;
+  return out;
+}
+
+TEST(UdpCryptoTest, OpenDecryptsTheTailStraightIntoItsPieces) {
+  PacketSealer sealer(TestKeys(), kDefaultKeyUpdateInterval);
+  PacketOpener opener(TestKeys());
+  std::string text(5000, 'x');
+  for (size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>('a' + i % 23);
+  uint64_t pn = 1;
+  // The scattered part starting inside and past the in-place head, in one piece or several.
+  for (size_t from : {size_t{0}, size_t{11}, PacketOpener::kHeadBytes - 5, PacketOpener::kHeadBytes,
+                      size_t{1000}}) {
+    for (const std::vector<size_t>& split :
+         {std::vector<size_t>{text.size() - from},
+          std::vector<size_t>{1, 3, 17, text.size() - from - 21}}) {
+      auto packet = Sealed(sealer, 7, pn++, text);
+      absl::Status status;
+      std::vector<uint8_t> in_place;
+      auto out = OpenScattered(opener, packet, from, split, &status, &in_place);
+      ASSERT_TRUE(status.ok()) << status << " from " << from;
+      EXPECT_EQ(Text(out), text.substr(from)) << "from " << from;
+      EXPECT_EQ(
+          Text(absl::MakeConstSpan(in_place).subspan(kHeaderSize, std::min(from, text.size()))),
+          text.substr(0, from));
+    }
+  }
+}
+
+TEST(UdpCryptoTest, TamperedPacketFailsWhenScatteredAndLeavesTheDatagramAsItWas) {
+  PacketSealer sealer(TestKeys(), kDefaultKeyUpdateInterval);
+  PacketOpener opener(TestKeys());
+  const std::string text(2000, 'q');
+  const auto original = Sealed(sealer, 7, 1, text);
+  for (size_t i :
+       {size_t{10}, size_t{kHeaderSize + 3}, size_t{kHeaderSize + 1500}, original.size() - 1}) {
+    auto packet = original;
+    packet[i] ^= 0x10;
+    absl::Status status;
+    std::vector<uint8_t> in_place;
+    OpenScattered(opener, packet, 100, {text.size() - 100}, &status, &in_place);
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << "byte " << i;
+    // The head was decrypted in place and put back: the datagram holds the ciphertext again.
+    EXPECT_EQ(in_place, packet) << "byte " << i;
+  }
+  absl::Status status;
+  std::vector<uint8_t> in_place;
+  auto out = OpenScattered(opener, original, 100, {text.size() - 100}, &status, &in_place);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(Text(out), text.substr(100));
+}
+
 }  // namespace
 }  // namespace longhaul::transport::udp

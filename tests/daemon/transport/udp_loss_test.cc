@@ -162,5 +162,19 @@ TEST(UdpRangeSetTest, MergesAndPops) {
   EXPECT_EQ(s.size(), 1u);
 }
 
+TEST(UdpRangeSetTest, OverlapsAnyPartOfARange) {
+  RangeSet s;
+  s.Add(10, 20);
+  s.Add(30, 40);
+  EXPECT_FALSE(s.Overlaps(0, 10));  // half-open: touching is not overlapping
+  EXPECT_FALSE(s.Overlaps(20, 30));
+  EXPECT_FALSE(s.Overlaps(40, 50));
+  EXPECT_FALSE(s.Overlaps(15, 15));  // empty
+  EXPECT_TRUE(s.Overlaps(19, 21));
+  EXPECT_TRUE(s.Overlaps(25, 31));
+  EXPECT_TRUE(s.Overlaps(0, 100));
+  EXPECT_TRUE(s.Overlaps(32, 33));
+}
+
 }  // namespace
 }  // namespace longhaul::transport::udp

@@ -203,5 +203,66 @@ TEST(UdpPacketTest, VisitorErrorStopsTheParse) {
   EXPECT_EQ(r.pings, 0);
 }
 
+TEST(UdpPacketTest, FindTrailingStreamSkipsLeadingFramesBySize) {
+  std::vector<uint8_t> payload(2000);
+  absl::Span<uint8_t> out(payload);
+  AckFrame ack;
+  ack.range_count = 3;
+  ack.ranges[0] = {90, 100};
+  ack.ranges[1] = {50, 80};
+  ack.ranges[2] = {10, 20};
+  size_t used = WriteAck(ack, out);
+  used += WriteMaxData(1 << 20, out.subspan(used));
+  used += WritePing(out.subspan(used));
+  used += WritePadding(out.subspan(used), 3);
+  const size_t frame_start = used;
+  const size_t data = 1500;
+  used += WriteStreamHeader(4096, data, out.subspan(used));
+  const size_t length = used + data;
+  TrailingStream found;
+  ASSERT_TRUE(FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, 384), length, &found));
+  EXPECT_EQ(found.frame_start, frame_start);
+  EXPECT_EQ(found.data_start, frame_start + kStreamFrameHeaderSize);
+  EXPECT_EQ(found.offset, 4096u);
+  EXPECT_EQ(found.length, data);
+  // ParseFrames agrees on the whole payload.
+  Recorder r;
+  ASSERT_TRUE(ParseFrames(absl::MakeConstSpan(payload).subspan(0, length), r).ok());
+  ASSERT_EQ(r.streams.size(), 1u);
+  EXPECT_EQ(r.streams[0].first, 4096u);
+
+  // Not a trailing frame (the payload goes on past its data), a head that ends inside the
+  // STREAM header, or a head longer than the payload.
+  EXPECT_FALSE(
+      FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, 384), length + 1, &found));
+  EXPECT_FALSE(
+      FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, frame_start + 5), length, &found));
+  EXPECT_FALSE(FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, 384), 100, &found));
+}
+
+TEST(UdpPacketTest, FindTrailingStreamRefusesWhatItCannotSkip) {
+  std::vector<uint8_t> payload(600, 0);
+  absl::Span<uint8_t> out(payload);
+  // A CLOSE before the data: its length is not skipped, so no placement.
+  size_t used = WriteClose(kCloseNoError, "bye", out);
+  used += WriteStreamHeader(0, 10, out.subspan(used));
+  TrailingStream found;
+  EXPECT_FALSE(
+      FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, used), used + 10, &found));
+  // An unknown frame type, an ACK with no ranges, an empty STREAM frame.
+  payload.assign(600, 0);
+  payload[0] = 0x7f;
+  EXPECT_FALSE(FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, 100), 100, &found));
+  payload.assign(600, 0);
+  payload[0] = static_cast<uint8_t>(FrameType::kAck);  // range_count at byte 13 stays 0
+  EXPECT_FALSE(FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, 100), 100, &found));
+  payload.assign(600, 0);
+  payload[0] = static_cast<uint8_t>(FrameType::kStream);  // length 0
+  EXPECT_FALSE(FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, 11), 11, &found));
+  // All padding: no STREAM frame at all.
+  payload.assign(600, 0);
+  EXPECT_FALSE(FindTrailingStream(absl::MakeConstSpan(payload).subspan(0, 384), 600, &found));
+}
+
 }  // namespace
 }  // namespace longhaul::transport::udp

@@ -5,6 +5,8 @@
 #include "daemon/transport/udp_transport.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/udp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -131,6 +133,9 @@ TEST(UdpTransportTest, Moves64MiBByteIdentical) {
   MoveBytes(options, 64 << 20, &s, &r);
   EXPECT_GT(s.datagrams_sent, 64u << 20 >> 14);
   EXPECT_EQ(r.auth_failures, 0u);
+  // Most stream bytes were decrypted straight to their place, many into the reader's buffer.
+  EXPECT_GT(r.stream_bytes_placed, 32u << 20);
+  EXPECT_GT(r.stream_bytes_placed_in_reader, 0u);
 }
 
 TEST(UdpTransportTest, Moves64MiBWithEvery50thDatagramDropped) {
@@ -141,6 +146,7 @@ TEST(UdpTransportTest, Moves64MiBWithEvery50thDatagramDropped) {
   EXPECT_GT(r.dropped_for_test, 100u);
   EXPECT_GT(s.lost, 0u);
   EXPECT_GT(s.retransmitted_bytes, 0u);
+  EXPECT_GT(r.stream_bytes_placed_in_reader, 0u);
 }
 
 TEST(UdpTransportTest, SmallDatagramsAndFrequentKeyUpdates) {
@@ -172,7 +178,8 @@ TEST(UdpTransportTest, DialToSiteWithoutUdpIsRefused) {
 
 // Two connections over a socketpair, built directly.
 struct Pair {
-  explicit Pair(bool same_keys, int io_thread_nice = 0) : io_thread_nice(io_thread_nice) {
+  explicit Pair(bool same_keys, int io_thread_nice = 0, uint32_t b_drops_every_nth = 0)
+      : io_thread_nice(io_thread_nice) {
     int fds[2];
     EXPECT_EQ(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, fds), 0);
     udp::DirectionKeys k1, k2;
@@ -181,11 +188,12 @@ struct Pair {
     udp::DirectionKeys k1_seen_by_b = k1;
     if (!same_keys) k1_seen_by_b.key[1] = 9;
     a = Make(fds[0], 11, 22, k1, k2);
-    b = Make(fds[1], 22, 11, k2, k1_seen_by_b);
+    b = Make(fds[1], 22, 11, k2, k1_seen_by_b, b_drops_every_nth);
   }
   std::unique_ptr<udp::UdpConnection> Make(int fd, uint64_t local, uint64_t peer,
                                            const udp::DirectionKeys& send,
-                                           const udp::DirectionKeys& receive) {
+                                           const udp::DirectionKeys& receive,
+                                           uint32_t drops_every_nth = 0) {
     udp::UdpConnectionParams p;
     p.fd = fd;
     p.local_connection_id = local;
@@ -200,6 +208,8 @@ struct Pair {
     p.congestion_control_name = "bbr3";
     p.idle_timeout = TimeDelta::Seconds(5);
     p.io_thread_nice = io_thread_nice;
+    p.drop_every_nth_received = drops_every_nth;
+    p.gso = false;  // a unix socket would carry a GSO batch as one datagram
     return std::make_unique<udp::UdpConnection>(std::move(p));
   }
   int io_thread_nice;
@@ -233,6 +243,154 @@ TEST(UdpConnectionTest, AbortFailsABlockedRead) {
   // The peer hears about it: its read fails rather than hanging.
   absl::Status peer = pair.a->ReadExactly(absl::MakeSpan(&byte, 1));
   EXPECT_EQ(peer.code(), absl::StatusCode::kUnavailable) << peer;
+}
+
+TEST(UdpConnectionTest, LongReadsFillTheCallersBufferUnderLossAndReordering) {
+  // b loses every 7th datagram, so retransmissions arrive after later data: a lent buffer
+  // takes over ranges that came early (out of order) from the ring, and gets the rest in place.
+  Pair pair(/*same_keys=*/true, /*io_thread_nice=*/0, /*b_drops_every_nth=*/7);
+  const std::vector<uint8_t> data = Pattern(12 << 20, 3);
+  std::thread writer([&] {
+    for (size_t at = 0; at < data.size(); at += 300'000) {
+      absl::Span<const uint8_t> part(&data[at], std::min<size_t>(300'000, data.size() - at));
+      absl::Status w = pair.a->Write({part});
+      ASSERT_TRUE(w.ok()) << w;
+    }
+  });
+  std::vector<uint8_t> got(data.size());
+  // Short reads through the ring, long ones lent to the I/O thread, one longer than half the
+  // 4 MiB window (lent in two halves).
+  const size_t sizes[] = {5, 100 << 10, 3 << 20, 16 << 10, (16 << 10) - 1, 1 << 20, 777'777};
+  size_t at = 0;
+  for (size_t i = 0; at < got.size(); ++i) {
+    const size_t n = std::min(got.size() - at, sizes[i % std::size(sizes)]);
+    absl::Status s = pair.b->ReadExactly(absl::MakeSpan(&got[at], n));
+    ASSERT_TRUE(s.ok()) << s << " at " << at;
+    at += n;
+  }
+  writer.join();
+  EXPECT_TRUE(got == data) << "received bytes differ";
+  const udp::UdpConnection::Counters c = pair.b->counters();
+  EXPECT_GT(c.dropped_for_test, 0u);
+  EXPECT_GT(c.stream_bytes_placed_in_reader, 0u);
+  EXPECT_EQ(c.auth_failures, 0u);
+  pair.a->Abort();
+  pair.b->Abort();
+}
+
+// The read returns only once the I/O thread has given the buffer back (ASan would see a write
+// into it after it is freed).
+TEST(UdpConnectionTest, AbortFailsALongReadThatLentItsBuffer) {
+  Pair pair(/*same_keys=*/true);
+  std::vector<uint8_t> big(1 << 20);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    pair.b->Abort();
+  });
+  absl::Status s = pair.b->ReadExactly(absl::MakeSpan(big));
+  aborter.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  pair.a->Abort();
+}
+
+// A real UDP socket with GRO, fed by hand-sealed packets sent as one GSO batch.
+struct GroReceiver {
+  GroReceiver() {
+    raw = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    EXPECT_EQ(setsockopt(fd, SOL_UDP, 104 /* UDP_GRO */, &one, sizeof one), 0);
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    sockaddr_in a = addr, b = addr;
+    EXPECT_EQ(bind(raw, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&b), sizeof b), 0);
+    getsockname(raw, reinterpret_cast<sockaddr*>(&a), &len);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&b), &len);
+    EXPECT_EQ(connect(raw, reinterpret_cast<sockaddr*>(&b), sizeof b), 0);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    udp::UdpConnectionParams p;
+    p.fd = fd;
+    p.local_connection_id = 22;
+    p.peer_connection_id = 11;
+    p.send_keys.key[0] = 6;
+    p.receive_keys = keys;
+    p.max_datagram = 9000;
+    p.peer_site = "peer";
+    p.peer_address = "loopback";
+    p.controller_mu = std::make_shared<absl::Mutex>();
+    p.controller = congestion::CreateBbr3({}, random, RealClock::Get().Now());
+    p.congestion_control_name = "bbr3";
+    conn = std::make_unique<udp::UdpConnection>(std::move(p));
+  }
+  ~GroReceiver() {
+    conn->Abort();
+    conn.reset();
+    close(raw);
+  }
+  // A packet carrying stream bytes [offset, offset + data.size()).
+  std::vector<uint8_t> Packet(uint64_t pn, uint64_t offset, absl::Span<const uint8_t> data) {
+    std::vector<uint8_t> packet(udp::kPacketOverhead + udp::kStreamFrameHeaderSize + data.size());
+    const absl::Span<uint8_t> payload = absl::MakeSpan(packet).subspan(udp::kHeaderSize);
+    udp::WriteStreamHeader(offset, static_cast<uint16_t>(data.size()), payload);
+    std::memcpy(&payload[udp::kStreamFrameHeaderSize], data.data(), data.size());
+    EXPECT_TRUE(
+        sealer.Seal(22, pn, absl::MakeSpan(packet), packet.size() - udp::kPacketOverhead).ok());
+    return packet;
+  }
+  // Sends equal-sized packets as one UDP_SEGMENT batch.
+  void SendBatch(const std::vector<std::vector<uint8_t>>& packets) {
+    std::vector<uint8_t> all;
+    for (const auto& p : packets) all.insert(all.end(), p.begin(), p.end());
+    struct iovec iov = {all.data(), all.size()};
+    alignas(struct cmsghdr) uint8_t control[CMSG_SPACE(sizeof(uint16_t))] = {};
+    struct msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = 103;  // UDP_SEGMENT
+    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+    const uint16_t segment = static_cast<uint16_t>(packets[0].size());
+    std::memcpy(CMSG_DATA(c), &segment, sizeof segment);
+    EXPECT_EQ(sendmsg(raw, &msg, 0), static_cast<ssize_t>(all.size()));
+  }
+  int raw = -1;
+  udp::DirectionKeys keys = [] {
+    udp::DirectionKeys k;
+    k.key[0] = 5;
+    return k;
+  }();
+  udp::PacketSealer sealer{keys, udp::kDefaultKeyUpdateInterval};
+  congestion::SplitMix64Random random{2};
+  std::unique_ptr<udp::UdpConnection> conn;
+};
+
+TEST(UdpConnectionTest, GroBatchIsSplitAndATamperedSegmentIsDroppedAlone) {
+  GroReceiver r;
+  const std::vector<uint8_t> data = Pattern(4 * 8000, 11);
+  auto piece = [&](size_t i) { return absl::MakeConstSpan(data).subspan(i * 8000, 8000); };
+  std::vector<std::vector<uint8_t>> batch;
+  for (size_t i = 0; i < 4; ++i) batch.push_back(r.Packet(i + 1, i * 8000, piece(i)));
+  batch[1][udp::kHeaderSize + 4000] ^= 0x20;  // inside the second packet's stream data
+  r.SendBatch(batch);
+  std::vector<uint8_t> got(data.size());
+  ASSERT_TRUE(r.conn->ReadExactly(absl::MakeSpan(got.data(), 8000)).ok());
+  udp::UdpConnection::Counters c = r.conn->counters();
+  EXPECT_EQ(c.gro_datagrams, 4u);  // one receive held all four
+  EXPECT_EQ(c.auth_failures, 1u);
+  EXPECT_EQ(c.datagrams_received, 4u);
+  // The tampered packet delivered nothing, so the stream waits at its offset. Its data sent
+  // again (a new packet number) completes it, with what arrived after it intact.
+  std::thread late([&] { r.SendBatch({r.Packet(5, 8000, piece(1))}); });
+  ASSERT_TRUE(r.conn->ReadExactly(absl::MakeSpan(got.data() + 8000, 3 * 8000)).ok());
+  late.join();
+  EXPECT_TRUE(got == data) << "received bytes differ";
+  EXPECT_EQ(r.conn->counters().auth_failures, 1u);
 }
 
 // Threads of this process whose nice value (field 19 of /proc/self/task/TID/stat) is `nice`.
