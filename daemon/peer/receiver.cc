@@ -142,6 +142,14 @@ Receiver::Receiver(const daemon::DaemonConfig& config, storage::Journal& journal
                 return DestinationExists(export_name, relative);
               }),
       read_back_pool_(kReadBackThreads, kMaxQueuedReadBacks) {
+  // Only address space until bytes arrive; a failed mapping is out of memory.
+  absl::StatusOr<std::unique_ptr<storage::BufferPool>> pool =
+      storage::BufferPool::Create(kReceiveBuffers, kDurablePiece);
+  if (!pool.ok()) {
+    spdlog::critical("receiver: {}", pool.status().message());
+    std::abort();
+  }
+  piece_buffers_ = std::move(*pool);
   for (const daemon::ExportConfig& e : config.exports) exports_.push_back({e.name, e.path});
 }
 
@@ -236,6 +244,7 @@ void Receiver::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutting_down_ = true;
   for (transport::Channel* c : channels_) c->Abort();
+  piece_buffers_->Shutdown();
 }
 
 absl::Duration Receiver::ExpirySweepInterval(absl::Duration expiry) {
@@ -771,9 +780,11 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
   const uint64_t session_id = SessionIdFor(transfer_id);
   const std::string& peer_site = channel.peer_site();
   std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
-  // The chunk buffer grows as payload arrives; `held` bytes of the peer's
-  // budget cover it (at least its capacity) until the channel ends.
-  GrowingBuffer buffer;
+  // One piece buffer of the shared pool, taken at the first chunk and kept
+  // until the channel ends; `held` bytes of the peer's budget cover what a
+  // piece may fill of it.
+  const std::shared_ptr<storage::BufferPool> pool = piece_buffers_;
+  std::optional<storage::BufferPool::Lease> piece_buffer;
   uint64_t held = 0;
   absl::Cleanup release_held = [&] {
     if (held > 0) budget_->Release(peer_site, held);
@@ -860,31 +871,43 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     }
     // One piece is held at a time.
     const uint64_t need = std::min(data_length, kDurablePiece);
+    std::string why;
     if (held < need) {
-      // Give back the smaller buffer first, so that two streams each holding
-      // part of what they need cannot starve each other.
-      buffer.Release();
+      // Give back the smaller reservation first, so that two streams each
+      // holding part of what they need cannot starve each other.
       budget_->Release(peer_site, held);
       held = 0;
-      if (!WaitForBudget(peer_site, need)) {
-        const std::string why = absl::StrCat(
-            config_.site, " holds ", budget_->used(peer_site), " bytes of receive buffers for ",
-            peer_site, "; a ", need, "-byte piece would pass peer_limits.memory_per_peer (",
-            budget_->bytes_per_peer(), " bytes); retry later");
-        spdlog::warn("transfer {}: chunk {} of {}: {}", transfer_id, chunk->chunk_index,
-                     file.path(), why);
-        std::array<uint8_t, kReadPiece> scratch;
-        absl::Status skipped = absl::OkStatus();
-        for (uint64_t left = data_length; left > 0 && skipped.ok();) {
-          const size_t piece = std::min<uint64_t>(left, scratch.size());
-          skipped = channel.ReadExactly(absl::MakeSpan(scratch.data(), piece));
-          left -= piece;
-        }
-        if (!skipped.ok()) break;
-        if (!send_ack(*chunk, ChunkAck::Result::kRetryLater, why).ok()) break;
-        continue;
+      if (WaitForBudget(peer_site, need)) {
+        held = need;
+      } else {
+        why = absl::StrCat(config_.site, " holds ", budget_->used(peer_site),
+                           " bytes of receive buffers for ", peer_site, "; a ", need,
+                           "-byte piece would pass peer_limits.memory_per_peer (",
+                           budget_->bytes_per_peer(), " bytes); retry later");
       }
-      held = need;
+    }
+    if (why.empty() && !piece_buffer) {
+      absl::StatusOr<storage::BufferPool::Lease> lease = pool->Acquire(absl::Now() + kBudgetWait);
+      if (lease.ok()) {
+        piece_buffer = std::move(*lease);
+      } else {
+        why = absl::StrCat(config_.site, " has all ", kReceiveBuffers,
+                           " receive buffers in use; retry later");
+      }
+    }
+    if (!why.empty()) {
+      spdlog::warn("transfer {}: chunk {} of {}: {}", transfer_id, chunk->chunk_index,
+                   file.path(), why);
+      std::array<uint8_t, kReadPiece> scratch;
+      absl::Status skipped = absl::OkStatus();
+      for (uint64_t left = data_length; left > 0 && skipped.ok();) {
+        const size_t piece = std::min<uint64_t>(left, scratch.size());
+        skipped = channel.ReadExactly(absl::MakeSpan(scratch.data(), piece));
+        left -= piece;
+      }
+      if (!skipped.ok()) break;
+      if (!send_ack(*chunk, ChunkAck::Result::kRetryLater, why).ok()) break;
+      continue;
     }
 
     absl::StatusOr<storage::File*> staged;
@@ -914,7 +937,8 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     bool broke = false;
     for (uint64_t pos = chunk->offset; pos < chunk_bytes;) {
       const uint64_t length = std::min(kDurablePiece - pos % kDurablePiece, chunk_bytes - pos);
-      if (absl::Status s = buffer.Read(channel, length); !s.ok()) {
+      const absl::Span<uint8_t> data = piece_buffer->span().first(length);
+      if (absl::Status s = channel.ReadExactly(data); !s.ok()) {
         if (s.code() != absl::StatusCode::kCancelled) {
           spdlog::warn("transfer {}: data stream from {} broke mid-chunk: {}", transfer_id,
                        channel.peer_site(), s.message());
@@ -922,7 +946,6 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
         broke = true;
         break;
       }
-      absl::Span<const uint8_t> data = buffer.data();
       XXH3_128bits_update(&state, data.data(), data.size());
       if (stored.ok()) stored = storage::WriteChunk(*io, **staged, chunk_offset + pos, data);
       pos += length;

@@ -20,6 +20,7 @@
 #include "daemon/peer/destination_owners.h"
 #include "daemon/peer/durability_committer.h"
 #include "daemon/peer/read_back_pool.h"
+#include "storage/buffer_pool.h"
 #include "daemon/peer/memory_budget.h"
 #include "daemon/transport/transport.h"
 #include "storage/exports.h"
@@ -68,9 +69,14 @@ struct ReceiverStats {
 // read, each DATA channel's piece buffer (a chunk is received in pieces of
 // kDurablePiece: the smaller of that and the chunk frame's payload, reserved
 // before its payload is read, and kept for the stream's next chunks), and the
-// read buffer of a verify. A chunk that would take the peer past its budget waits
-// up to kBudgetWait for its other streams to free some; then its payload is
-// read and dropped and it is answered kRetryLater, so the sender slows down.
+// read buffer of a verify. A DATA channel's piece buffer is one of the
+// kReceiveBuffers buffers of kDurablePiece bytes that all peers' streams
+// share (storage::BufferPool: mapped once, never re-zeroed, resident only
+// where bytes were received), so received chunks cost no allocation, and at
+// most kReceiveBuffers x kDurablePiece bytes in all. A chunk that would take
+// the peer past its budget, or finds every buffer taken, waits up to
+// kBudgetWait; then its payload is read and dropped and it is answered
+// kRetryLater, so the sender slows down.
 // A control message past the budget closes its channel.
 //
 // Expiry: an incoming RECEIVING transfer with no open and no data channel
@@ -129,9 +135,12 @@ class Receiver {
   // but the last is answered CHUNK_PROGRESS when the sender asked for it.
   static constexpr uint64_t kDurablePiece = 4u << 20;
 
-  // How long a chunk waits for its peer's memory budget before it is
-  // answered kRetryLater.
+  // How long a chunk waits for its peer's memory budget and a piece buffer
+  // before it is answered kRetryLater.
   static constexpr absl::Duration kBudgetWait = absl::Seconds(5);
+
+  // Piece buffers shared by every DATA channel (see "Memory" above).
+  static constexpr size_t kReceiveBuffers = 128;
 
  private:
   struct Session;
@@ -199,6 +208,8 @@ class Receiver {
   const WallClock wall_clock_;
   std::vector<storage::Export> exports_;
   DurabilityCommitter committer_;
+  // Shared with the DATA channels, so that it outlives every lease.
+  std::shared_ptr<storage::BufferPool> piece_buffers_;
   DestinationOwners owners_;
 
   mutable absl::Mutex mu_;
