@@ -880,25 +880,29 @@ void UdpConnection::Send(Timestamp now) {
   if (sealer_.key_generation() != generation) ++io_counters_.key_updates_sent;
 }
 
+ssize_t SendSegmented(int fd, absl::Span<const uint8_t> datagrams, uint16_t segment) {
+  struct iovec iov = {const_cast<uint8_t*>(datagrams.data()), datagrams.size()};
+  alignas(struct cmsghdr) uint8_t control[CMSG_SPACE(sizeof(uint16_t))] = {};
+  struct msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_UDP;
+  c->cmsg_type = UDP_SEGMENT;
+  c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+  std::memcpy(CMSG_DATA(c), &segment, sizeof segment);
+  return ::sendmsg(fd, &msg, 0);
+}
+
 void UdpConnection::Flush() {
   if (batch_count_ == 0) return;
   io_counters_.datagrams_sent += batch_count_;
   bool sent = false;
   if (gso_ok_ && batch_count_ > 1) {
-    struct iovec iov = {&send_batch_[0], batch_bytes_};
-    alignas(struct cmsghdr) uint8_t control[CMSG_SPACE(sizeof(uint16_t))] = {};
-    struct msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_UDP;
-    c->cmsg_type = UDP_SEGMENT;
-    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-    const uint16_t segment = static_cast<uint16_t>(batch_segment_);
-    std::memcpy(CMSG_DATA(c), &segment, sizeof segment);
-    if (::sendmsg(params_.fd, &msg, 0) >= 0) {
+    if (SendSegmented(params_.fd, absl::MakeConstSpan(&send_batch_[0], batch_bytes_),
+                      static_cast<uint16_t>(batch_segment_)) >= 0) {
       sent = true;
       ++io_counters_.gso_batches;
     } else if (errno == EIO || errno == EINVAL || errno == ENOPROTOOPT) {

@@ -24,6 +24,8 @@
 // (what had arrived before, out of order, is copied over from the receive
 // ring once); smaller reads and data beyond the lent range go through the ring.
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -42,6 +44,11 @@
 #include "daemon/transport/udp_packet.h"
 
 namespace longhaul::transport::udp {
+
+// Sends `datagrams` (equal-sized datagrams of `segment` bytes, the last one
+// maybe shorter) as one UDP_SEGMENT (GSO) batch on the connected socket
+// `fd`; sendmsg(2)'s result.
+ssize_t SendSegmented(int fd, absl::Span<const uint8_t> datagrams, uint16_t segment);
 
 struct UdpConnectionParams {
   int fd = -1;  // a connected UDP socket; the connection owns and closes it

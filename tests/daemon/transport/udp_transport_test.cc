@@ -344,20 +344,8 @@ struct GroReceiver {
   void SendBatch(const std::vector<std::vector<uint8_t>>& packets) {
     std::vector<uint8_t> all;
     for (const auto& p : packets) all.insert(all.end(), p.begin(), p.end());
-    struct iovec iov = {all.data(), all.size()};
-    alignas(struct cmsghdr) uint8_t control[CMSG_SPACE(sizeof(uint16_t))] = {};
-    struct msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_UDP;
-    c->cmsg_type = 103;  // UDP_SEGMENT
-    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-    const uint16_t segment = static_cast<uint16_t>(packets[0].size());
-    std::memcpy(CMSG_DATA(c), &segment, sizeof segment);
-    EXPECT_EQ(sendmsg(raw, &msg, 0), static_cast<ssize_t>(all.size()));
+    EXPECT_EQ(udp::SendSegmented(raw, all, static_cast<uint16_t>(packets[0].size())),
+              static_cast<ssize_t>(all.size()));
   }
   int raw = -1;
   udp::DirectionKeys keys = [] {
