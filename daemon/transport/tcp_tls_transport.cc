@@ -35,6 +35,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <system_error>
@@ -473,6 +474,92 @@ struct ChannelRegistry {
   }
 };
 
+// The TCP socket under a channel's TLS stream. Boost.Asio's TLS stream reads
+// and writes its lower layer one record (at most 16 KiB of payload) at a
+// time: a system call per record, and on loopback a wake-up of the other
+// side per record. Here a blocking read takes what the socket holds, up to
+// kReadBytes, and serves the records from that; and the records of one
+// Channel::Write (between BeginBatch and EndBatch) leave kWriteBytes at a
+// time, the rest when the batch ends. The buffers are made at first use, so
+// a connection that only handshakes holds none. Writes outside a batch (the handshake,
+// TLS's own messages during a read) go straight out. Asynchronous operations
+// (the handshake and the first read of an accepted channel, on the io
+// thread) go straight to the socket; they all come before the first
+// blocking read, so nothing read ahead is ever skipped. Not thread-safe,
+// like the TLS stream above it.
+class BatchingSocket {
+ public:
+  using executor_type = tcp::socket::executor_type;
+  using lowest_layer_type = tcp::socket::lowest_layer_type;
+  static constexpr size_t kReadBytes = 64u << 10;
+  static constexpr size_t kWriteBytes = 256u << 10;
+
+  explicit BatchingSocket(tcp::socket socket) : socket_(std::move(socket)) {}
+
+  executor_type get_executor() { return socket_.get_executor(); }
+  lowest_layer_type& lowest_layer() { return socket_.lowest_layer(); }
+  const lowest_layer_type& lowest_layer() const { return socket_.lowest_layer(); }
+
+  template <typename MutableBuffers>
+  size_t read_some(const MutableBuffers& buffers, boost::system::error_code& ec) {
+    if (read_at_ == read_end_) {
+      if (!read_buffer_) read_buffer_ = std::make_unique_for_overwrite<uint8_t[]>(kReadBytes);
+      read_at_ = read_end_ = 0;
+      read_end_ = socket_.read_some(asio::buffer(read_buffer_.get(), kReadBytes), ec);
+      if (ec) return 0;
+    }
+    const size_t n = asio::buffer_copy(
+        buffers, asio::buffer(read_buffer_.get() + read_at_, read_end_ - read_at_));
+    read_at_ += n;
+    ec = {};
+    return n;
+  }
+
+  template <typename ConstBuffers>
+  size_t write_some(const ConstBuffers& buffers, boost::system::error_code& ec) {
+    if (!batching_) return socket_.write_some(buffers, ec);
+    if (write_len_ == kWriteBytes && !Flush(ec)) return 0;
+    if (!write_buffer_) write_buffer_ = std::make_unique_for_overwrite<uint8_t[]>(kWriteBytes);
+    const size_t n = asio::buffer_copy(
+        asio::buffer(write_buffer_.get() + write_len_, kWriteBytes - write_len_), buffers);
+    write_len_ += n;
+    ec = {};
+    return n;
+  }
+
+  template <typename MutableBuffers, typename Handler>
+  auto async_read_some(const MutableBuffers& buffers, Handler&& handler) {
+    return socket_.async_read_some(buffers, std::forward<Handler>(handler));
+  }
+  template <typename ConstBuffers, typename Handler>
+  auto async_write_some(const ConstBuffers& buffers, Handler&& handler) {
+    return socket_.async_write_some(buffers, std::forward<Handler>(handler));
+  }
+
+  void BeginBatch() { batching_ = true; }
+  // Sends what the batch holds; false (with `ec`) when the socket failed.
+  bool EndBatch(boost::system::error_code& ec) {
+    batching_ = false;
+    return Flush(ec);
+  }
+
+ private:
+  bool Flush(boost::system::error_code& ec) {
+    const size_t len = std::exchange(write_len_, 0);
+    if (len > 0) asio::write(socket_, asio::buffer(write_buffer_.get(), len), ec);
+    return !ec;
+  }
+
+  tcp::socket socket_;
+  std::unique_ptr<uint8_t[]> read_buffer_;
+  size_t read_at_ = 0;
+  size_t read_end_ = 0;
+  std::unique_ptr<uint8_t[]> write_buffer_;
+  size_t write_len_ = 0;
+  bool batching_ = false;
+};
+using TlsStream = ssl::stream<BatchingSocket>;
+
 class TcpTlsChannel final : public Channel {
  public:
   // `socket` is connected; the TLS session uses `trust` for its handshake.
@@ -495,7 +582,7 @@ class TcpTlsChannel final : public Channel {
     stream_.lowest_layer().close(ec);
   }
 
-  ssl::stream<tcp::socket>& stream() { return stream_; }
+  TlsStream& stream() { return stream_; }
   const std::shared_ptr<TrustContext>& trust() const { return trust_; }
   bool dialed() const { return dialed_; }
   void set_identity(std::string site, std::string address) {
@@ -566,7 +653,11 @@ class TcpTlsChannel final : public Channel {
     for (absl::Span<const uint8_t> part : parts) buffers.emplace_back(part.data(), part.size());
     Touch();
     boost::system::error_code ec;
+    stream_.next_layer().BeginBatch();
     asio::write(stream_, buffers, ec);
+    boost::system::error_code flushed;
+    stream_.next_layer().EndBatch(flushed);
+    if (!ec) ec = flushed;
     Touch();
     return ToStatus(ec, "write");
   }
@@ -617,7 +708,7 @@ class TcpTlsChannel final : public Channel {
   }
 
   uint64_t UnsentBytes() const override {
-    int fd = const_cast<ssl::stream<tcp::socket>&>(stream_).lowest_layer().native_handle();
+    int fd = const_cast<TlsStream&>(stream_).lowest_layer().native_handle();
     int unsent = 0;
     if (::ioctl(fd, SIOCOUTQNSD, &unsent) != 0 || unsent < 0) return 0;
     return static_cast<uint64_t>(unsent);
@@ -626,7 +717,7 @@ class TcpTlsChannel final : public Channel {
   LinkStats Stats() const override {
     LinkStats stats;
     stats.congestion_control = congestion_control_;
-    int fd = const_cast<ssl::stream<tcp::socket>&>(stream_).lowest_layer().native_handle();
+    int fd = const_cast<TlsStream&>(stream_).lowest_layer().native_handle();
     KernelTcpInfo info;
     if (ReadKernelTcpInfo(fd, &info)) {
       stats.rtt_ms = info.rtt_ms;
@@ -684,7 +775,7 @@ class TcpTlsChannel final : public Channel {
   const std::shared_ptr<TrustContext> trust_;
   const std::shared_ptr<ChannelRegistry> registry_;
   const bool dialed_;
-  ssl::stream<tcp::socket> stream_;
+  TlsStream stream_;
   std::string peer_site_;
   std::string peer_address_;
   std::string congestion_control_;
@@ -1247,7 +1338,7 @@ class TcpTlsTransport final : public Transport {
   }
 
   // Socket options for long fat pipes; returns the congestion control in use.
-  std::string TuneSocket(ssl::stream<tcp::socket>::lowest_layer_type& socket) {
+  std::string TuneSocket(TlsStream::lowest_layer_type& socket) {
     int fd = socket.native_handle();
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
