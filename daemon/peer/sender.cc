@@ -699,6 +699,12 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
       pos += length;
     }
   }
+  // A drain lets what is in flight become durable: closing the channel with
+  // answers unread would reset it, and the receiver would drop the pieces
+  // still in its socket. Stop aborts the channel, which ends this wait.
+  while (!stop_.load() && !window.empty()) {
+    if (absl::Status s = await_answer(); !s.ok()) return s;
+  }
   return absl::OkStatus();
 }
 
