@@ -132,26 +132,34 @@ absl::Status WriteChunk(FileIo& io, const File& file, uint64_t offset,
   return io.WriteAt(file.fd(), offset + whole, data.subspan(whole));
 }
 
-absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, const File& file, uint64_t offset,
-                                       absl::Span<uint8_t> buf) {
+absl::StatusOr<size_t> ReadStagedHashing(FileIo& io, const File& file, uint64_t offset,
+                                         absl::Span<uint8_t> buf, XXH3_state_t& state) {
   const int direct = file.direct_fd();
   const size_t whole = buf.size() - buf.size() % kDirectIoAlignment;
   if (direct < 0 || !IsAligned(offset) || !IsAligned(buf.data()) || whole == 0) {
-    return ReadChunkHashed(io, file.fd(), offset, buf);
+    return ReadHashing(io, file.fd(), offset, buf, state);
   }
+  XXH3_state_t before;
+  XXH3_copyState(&before, &state);
+  absl::StatusOr<size_t> n = ReadHashing(io, direct, offset, buf.first(whole), state);
+  if (absl::IsInvalidArgument(n.status())) {
+    XXH3_copyState(&state, &before);
+    return ReadHashing(io, file.fd(), offset, buf, state);
+  }
+  if (!n.ok() || *n != whole) return n;
+  absl::StatusOr<size_t> tail = ReadHashing(io, file.fd(), offset + whole, buf.subspan(whole), state);
+  if (!tail.ok()) return tail.status();
+  return whole + *tail;
+}
+
+absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, const File& file, uint64_t offset,
+                                       absl::Span<uint8_t> buf) {
   XXH3_state_t state;
   XXH3_INITSTATE(&state);
   XXH3_128bits_reset(&state);
-  absl::StatusOr<size_t> n = ReadHashing(io, direct, offset, buf.first(whole), state);
-  if (absl::IsInvalidArgument(n.status())) return ReadChunkHashed(io, file.fd(), offset, buf);
+  absl::StatusOr<size_t> n = ReadStagedHashing(io, file, offset, buf, state);
   if (!n.ok()) return n.status();
-  size_t got = *n;
-  if (got == whole) {
-    n = ReadHashing(io, file.fd(), offset + whole, buf.subspan(whole), state);
-    if (!n.ok()) return n.status();
-    got += *n;
-  }
-  if (got != buf.size()) return ShrankError(file.fd(), offset, buf.size(), got);
+  if (*n != buf.size()) return ShrankError(file.fd(), offset, buf.size(), *n);
   XXH128_hash_t h = XXH3_128bits_digest(&state);
   return Xxh128{h.low64, h.high64};
 }

@@ -14,6 +14,8 @@
 #include "storage/file_io.h"
 #include "storage/file_system.h"
 
+struct XXH3_state_s;  // xxhash.h
+
 namespace longhaul::storage {
 
 // An XXH3-128 digest. On the wire and in the journal it is 16 bytes:
@@ -83,6 +85,14 @@ class AlignedBuffer {
 // Not durable by itself: SyncData(file.fd()) covers both descriptors.
 absl::Status WriteChunk(FileIo& io, const File& file, uint64_t offset,
                         absl::Span<const uint8_t> data);
+
+// Reads buf.size() bytes of a staged `file` at `offset` into `buf` and feeds
+// them, in order, to `state` (an XXH3-128 state: xxhash.h with
+// XXH_STATIC_LINKING_ONLY), the way ReadChunkHashed below reads them. Returns
+// the bytes read: fewer only where the file ends. A range the device refuses
+// direct is read again buffered, with `state` as it was before.
+absl::StatusOr<size_t> ReadStagedHashing(FileIo& io, const File& file, uint64_t offset,
+                                         absl::Span<uint8_t> buf, XXH3_state_s& state);
 
 // ReadChunkHashed of a staged `file`: the whole blocks are read from its
 // direct_fd() where it has one, `offset` is aligned and `buf` starts at an

@@ -57,31 +57,23 @@ absl::Time LastActive(const v1::IncomingTransfer& r) {
   return absl::FromUnixMillis(std::max(r.active_unix_ms(), r.created_unix_ms()));
 }
 
-// Feeds the bytes [offset, offset + length) of a staged file to `state`,
-// read from the device where the file has a direct descriptor and the range
-// is aligned. DataLoss when the file ends first. Reads kReadPiece bytes at a
-// time (as much as a stream's scratch for skipped payload): it runs once per
-// resumed chunk, and holds nothing beside the stream's budgeted piece buffer.
+// Feeds the bytes [offset, offset + length) of a staged file to `state`
+// (storage::ReadStagedHashing). DataLoss when the file ends first. Reads
+// kReadPiece bytes at a time (as much as a stream's scratch for skipped
+// payload): it runs once per resumed chunk, and holds nothing beside the
+// stream's budgeted piece buffer.
 absl::Status HashStagedRange(storage::FileIo& io, const storage::File& file, uint64_t offset,
                              uint64_t length, XXH3_state_t& state) {
   storage::AlignedBuffer buffer(std::min<uint64_t>(length, kReadPiece));
   for (uint64_t done = 0; done < length;) {
     const size_t n = std::min<uint64_t>(length - done, buffer.capacity());
-    const absl::Span<uint8_t> span = buffer.span(n);
-    const bool direct = file.direct_fd() >= 0 &&
-                        (offset + done) % storage::kDirectIoAlignment == 0 &&
-                        n % storage::kDirectIoAlignment == 0;
     absl::StatusOr<size_t> got =
-        io.ReadAt(direct ? file.direct_fd() : file.fd(), offset + done, span);
-    if (direct && absl::IsInvalidArgument(got.status())) {
-      got = io.ReadAt(file.fd(), offset + done, span);
-    }
+        storage::ReadStagedHashing(io, file, offset + done, buffer.span(n), state);
     if (!got.ok()) return got.status();
     if (*got != n) {
       return absl::DataLossError(absl::StrCat("staged file ", file.path(), " ends at byte ",
                                               offset + done + *got, ", inside a durable prefix"));
     }
-    XXH3_128bits_update(&state, span.data(), n);
     done += n;
   }
   return absl::OkStatus();
