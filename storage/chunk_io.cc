@@ -1,7 +1,5 @@
 #include "storage/chunk_io.h"
 
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack: no allocation
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "storage/posix_util.h"
+#include "storage/xxh3.h"
 
 #include <sys/mman.h>
 

@@ -1,7 +1,5 @@
 #include "storage/content_check.h"
 
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack: no allocation
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -11,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "storage/posix_util.h"
+#include "storage/xxh3.h"
 
 namespace longhaul::storage {
 

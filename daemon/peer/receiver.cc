@@ -9,8 +9,6 @@
 #include <optional>
 #include <thread>
 
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
-#include <xxhash.h>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
@@ -24,6 +22,7 @@
 #include "storage/manifest.h"
 #include "storage/retention.h"
 #include "storage/staging.h"
+#include "storage/xxh3.h"
 
 namespace longhaul::peer {
 namespace {
