@@ -1,5 +1,5 @@
-// Fuzzes the data-plane frame parsers (daemon/peer/frames.h) with bytes as a
-// peer could send them. Beyond "no crash, no sanitizer report", it checks the
+// Fuzzes the data-plane frame parsers and the receiver's chunk-extent check
+// (daemon/peer/frames.h) with bytes as a peer could send them. Beyond "no crash, no sanitizer report", it checks the
 // parsers' contracts: limits hold, and whatever parses re-encodes to the
 // same bytes (so the parser accepts exactly the documented layout).
 
@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <tuple>
 
 #include "daemon/peer/frames.h"
 
@@ -63,6 +65,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::string again = longhaul::peer::EncodeChunkAck(*ack);
     if (again.size() != size || std::memcmp(again.data(), data, size) != 0) {
       Fail("chunk ack does not re-encode to its bytes");
+    }
+  }
+  if (auto progress = longhaul::peer::ParseChunkProgress(in); progress.ok()) {
+    if (size != longhaul::peer::kChunkProgressSize) Fail("parsed chunk progress of a wrong size");
+    if (progress->durable_bytes == 0) Fail("chunk progress of zero durable bytes");
+    std::string again = longhaul::peer::EncodeChunkProgress(*progress);
+    if (std::memcmp(again.data(), data, size) != 0) {
+      Fail("chunk progress does not re-encode to its bytes");
+    }
+  }
+
+  // The receiver's extent check, on four lengths a peer controls: an
+  // accepted frame ends exactly at the chunk's end and starts at 0 or at the
+  // durable prefix, whatever wraps.
+  if (size >= 32) {
+    uint64_t v[4];
+    std::memcpy(v, data, sizeof v);
+    const auto [offset, payload, chunk, prefix] = std::tuple(v[0], v[1], v[2], v[3]);
+    if (longhaul::peer::CheckChunkExtent(offset, payload, chunk, prefix).ok()) {
+      if (offset > chunk) Fail("extent accepted from past the chunk's end");
+      if (offset + payload != chunk) Fail("extent accepted that does not end at the chunk's end");
+      if (offset != 0 && offset != prefix) Fail("extent accepted from neither 0 nor the prefix");
     }
   }
   return 0;
