@@ -24,7 +24,8 @@
 
 namespace longhaul::congestion {
 
-// Every constant of draft-ietf-ccwg-bbr-06 in one place. The defaults are the draft's.
+// Every constant of draft-ietf-ccwg-bbr-06 in one place. The defaults are the draft's, except the
+// fields marked DEVIATION, whose measurements are in congestion/README.md ("Tuning history").
 struct Bbr3Params {
   ByteCount mss = kDefaultMss;          // SMSS.
   ByteCount initial_cwnd_packets = 10;  // InitialCwnd, in SMSS.
@@ -39,125 +40,37 @@ struct Bbr3Params {
   double probe_bw_up_pacing_gain = 1.25;
   double probe_bw_up_cwnd_gain = 2.25;
   double loss_threshold = 0.02;  // LossThresh
-  // DEVIATION from draft-ietf-ccwg-bbr-06, which treats any loss in a round as congestion (set
-  // random_loss_tolerance = 0 for the draft's behaviour). A round's loss counts as congestion
-  // (cutting bw_shortterm / inflight_shortterm, and starting packet conservation) only if its
-  // loss rate exceeds random_loss_tolerance, or if in ProbeBW_CRUISE every RTT sample of the
-  // round was above min_rtt x standing_queue_rtt_factor (a standing queue that someone else
-  // built). Why: with the draft, the 1 % pacing margin plus random loss ratchet bw_shortterm
-  // down every round between probes. Measured in tests/sim (seed 1), draft vs this default:
-  // loss-0.1 goodput 0.79 vs 0.96 of (1-p) x link; loss-1 0.03 vs 0.97; fair-4 Jain 0.81 vs 0.83.
+  // DEVIATION (0 = draft): a round's loss is congestion only above this rate, or in a standing
+  // queue during ProbeBW_CRUISE; otherwise random loss ratchets bw_shortterm down every round.
   double random_loss_tolerance = 0.02;
-  // Part of the random_loss_tolerance deviation (set random_loss_min_sample_packets = 0 to judge
-  // every round on its own). The loss rate compared with the tolerance is that of the newest
-  // rounds that together carried at least this many packets (at most kLossHistoryRounds rounds,
-  // the current one always included); a round judged congestive starts the count afresh, so its
-  // loss is not counted twice. Why: a round of a 1 Gbit/s, 40 ms flow holds 3,300 packets of
-  // 1500 bytes but only 560 of 8972 (the udp transport at MTU 9000), and at 1 % random loss about
-  // one such round in 90 loses more than 2 % by chance: bw_shortterm then ratcheted down between
-  // probes (measured on the wan-lossy bench link: 1003 -> 615 Mbit/s over 3 s). With 2,000
-  // packets a 1 % path exceeds 2 % about once in 10^5 judgements, while a burst that loses 8 % of
-  // one jumbo round still counts at once.
-  // Startup ends on loss (BBRCheckStartupHighLoss) only once the sample is full as well: its
-  // first rounds carry a few hundred packets, and the draft's test (6 loss events, 2 % of the
-  // flight) then passed by chance. Measured in tests/sim lossy-jumbo-start (8 coupled flows,
-  // 1 % loss, MTU 9000), seeds 1-60: Startup ended at 0.24-0.41 of the link in 3 seeds, whose
-  // first 3 s delivered 0.36-0.57 of ideal; with this it reaches the link in all 60 (first 3 s:
-  // 0.896-0.932). Ending on a full pipe (the bandwidth plateau) is unchanged.
+  // The loss rate above is judged over the newest rounds that carried this many packets (0 = each
+  // round alone), so a small jumbo-packet round does not exceed it by chance; Startup's loss exit
+  // also waits for a full sample.
   ByteCount random_loss_min_sample_packets = 2000;
+  // A round whose every RTT sample is above min_rtt by this factor shows a standing queue.
   double standing_queue_rtt_factor = 1.25;
-  // DEVIATION from draft-ietf-ccwg-bbr-06 (set heavy_loss_rate = 0 for the draft's behaviour).
-  // When a loss round outside bandwidth probing (ProbeBW_DOWN/CRUISE, ProbeRTT) loses at least
-  // this fraction of its data, the path can no longer carry what max_bw claims: max_bw restarts
-  // from min(bw_latest, the round's bytes acked / its duration), bw_shortterm is capped there,
-  // and a flow in ProbeBW_CRUISE goes back to ProbeBW_DOWN to drain the queue the old estimate
-  // built. 0.3 = 1 - Beta: the round lost more than a Beta cut would take off. Why: the draft
-  // cuts bw_shortterm by at most Beta per lossy round and lets max_bw age out over two ProbeBW
-  // cycles, while ProbeRTT exit and ProbeBW_REFILL reset bw_shortterm to the stale max_bw.
-  // Measured in tests/sim step-down (1 Gbit/s -> 100 Mbit/s, buffer 1 x old BDP, seeds 1-5):
-  // draft: bw_shortterm never <= 1.1 x new rate, RTT ~440 ms for > 10 s; this default: 2-3
-  // rounds and RTT < 1.5 x min RTT after 1.17-1.20 s. Random loss (loss-1: 1 %) never reaches
-  // it. Caveat: on a path with sustained random loss >= 30 %, max_bw follows the delivered rate
-  // down (the draft also decays there, over two cycles instead of one round).
+  // DEVIATION (0 = draft): a non-probing round that loses this fraction (1 - Beta) restarts max_bw
+  // from what it delivered, so a path that shrank is not overdriven until max_bw ages out.
   double heavy_loss_rate = 0.3;
-  // Part of the heavy_loss_rate deviation (set heavy_loss_min_inflight_bdp = 0 to restart on every
-  // heavy-loss round). When the round's RTT samples all show a standing queue (see
-  // standing_queue_rtt_factor), the restart also needs the flow's inflight above this multiple of
-  // the BDP at the round's delivered rate: a path that shrank leaves the flow holding several of
-  // its new BDPs, while a flow squeezed by a competitor's probe in a shared queue holds about
-  // RTT / min_rtt of them (<= 2.4 in fair-4, buffer 1 x BDP). Why: those squeezes restarted a small
-  // flow's max_bw (e.g. 353 -> 43 Mbit/s) and it paced at that rate until its next probe. A
-  // restart in ProbeRTT also drains (ProbeBW_DOWN) when ProbeRTT ends instead of cruising. Measured
-  // in tests/sim: step-down (seeds 1-5) holds 5.0-5.6 BDPs at its one restart, adapts bw_shortterm
-  // in 2-3 rounds and has RTT < 1.5 x min RTT after 1.14-1.41 s; fair-4 seeds 1-20 min / mean Jain
-  // 0.93 / 0.97 with 0 here, 0.98 / 0.99 with 3 (both with standing_queue_allowance_packets).
-  // Caveat: in a standing queue, a rate drop of less than about 3x is left to the draft's decay
-  // (max_bw ages out over two ProbeBW cycles).
+  // In a standing queue, the restart also needs inflight above this many BDPs (0 = always), so a
+  // flow squeezed by a competitor's probe keeps its max_bw while a shrunk path does not.
   double heavy_loss_min_inflight_bdp = 3.0;
-  // DEVIATION from draft-ietf-ccwg-bbr-06 (set standing_queue_loss_tolerance = 0 for the
-  // longhaul behaviour before it, where any loss in a standing queue counts). A flow is "in someone
-  // else's standing queue" from a round outside bandwidth probing (ProbeBW_DOWN or CRUISE) whose
-  // RTT samples all showed a standing queue (see standing_queue_rtt_factor) while at least
-  // standing_queue_lossy_rounds of the last 8 loss rounds lost more than random_loss_tolerance of
-  // their data in a standing queue (random loss alone does not count: with it, the queue of the
-  // flow's own probe set the flag on the randomly lossy wan-lossy link): the loss goes on although
-  // the flow yields, which a loss-based competitor (CUBIC backs off after one
-  // loss episode) does not cause and a loss-blind one does. It stays so until a round outside
-  // probing sees the queue drain or 8 rounds pass without such loss. Meanwhile loss counts as
-  // congestion, for the short-term bounds, for LossThresh in ProbeBW_UP and for entering loss
-  // recovery alike, only above this rate. Why: BBRv1 (the kernel default on many Linux hosts, this
-  // bench machine included) keeps the buffer full and ignores the loss it causes. Every round then
-  // lost 3-6 % of our packets; each cut bw_shortterm and every probe ended at LossThresh, so our
-  // share only fell: 8 coupled udp flows against one BBRv1 flow took 0.18-0.19 of the link
-  // (tests/bench fairness); congestion/README.md has the figures since. Recovery counts too:
-  // otherwise each tolerated loss resets cwnd to the bytes in flight, the flow delivers less than
-  // max_bw, and max_bw wears down window after window (Bbr3Test: 100 -> 52 Mbit/s in 3 s).
-  // In tests/sim (seed 1) vs-bbr1's aggregate share goes 0.47 -> 0.86 and fair-4 Jain
-  // 0.997 -> 0.987 (with competing_probe_rounds); vs-cubic, coupled-vs-cubic, lossy-jumbo,
-  // shallow and step-down are unchanged. 3 of 8 rounds raised coupled-vs-cubic's share without
-  // HyStart 0.69 -> 0.77, 2 of 8 its share with HyStart 0.71 -> 0.88. Caveat: while the flag
-  // holds, the flow tolerates up to this loss rate, as the competitor does; heavy_loss_rate still
-  // applies.
+  // DEVIATION: while in a loss-blind competitor's standing queue (see standing_queue_lossy_rounds),
+  // loss counts as congestion only above this rate, so a BBRv1 flow that keeps the buffer full
+  // cannot push this flow's share down round after round (0 = any such loss counts).
   double standing_queue_loss_tolerance = 0.25;
+  // The flag above needs this many of the last 8 loss rounds to lose more than
+  // random_loss_tolerance in a standing queue: loss that goes on although the flow yields.
   int standing_queue_lossy_rounds = 4;
-  // Part of the standing_queue_loss_tolerance deviation (set competing_probe_rounds = 0 for the
-  // draft's cadence). While the flow is in someone else's standing queue, ProbeBW_DOWN lasts one
-  // round (the queue is not the flow's own to drain) and ProbeBW_UP starts again this many rounds
-  // after DOWN began, as BBRv1 probes once in 8 (of its min_rtt) rounds. Why: with the draft's
-  // cadence (a probe every 2-3 s) and a DOWN that waits for a queue the competitor keeps full, the
-  // flow paced at 0.9 x max_bw for seconds, and max_bw rose only a little per probe.
+  // While in such a queue, ProbeBW_DOWN lasts one round and ProbeBW_UP restarts this many rounds
+  // after DOWN began, as BBRv1 probes (0 = the draft's 2-3 s cadence).
   int competing_probe_rounds = 8;
-  // Part of the standing_queue_loss_tolerance deviation (set competing_probe_up_pacing_gain =
-  // probe_bw_up_pacing_gain for the draft's probe). While the flow is in someone else's standing
-  // queue, ProbeBW_UP paces at this gain. Why: the competitor keeps the drop-tail buffer full, so
-  // each flow gets the link in proportion to what it sends into the queue, and a flow that
-  // Startup left at a small share (0.1-0.4 beside a BBRv1 flow that started first) climbed back
-  // too slowly at 1.25 x. Measured, 8 coupled udp flows against one BBRv1 flow (tests/bench
-  // fairness, on the emulator before its 90a377f fix): full runs 0.27, 0.31 at 1.25 x and 0.37,
-  // 0.35 at 1.5 x; single pairs 0.26, 0.29, 0.29, 0.45 and 0.39, 0.40, 0.44 (after the fix, at
-  // 1.5 x: full runs 0.388, 0.340). In tests/sim (seed 1) fair-4's Jain is 0.99 at 1.25 x, 0.98
-  // at 1.5 x and 0.89 at 2 x (Bbr3 flows trip the flag among themselves), below its test's 0.95.
+  // ProbeBW_UP's pacing gain while in such a queue (probe_bw_up_pacing_gain = the draft's): the
+  // competitor's full buffer shares the link by what each flow sends into it, so a flow left
+  // small must probe harder to climb back.
   double competing_probe_up_pacing_gain = 1.5;
-  // DEVIATION from draft-ietf-ccwg-bbr-06 (set standing_queue_allowance_packets = 0 for the
-  // draft's behaviour). In ProbeBW_CRUISE, when every RTT sample of the last round trip was above
-  // min_rtt by (standing_queue_rtt_factor - 1) x min_rtt or by the time this allowance takes at
-  // max_bw, whichever is less (a standing queue), cwnd is bounded by the BDP at the rate the flow
-  // delivered over that round plus this many packets, instead of by inflight_longterm - Headroom,
-  // and the flow paces at max_bw rather than min(max_bw, bw_shortterm). So each flow keeps the
-  // same number of packets, not the same fraction of its inflight, in the shared queue (the alpha
-  // of TCP Vegas / FAST TCP): a flow above the fair share has more than the allowance queued and
-  // shrinks, a flow below it grows, every round trip. Why: with the draft, flows in a standing
-  // queue are each bound by their own inflight_longterm, which moves only at their own probes, so
-  // the shares drift (fair-4: 4 flows, 1 Gbit/s, 40 ms, buffer 1 x BDP; seeds 1-20 min / mean Jain
-  // 0.63 / 0.86, the last 30 s of a 96 s run 0.83 / 0.93). With 600 packets (and
-  // heavy_loss_min_inflight_bdp): 0.98 / 0.99 (seeds 21-40: 0.96 / 0.99; 96 s run, last 30 s:
-  // 0.96 / 0.99); 400: 0.96 / 0.99; 500: 0.98 / 0.99; 800: 0.86 / 0.96. An allowance proportional
-  // to the flow's own BDP (0.1-0.3 x) has no restoring force (prototype: 0.69-0.83 / 0.92).
-  // Caveats: it is a packet count, so it restores fairness only while (flows x allowance) fits in
-  // the buffer; beyond that the loss-based bounds govern as in the draft. Side effects at seeds
-  // 1-10, draft -> this default (seed 1 within its test): rtt-mix share of the 20 ms flow
-  // 0.45-0.58 -> 0.26-0.46; vs-cubic Cubic share at 1 x BDP 0.16-0.34 -> 0.13-0.38, Bbr3 share at
-  // 4 x BDP 0.43-0.47 -> 0.37-0.42; coupled-8v1 aggregate share 0.43-0.67 -> 0.48-0.56.
+  // DEVIATION (0 = draft): cruising in a standing queue, cwnd is the delivered BDP plus this many
+  // packets, so every flow keeps the same queue share and the shares converge (Vegas/FAST alpha).
   ByteCount standing_queue_allowance_packets = 600;
   double beta = 0.7;                     // Beta: multiplicative decrease of short-term bounds.
   double headroom = 0.15;                // Headroom left for other flows in CRUISE.

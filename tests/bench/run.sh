@@ -100,7 +100,7 @@ if [[ $SMOKE == 1 ]]; then
   IPERF_SECS="${LONGHAUL_BENCH_SECONDS:-3}"
 fi
 
-# Sizes: "--size" wins, then --smoke, then BENCHMARKS.md x SCALE.
+# Sizes: "--size" wins, then --smoke, then docs/benchmarks.md x SCALE.
 GiB=$((1 << 30))
 MiB=$((1 << 20))
 scaled() { awk -v b="$1" -v s="$SCALE" 'BEGIN { v = int(b * s); if (v < 4096) v = 4096; printf "%.0f\n", v }'; }
@@ -152,7 +152,7 @@ measure() {
   fi
 }
 
-# --- links of BENCHMARKS.md ---------------------------------------------------
+# --- links of docs/benchmarks.md ---------------------------------------------
 # name -> "rate one-way-delay loss mtu"
 link_params() {
   case "$1" in
@@ -461,7 +461,8 @@ scenario_resume() {
   LH_RESUME_STREAMS=8
   LH_RESUME_CHUNK=$((16 * MiB))
   longhaul_resume_row longhaul
-  # BENCHMARKS.md's figure (bytes sent over bytes needed) is the tcp row's; udp's is in its row.
+  # docs/benchmarks.md's figure (bytes sent over bytes needed) is the tcp row's;
+  # udp's is in its row.
   extra resent_ratio "$(python3 -c '
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
@@ -476,7 +477,7 @@ scenario_exchange() {
   local big=$((64 * MiB))
   [[ -n "$SIZE" ]] && big=$(to_bytes "$SIZE")
   [[ -z "$SIZE" && $SMOKE == 1 ]] && big=$((4 * MiB))
-  # The concurrent checkpoint copy (BENCHMARKS.md: 2 GiB, `longhaul cp`
+  # The concurrent checkpoint copy (docs/benchmarks.md: 2 GiB, `longhaul cp`
   # between the same daemons, site-a -> site-b).
   local ckpt_bytes
   ckpt_bytes=$(bulk_size 1 $((2 * GiB)) $((256 * MiB)))

@@ -126,11 +126,11 @@ TEST_F(ScenarioTest, Bbr3AndCubicCoexist) {
   EXPECT_GE(r.figures.at("cubic_share_4bdp"), 0.10);
 }
 
-// The `fairness` pair of BENCHMARKS.md in the simulator (8 coupled flows, MTU-9000 packets). The
-// simulator does not reproduce the real shares (real, 64e3fc6: 0.167 against BBRv1, 0.928
-// against CUBIC), so these assert what it does reproduce of the real pair: BBRv1 keeps losing
-// packets (real: 1.9 % retransmits), eight independent flows take more than the coupled
-// aggregate (real: 0.328 vs 0.167), and Linux CUBIC's HyStart costs it share.
+// The `fairness` pair of docs/benchmarks.md in the simulator (8 coupled flows, MTU-9000
+// packets). The simulator does not reproduce the real shares (real, 64e3fc6: 0.167 against
+// BBRv1, 0.928 against CUBIC), so these assert what it does reproduce of the real pair: BBRv1
+// keeps losing packets (real: 1.9 % retransmits), eight independent flows take more than the
+// coupled aggregate (real: 0.328 vs 0.167), and Linux CUBIC's HyStart costs it share.
 TEST_F(ScenarioTest, Bbr1KeepsLosingAgainstCoupledFlows) {
   const ScenarioResult r = Run("vs-bbr1");
   EXPECT_GE(r.figures.at("bbr1_retransmit_rate"), 0.01);

@@ -699,7 +699,7 @@ void VsCubic(uint64_t seed, ScenarioResult* r) {
   r->json = j.Build();
 }
 
-// The `fairness` pair of BENCHMARKS.md: the udp transport's 8 coupled flows (one
+// The `fairness` pair of docs/benchmarks.md: the udp transport's 8 coupled flows (one
 // AggregateController) against one TCP flow, both started at once, 1 Gbit/s, 40 ms, a drop-tail
 // queue of 1 x BDP, 30 s measured from the start, with packets of an MTU-9000 path (kJumboMss).
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""One site of the `exchange` benchmark scenario (BENCHMARKS.md), through the
-ExchangeGroup API of the Python binding (`import longhaul`).
+"""One site of the `exchange` benchmark scenario (docs/benchmarks.md), through
+the ExchangeGroup API of the Python binding (`import longhaul`).
 
 Two of these run at once, one per site namespace, each talking to its own
 daemon. They join a group, warm the exchange links up with one untimed round

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Renders run.sh --json results as the README's markdown benchmark table.
+"""Renders run.sh --json results as the markdown tables of docs/benchmarks.md.
 
     tests/bench/lib/table.py out/*.json > table.md
 
