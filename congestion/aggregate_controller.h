@@ -21,7 +21,8 @@
 // congestion signal. Views keep the shared model alive, so they may outlive the
 // AggregateController.
 //
-// Not thread-safe: the AggregateController and all of its views must be driven from one strand.
+// Not thread-safe: the AggregateController and all of its views must be driven under one lock
+// (the udp transport shares one mutex among the coupled flows of a peer).
 #ifndef LONGHAUL_CONGESTION_AGGREGATE_CONTROLLER_H_
 #define LONGHAUL_CONGESTION_AGGREGATE_CONTROLLER_H_
 

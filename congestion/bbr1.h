@@ -22,7 +22,8 @@
 //
 // Comments cite the draft's pseudocode function names (e.g. BBRCheckFullPipe).
 //
-// Not thread-safe; owned by the session's strand. Borrows `random`, which must outlive it.
+// Not thread-safe: its caller serializes every call (the udp transport holds
+// the flow's controller mutex). Borrows `random`, which must outlive it.
 #ifndef LONGHAUL_CONGESTION_BBR1_H_
 #define LONGHAUL_CONGESTION_BBR1_H_
 

@@ -8,7 +8,8 @@
 // Comments cite the draft's section titles (e.g. "ProbeBW_UP") and its pseudocode function names
 // (e.g. BBRCheckFullBWReached) so each step can be checked against the text.
 //
-// Not thread-safe; owned by the session's strand. Borrows `random`, which must outlive it.
+// Not thread-safe: its caller serializes every call (the udp transport holds
+// the flow's controller mutex). Borrows `random`, which must outlive it.
 #ifndef LONGHAUL_CONGESTION_BBR3_H_
 #define LONGHAUL_CONGESTION_BBR3_H_
 

@@ -13,7 +13,8 @@
 // Implementations: bbr3.h (CreateBbr3), cubic.h (CreateCubic), aggregate_controller.h (flows of
 // one shared BBRv3 model).
 //
-// Not thread-safe; owned by the session's strand.
+// Not thread-safe: its caller serializes every call (the udp transport holds
+// the flow's controller mutex).
 #ifndef LONGHAUL_CONGESTION_CONTROLLER_H_
 #define LONGHAUL_CONGESTION_CONTROLLER_H_
 

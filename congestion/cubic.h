@@ -6,7 +6,8 @@
 // avoidance so a sender does not burst a whole window; that pacing is not part of RFC 9438.
 // It is here as a loss-based control for comparisons and to prove the Controller seam is real.
 //
-// Not thread-safe; owned by the session's strand.
+// Not thread-safe: its caller serializes every call (the udp transport holds
+// the flow's controller mutex).
 #ifndef LONGHAUL_CONGESTION_CUBIC_H_
 #define LONGHAUL_CONGESTION_CUBIC_H_
 

@@ -5,7 +5,7 @@
 // due quantum_bytes / rate after the previous one was due. After idle, no credit is carried beyond
 // one quantum, so an idle sender does not burst.
 //
-// Not thread-safe; owned by the session's strand.
+// Not thread-safe: a udp flow's pacer is used by that flow's I/O thread only.
 #ifndef LONGHAUL_CONGESTION_PACER_H_
 #define LONGHAUL_CONGESTION_PACER_H_
 
