@@ -148,6 +148,9 @@ dpkg-deb -x "$deb" "$tmp/root"
 dpkg-deb -x "$dev" "$tmp/root"
 grep -qx 'ExecStart=/usr/bin/longhauld --config /etc/longhaul/longhauld.yaml' \
   "$tmp/root/usr/lib/systemd/system/longhauld.service" || fail "the packaged unit does not run /usr/bin/longhauld"
+for bin in longhauld longhaul; do
+  "$tmp/root/usr/bin/$bin" --help >/dev/null || fail "the packaged $bin does not run"
+done
 [ "$(dpkg-deb -f "$dev" Package)" = longhaul-dev ] || fail "the dev package is not named longhaul-dev"
 if consumer_build "$tmp/root/usr" "$tmp/consumer-deb"; then
   "$tmp/consumer-deb/consumer" "unix:$tmp/no-daemon.sock" || fail "the consumer's checks against longhaul-dev"
