@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/metrics/exposition.h"
 
 namespace longhaul::metrics {
 namespace {
@@ -29,7 +30,7 @@ using Request = http::request<http::string_body>;
 using Response = http::response<http::string_body>;
 
 struct Handler {
-  Registry& registry;
+  const prometheus::Collectable& metrics;
   MetricsServer::HealthCheck health;
 
   Response Handle(const Request& request) const {
@@ -47,7 +48,7 @@ struct Handler {
     } else if (target == "/metrics") {
       response.result(http::status::ok);
       response.set(http::field::content_type, kExpositionContentType);
-      response.body() = registry.Render();
+      response.body() = RenderText(metrics);
     } else if (target == "/healthz") {
       absl::Status status = health ? health() : absl::OkStatus();
       response.result(status.ok() ? http::status::ok : http::status::service_unavailable);
@@ -156,8 +157,8 @@ class Session : public std::enable_shared_from_this<Session> {
 }  // namespace
 
 struct MetricsServer::Impl {
-  Impl(Registry& registry, HealthCheck health, Options opts)
-      : handler{registry, std::move(health)},
+  Impl(const prometheus::Collectable& metrics, HealthCheck health, Options opts)
+      : handler{metrics, std::move(health)},
         options(opts),
         timeout(std::chrono::nanoseconds(opts.request_timeout.ToNanoseconds())),
         acceptor(io),
@@ -204,7 +205,7 @@ struct MetricsServer::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
-                                                                    Registry& registry,
+                                                                    const prometheus::Collectable& metrics,
                                                                     HealthCheck health,
                                                                     Options options) {
   size_t colon = address.rfind(':');
@@ -217,7 +218,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  auto impl = std::make_unique<Impl>(registry, std::move(health), options);
+  auto impl = std::make_unique<Impl>(metrics, std::move(health), options);
   beast::error_code ec;
   tcp::resolver resolver(impl->io);
   auto endpoints = resolver.resolve(host, port, tcp::resolver::passive, ec);
