@@ -21,8 +21,7 @@ namespace {
 }  // namespace
 
 FamilyBuilder::FamilyBuilder(std::string name, std::string help, prometheus::MetricType type,
-                             std::vector<std::string> label_names,
-                             std::vector<double> upper_bounds)
+                             std::vector<std::string> label_names, std::vector<double> upper_bounds)
     : name_(std::move(name)),
       help_(std::move(help)),
       type_(type),
@@ -93,8 +92,7 @@ FamilyBuilder& FamilyBuilder::Set(const std::vector<std::string>& label_values, 
 }
 
 FamilyBuilder& FamilyBuilder::SetHistogram(const std::vector<std::string>& label_values,
-                                           absl::Span<const uint64_t> bucket_counts,
-                                           double sum) {
+                                           absl::Span<const uint64_t> bucket_counts, double sum) {
   if (type_ != prometheus::MetricType::Histogram) {
     Die(absl::StrCat(name_, ": SetHistogram() is for histograms"));
   }

@@ -104,10 +104,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(kMaxBodyBytes);
     waiting_ = true;
     stream_.expires_after(timeout_);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->OnRead(ec);
-                     });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
  private:
@@ -121,13 +120,14 @@ class Session : public std::enable_shared_from_this<Session> {
     response_ = handler_.Handle(request);
     response_.keep_alive(request.keep_alive());
     stream_.expires_after(timeout_);
-    http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec || !self->response_.keep_alive()) {
-        self->Close();
-        return;
-      }
-      self->Read();
-    });
+    http::async_write(stream_, response_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        if (ec || !self->response_.keep_alive()) {
+                          self->Close();
+                          return;
+                        }
+                        self->Read();
+                      });
   }
 
   void Close() {
@@ -204,10 +204,9 @@ struct MetricsServer::Impl {
   std::atomic<bool> stopped{false};
 };
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
-                                                                    const prometheus::Collectable& metrics,
-                                                                    HealthCheck health,
-                                                                    Options options) {
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const std::string& address, const prometheus::Collectable& metrics, HealthCheck health,
+    Options options) {
   size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon + 1 == address.size()) {
     return absl::InvalidArgumentError(

@@ -44,10 +44,9 @@ class MetricsServer {
 
   // Listens on `address` ("host:port", "[v6]:port"; port 0 picks one) and
   // starts serving. Fails (Unavailable, naming the address) if it cannot bind.
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
-                                                              const prometheus::Collectable& metrics,
-                                                              HealthCheck health,
-                                                              Options options = {});
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const std::string& address, const prometheus::Collectable& metrics, HealthCheck health,
+      Options options = {});
   ~MetricsServer();
 
   // Stops accepting, closes open connections and joins the thread. Idempotent.

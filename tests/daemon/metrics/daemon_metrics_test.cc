@@ -44,7 +44,8 @@ TEST_F(DaemonMetricsTest, JournalLatencyIsAHistogramOfSyncedWrites) {
   std::string text = RenderText(metrics);
   // The fake clock does not move: both synced writes took 0 s.
   EXPECT_NE(text.find("# TYPE longhaul_journal_write_seconds histogram\n"), std::string::npos);
-  EXPECT_NE(text.find("longhaul_journal_write_seconds_bucket{le=\"0.0001\"} 2\n"), std::string::npos)
+  EXPECT_NE(text.find("longhaul_journal_write_seconds_bucket{le=\"0.0001\"} 2\n"),
+            std::string::npos)
       << text;
   EXPECT_NE(text.find("longhaul_journal_write_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
   EXPECT_NE(text.find("longhaul_journal_write_seconds_count 2\n"), std::string::npos);
@@ -58,11 +59,13 @@ TEST_F(DaemonMetricsTest, RateCapsFollowTheLimiter) {
   limiter.SetPeerLimit("site-b", Bandwidth::MbitsPerSecond(500));
   limiter.SetClassLimit(v1::BACKGROUND, Bandwidth::MbitsPerSecond(100));
   std::string text = RenderText(metrics);
-  EXPECT_NE(text.find("longhaul_rate_limit_bits_per_second{scope=\"peer\",name=\"site-b\"} 500000000\n"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("longhaul_rate_limit_bits_per_second{scope=\"peer\",name=\"site-b\"} 500000000\n"),
+      std::string::npos)
       << text;
   EXPECT_NE(
-      text.find("longhaul_rate_limit_bits_per_second{scope=\"class\",name=\"background\"} 100000000\n"),
+      text.find(
+          "longhaul_rate_limit_bits_per_second{scope=\"class\",name=\"background\"} 100000000\n"),
       std::string::npos);
   limiter.SetPeerLimit("site-b", Bandwidth::Zero());  // off
   EXPECT_EQ(RenderText(metrics).find("name=\"site-b\""), std::string::npos);

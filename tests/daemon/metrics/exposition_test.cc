@@ -30,11 +30,11 @@ std::string Render(std::vector<prometheus::MetricFamily> families) {
 std::string RenderOne(FamilyBuilder family) { return Render({family.Build()}); }
 
 TEST(ExpositionTest, RendersCounterWithHelpAndType) {
-  EXPECT_EQ(RenderOne(FamilyBuilder::Counter("longhaul_bytes_sent_total", "Bytes sent.")
-                          .Set({}, 1024)),
-            "# HELP longhaul_bytes_sent_total Bytes sent.\n"
-            "# TYPE longhaul_bytes_sent_total counter\n"
-            "longhaul_bytes_sent_total 1024\n");
+  EXPECT_EQ(
+      RenderOne(FamilyBuilder::Counter("longhaul_bytes_sent_total", "Bytes sent.").Set({}, 1024)),
+      "# HELP longhaul_bytes_sent_total Bytes sent.\n"
+      "# TYPE longhaul_bytes_sent_total counter\n"
+      "longhaul_bytes_sent_total 1024\n");
 }
 
 TEST(ExpositionTest, SamplesAreSortedByLabelValues) {
@@ -60,17 +60,16 @@ TEST(ExpositionTest, LabelsKeepTheirDeclaredOrder) {
 }
 
 TEST(ExpositionTest, SettingTheSameLabelsAgainReplacesTheSample) {
-  EXPECT_EQ(RenderOne(FamilyBuilder::Gauge("g", "G.", {"peer"})
-                          .Set({"site-b"}, 1)
-                          .Set({"site-b"}, 2)),
-            "# HELP g G.\n"
-            "# TYPE g gauge\n"
-            "g{peer=\"site-b\"} 2\n");
+  EXPECT_EQ(
+      RenderOne(FamilyBuilder::Gauge("g", "G.", {"peer"}).Set({"site-b"}, 1).Set({"site-b"}, 2)),
+      "# HELP g G.\n"
+      "# TYPE g gauge\n"
+      "g{peer=\"site-b\"} 2\n");
 }
 
 TEST(ExpositionTest, EscapesLabelValues) {
-  std::string text =
-      RenderOne(FamilyBuilder::Gauge("x_info", "X.", {"algorithm", "peer"}).Set({"b\"b", "a\\b\nc"}, 1));
+  std::string text = RenderOne(
+      FamilyBuilder::Gauge("x_info", "X.", {"algorithm", "peer"}).Set({"b\"b", "a\\b\nc"}, 1));
   EXPECT_NE(text.find("x_info{algorithm=\"b\\\"b\",peer=\"a\\\\b\\nc\"} 1\n"), std::string::npos)
       << text;
 }
@@ -106,8 +105,8 @@ TEST(ExpositionTest, HistogramBucketsAreCumulativeWithInfSumAndCount) {
 
 TEST(ExpositionTest, HistogramLabelsComeBeforeLe) {
   const uint64_t counts[] = {1, 0};
-  std::string text = RenderOne(
-      FamilyBuilder::Histogram("h_seconds", "H.", {1}, {"peer"}).SetHistogram({"site-b"}, counts, 0.5));
+  std::string text = RenderOne(FamilyBuilder::Histogram("h_seconds", "H.", {1}, {"peer"})
+                                   .SetHistogram({"site-b"}, counts, 0.5));
   EXPECT_NE(text.find("h_seconds_bucket{peer=\"site-b\",le=\"1\"} 1\n"), std::string::npos) << text;
   EXPECT_NE(text.find("h_seconds_sum{peer=\"site-b\"} 0.5\n"), std::string::npos) << text;
 }

@@ -87,8 +87,14 @@ TEST_F(MetricsServerTest, ServesMetricsAsPrometheusText) {
 
 TEST_F(MetricsServerTest, EachScrapeSeesCurrentValues) {
   TestClient client(server_->port());
-  EXPECT_NE(client.Send(http::verb::get, "/metrics", true).body.find("total 7\n"), std::string::npos);
-  prometheus::BuildGauge().Name("longhaul_queued_bytes").Help("Queued.").Register(registry_).Add({}).Set(3);
+  EXPECT_NE(client.Send(http::verb::get, "/metrics", true).body.find("total 7\n"),
+            std::string::npos);
+  prometheus::BuildGauge()
+      .Name("longhaul_queued_bytes")
+      .Help("Queued.")
+      .Register(registry_)
+      .Add({})
+      .Set(3);
   std::string second = client.Send(http::verb::get, "/metrics?x=1", true).body;  // same connection
   EXPECT_NE(second.find("longhaul_queued_bytes 3\n"), std::string::npos) << second;
 }
