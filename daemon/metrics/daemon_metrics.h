@@ -5,6 +5,7 @@
 #define LONGHAUL_DAEMON_METRICS_DAEMON_METRICS_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "prometheus/collectable.h"

@@ -8,6 +8,7 @@
 #include "common/clock.h"
 #include "daemon/metrics/exposition.h"
 #include "daemon/peer/rate_limiter.h"
+#include "daemon/transport/transport.h"
 #include "gtest/gtest.h"
 #include "storage/journal.h"
 
@@ -69,6 +70,45 @@ TEST_F(DaemonMetricsTest, RateCapsFollowTheLimiter) {
       std::string::npos);
   limiter.SetPeerLimit("site-b", Bandwidth::Zero());  // off
   EXPECT_EQ(RenderText(metrics).find("name=\"site-b\""), std::string::npos);
+}
+
+// A transport that only reports connection counters.
+class CountingTransport : public transport::Transport {
+ public:
+  absl::StatusOr<std::unique_ptr<transport::Channel>> Dial(const std::string&,
+                                                           const std::string&) override {
+    return absl::UnimplementedError("no dialling");
+  }
+  absl::Status Listen(const std::string&, transport::ChannelHandler) override {
+    return absl::UnimplementedError("no listening");
+  }
+  uint16_t listen_port() const override { return 0; }
+  void Shutdown() override {}
+  transport::ConnectionCounters connection_counters() const override { return counters; }
+
+  transport::ConnectionCounters counters;
+};
+
+TEST(DaemonCollectorTest, ConnectionCountersAreSeriesByReason) {
+  CountingTransport tcp;
+  tcp.counters.refused_too_many_from_address = 3;
+  tcp.counters.refused_no_fd = 2;
+  tcp.counters.handshakes_timed_out = 5;
+  tcp.counters.idle_closed = 7;
+  tcp.counters.pending_handshakes = 4;
+  DaemonSources sources;
+  sources.tcp = &tcp;
+  std::string text = RenderText(DaemonCollector(sources));
+  for (const char* line : {
+           "longhaul_peer_handshakes_refused_total{reason=\"too_many_from_address\"} 3\n",
+           "longhaul_peer_handshakes_refused_total{reason=\"no_descriptor\"} 2\n",
+           "longhaul_peer_handshakes_refused_total{reason=\"handshake_failed\"} 0\n",
+           "longhaul_peer_handshakes_timed_out_total 5\n",
+           "longhaul_peer_connections_idle_closed_total 7\n",
+           "longhaul_peer_handshakes_pending 4\n",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << text;
+  }
 }
 
 // Dashboards and alerts name these families: each is there once, with its
