@@ -132,36 +132,6 @@ void RaiseOpenFileLimit() {
   spdlog::info("open-file limit {}", limit.rlim_cur);
 }
 
-// Refused, timed-out and idle-closed peer connections (the tcp transport's
-// ConnectionCounters), filled at scrape time.
-void RegisterConnectionMetrics(metrics::Registry& registry, const transport::Transport& tcp) {
-  auto& refused = registry.AddCounter(
-      "longhaul_peer_handshakes_refused_total",
-      "Peer connections closed before they were served, by reason (a cap of peer_limits, no "
-      "thread or descriptor, or a failed TLS handshake)",
-      {"reason"});
-  auto& timed_out = registry.AddCounter(
-      "longhaul_peer_handshakes_timed_out_total",
-      "Peer connections closed without TLS and HELLO within peer_limits.handshake_timeout");
-  auto& idle = registry.AddCounter(
-      "longhaul_peer_connections_idle_closed_total",
-      "Authenticated peer connections closed after peer_limits.idle_timeout without traffic");
-  auto& pending = registry.AddGauge("longhaul_peer_handshakes_pending",
-                                    "Peer connections accepted whose HELLO has not arrived yet");
-  registry.AddCollector([&, &tcp = tcp] {
-    const transport::ConnectionCounters c = tcp.connection_counters();
-    refused.WithLabels({"too_many_pending"}).Set(c.refused_too_many_pending);
-    refused.WithLabels({"too_many_from_address"}).Set(c.refused_too_many_from_address);
-    refused.WithLabels({"too_many_for_peer"}).Set(c.refused_too_many_for_peer);
-    refused.WithLabels({"no_thread"}).Set(c.refused_no_thread);
-    refused.WithLabels({"no_descriptor"}).Set(c.refused_no_fd);
-    refused.WithLabels({"handshake_failed"}).Set(c.handshakes_failed);
-    timed_out.WithLabels({}).Set(c.handshakes_timed_out);
-    idle.WithLabels({}).Set(c.idle_closed);
-    pending.WithLabels({}).Set(c.pending_handshakes);
-  });
-}
-
 int Run(const std::string& config_path, const std::string& log_level_override) {
   auto config = LoadConfig(config_path);
   if (!config.ok()) return Fail("bad configuration", config.status());
@@ -347,17 +317,15 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
                config->site, listen_host, (*transport)->listen_port(), socket_path,
                config->peers.size(), config->exports.size());
 
-  metrics::Registry registry;
-  metrics::RegisterDaemonMetrics(registry,
-                                 {config->site, &manager, &receiver, journal->get(), &limiter});
-  RegisterConnectionMetrics(registry, **transport);
+  const metrics::DaemonCollector daemon_metrics(
+      {config->site, &manager, &receiver, journal->get(), &limiter, transport->get()});
   std::unique_ptr<metrics::MetricsServer> metrics_server;
   if (!config->metrics.listen.empty()) {
     metrics::MetricsServer::Options metrics_options;
     metrics_options.max_connections = config->metrics.max_connections;
     metrics_options.request_timeout = TimeDelta::Microseconds(config->metrics.request_timeout_us);
     auto started = metrics::MetricsServer::Start(
-        config->metrics.listen, registry, [] { return absl::OkStatus(); }, metrics_options);
+        config->metrics.listen, daemon_metrics, [] { return absl::OkStatus(); }, metrics_options);
     if (started.ok()) {
       metrics_server = std::move(*started);
       spdlog::info("metrics on http://{}:{}/metrics",

@@ -19,6 +19,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libabsl-dev liburing-dev libboost-dev libssl-dev
   libxxhash-dev libyaml-cpp-dev libcli11-dev libspdlog-dev
+  prometheus-cpp-dev  # longhaul links its core only; it brings civetweb (no service)
   libgtest-dev libgmock-dev libbenchmark-dev
   # python binding and examples (Debian's /usr/bin/python3)
   pybind11-dev python3-dev python3-numpy python3-torch python3-cryptography

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/metrics/exposition.h"
 
 namespace longhaul::metrics {
 namespace {
@@ -29,7 +30,7 @@ using Request = http::request<http::string_body>;
 using Response = http::response<http::string_body>;
 
 struct Handler {
-  Registry& registry;
+  const prometheus::Collectable& metrics;
   MetricsServer::HealthCheck health;
 
   Response Handle(const Request& request) const {
@@ -47,7 +48,7 @@ struct Handler {
     } else if (target == "/metrics") {
       response.result(http::status::ok);
       response.set(http::field::content_type, kExpositionContentType);
-      response.body() = registry.Render();
+      response.body() = RenderText(metrics);
     } else if (target == "/healthz") {
       absl::Status status = health ? health() : absl::OkStatus();
       response.result(status.ok() ? http::status::ok : http::status::service_unavailable);
@@ -103,10 +104,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(kMaxBodyBytes);
     waiting_ = true;
     stream_.expires_after(timeout_);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->OnRead(ec);
-                     });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
 
  private:
@@ -120,13 +120,14 @@ class Session : public std::enable_shared_from_this<Session> {
     response_ = handler_.Handle(request);
     response_.keep_alive(request.keep_alive());
     stream_.expires_after(timeout_);
-    http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec || !self->response_.keep_alive()) {
-        self->Close();
-        return;
-      }
-      self->Read();
-    });
+    http::async_write(stream_, response_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        if (ec || !self->response_.keep_alive()) {
+                          self->Close();
+                          return;
+                        }
+                        self->Read();
+                      });
   }
 
   void Close() {
@@ -156,8 +157,8 @@ class Session : public std::enable_shared_from_this<Session> {
 }  // namespace
 
 struct MetricsServer::Impl {
-  Impl(Registry& registry, HealthCheck health, Options opts)
-      : handler{registry, std::move(health)},
+  Impl(const prometheus::Collectable& metrics, HealthCheck health, Options opts)
+      : handler{metrics, std::move(health)},
         options(opts),
         timeout(std::chrono::nanoseconds(opts.request_timeout.ToNanoseconds())),
         acceptor(io),
@@ -203,10 +204,9 @@ struct MetricsServer::Impl {
   std::atomic<bool> stopped{false};
 };
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
-                                                                    Registry& registry,
-                                                                    HealthCheck health,
-                                                                    Options options) {
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const std::string& address, const prometheus::Collectable& metrics, HealthCheck health,
+    Options options) {
   size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon + 1 == address.size()) {
     return absl::InvalidArgumentError(
@@ -217,7 +217,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  auto impl = std::make_unique<Impl>(registry, std::move(health), options);
+  auto impl = std::make_unique<Impl>(metrics, std::move(health), options);
   beast::error_code ec;
   tcp::resolver resolver(impl->io);
   auto endpoints = resolver.resolve(host, port, tcp::resolver::passive, ec);

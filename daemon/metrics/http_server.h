@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/units.h"
-#include "daemon/metrics/registry.h"
+#include "prometheus/collectable.h"
 
 namespace longhaul::metrics {
 
@@ -22,7 +22,7 @@ struct MetricsServerOptions {
 };
 
 // Answers:
-//   GET|HEAD /metrics  200, registry.Render() as text/plain; version=0.0.4
+//   GET|HEAD /metrics  200, RenderText(metrics) as text/plain; version=0.0.4
 //   GET|HEAD /healthz  200 "ok" when `health` returns OK, else 503 and its message
 //   other paths        404; other methods 405
 // Requests are small and bounded (8 KiB of headers, 4 KiB of body). A
@@ -34,8 +34,8 @@ struct MetricsServerOptions {
 // cannot lock a scraper out; a connection whose answer is being written is
 // never dropped for another.
 //
-// Thread-safe. The registry and `health` must outlive the server; both are
-// called on the server's thread.
+// Thread-safe. `metrics` and `health` must outlive the server; both are
+// called on the server's thread, one request at a time.
 class MetricsServer {
  public:
   using HealthCheck = std::function<absl::Status()>;
@@ -44,10 +44,9 @@ class MetricsServer {
 
   // Listens on `address` ("host:port", "[v6]:port"; port 0 picks one) and
   // starts serving. Fails (Unavailable, naming the address) if it cannot bind.
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
-                                                              Registry& registry,
-                                                              HealthCheck health,
-                                                              Options options = {});
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const std::string& address, const prometheus::Collectable& metrics, HealthCheck health,
+      Options options = {});
   ~MetricsServer();
 
   // Stops accepting, closes open connections and joins the thread. Idempotent.

@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
 
 namespace longhaul::metrics {
 namespace {
@@ -52,7 +55,12 @@ class TestClient {
 class MetricsServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    registry_.AddCounter("longhaul_bytes_sent_total", "Bytes sent.").WithLabels({}).Increment(7);
+    prometheus::BuildCounter()
+        .Name("longhaul_bytes_sent_total")
+        .Help("Bytes sent.")
+        .Register(registry_)
+        .Add({})
+        .Increment(7);
     auto server = MetricsServer::Start("127.0.0.1:0", registry_, [this]() -> absl::Status {
       if (healthy_.load()) return absl::OkStatus();
       return absl::UnavailableError("journal is not writable");
@@ -62,7 +70,7 @@ class MetricsServerTest : public ::testing::Test {
     ASSERT_NE(server_->port(), 0);
   }
 
-  Registry registry_;
+  prometheus::Registry registry_;
   std::atomic<bool> healthy_{true};
   std::unique_ptr<MetricsServer> server_;
 };
@@ -79,8 +87,14 @@ TEST_F(MetricsServerTest, ServesMetricsAsPrometheusText) {
 
 TEST_F(MetricsServerTest, EachScrapeSeesCurrentValues) {
   TestClient client(server_->port());
-  EXPECT_NE(client.Send(http::verb::get, "/metrics", true).body.find("total 7\n"), std::string::npos);
-  registry_.AddGauge("longhaul_queued_bytes", "Queued.").WithLabels({}).Set(3);
+  EXPECT_NE(client.Send(http::verb::get, "/metrics", true).body.find("total 7\n"),
+            std::string::npos);
+  prometheus::BuildGauge()
+      .Name("longhaul_queued_bytes")
+      .Help("Queued.")
+      .Register(registry_)
+      .Add({})
+      .Set(3);
   std::string second = client.Send(http::verb::get, "/metrics?x=1", true).body;  // same connection
   EXPECT_NE(second.find("longhaul_queued_bytes 3\n"), std::string::npos) << second;
 }
@@ -141,7 +155,7 @@ TEST_F(MetricsServerTest, StopClosesTheListener) {
 }
 
 TEST(MetricsServerStartTest, PortInUseIsAnErrorNamingTheAddress) {
-  Registry registry;
+  prometheus::Registry registry;
   auto first = MetricsServer::Start("127.0.0.1:0", registry, nullptr);
   ASSERT_TRUE(first.ok());
   std::string address = "127.0.0.1:" + std::to_string((*first)->port());
@@ -155,7 +169,7 @@ TEST(MetricsServerStartTest, PortInUseIsAnErrorNamingTheAddress) {
 // that holds partial headers (not of one being answered); the timeout is
 // far off, so only that makes room.
 TEST(MetricsServerBoundsTest, PartialHeadersAtTheCapDoNotLockOutAScrape) {
-  Registry registry;
+  prometheus::Registry registry;
   MetricsServer::Options options;
   options.max_connections = 2;
   options.request_timeout = TimeDelta::Seconds(60);
@@ -177,7 +191,7 @@ TEST(MetricsServerBoundsTest, PartialHeadersAtTheCapDoNotLockOutAScrape) {
 }
 
 TEST(MetricsServerStartTest, AddressWithoutPortIsInvalid) {
-  Registry registry;
+  prometheus::Registry registry;
   auto server = MetricsServer::Start("localhost", registry, nullptr);
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
 }
