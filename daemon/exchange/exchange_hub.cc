@@ -235,6 +235,11 @@ size_t ExchangeHub::receives_waiting() {
   return state_.mailbox.waiting();
 }
 
+size_t ExchangeHub::messages_held() {
+  absl::MutexLock lock(&state_.mu);
+  return state_.mailbox.held();
+}
+
 uint32_t ExchangeHub::unclaimed_messages(const std::string& site) {
   absl::MutexLock lock(&state_.mu);
   return state_.mailbox.unclaimed_messages(site);

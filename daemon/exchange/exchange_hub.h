@@ -108,8 +108,11 @@ class ExchangeHub : private InboundSink {
   uint64_t bytes_received_in_place() const { return bytes_in_place_.load(); }
   // Recv calls waiting with their buffer offered to a message not yet begun.
   size_t receives_waiting();
-  // Messages from `site` held for no operation yet (proto/EXCHANGE.md, Limits).
+  // Messages from `site` held for no operation yet (proto/EXCHANGE.md,
+  // Limits), counted from their first segment on.
   uint32_t unclaimed_messages(const std::string& site);
+  // Whole messages (every segment in) held for no operation yet.
+  size_t messages_held();
   // REFUSED notices this hub has received from its peers.
   uint64_t refusals_received() const { return links_.refusals_received(); }
 

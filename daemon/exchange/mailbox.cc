@@ -186,6 +186,12 @@ size_t Mailbox::waiting() const {
   return n;
 }
 
+size_t Mailbox::held() const {
+  size_t n = 0;
+  for (const auto& [key, queue] : messages_) n += queue.size();
+  return n;
+}
+
 uint32_t Mailbox::unclaimed_messages(const std::string& site) const {
   auto it = unclaimed_.find(site);
   return it == unclaimed_.end() ? 0 : it->second->messages.load();

@@ -200,6 +200,8 @@ class Mailbox {
   // Recv calls waiting with their buffer offered to a message not yet begun.
   size_t waiting() const;
   uint32_t unclaimed_messages(const std::string& site) const;
+  // Whole messages filed and not taken.
+  size_t held() const;
 
   // Ends the offer of a Recv's buffer; afterwards the hub never touches
   // `landing.out`. Returns true if a whole message landed in it first. May

@@ -185,6 +185,16 @@ std::map<std::string, OpResult> RunAll(Net& net, const std::vector<std::string>&
   return results;
 }
 
+constexpr uint64_t kMiB = 1 << 20;
+
+// Polls (real time, bounded) until `done`; for handing off between threads,
+// never to judge how fast something went.
+template <typename F>
+bool Eventually(F done) {
+  for (int i = 0; i < 2000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(5));
+  return done();
+}
+
 class ExchangeHubTest : public ::testing::TestWithParam<v1::ExchangeDType> {};
 
 // Values k/4 with small k are exact in every dtype, and so are their sums
@@ -297,9 +307,13 @@ TEST(ExchangeHubGroupTest, PeerLostMidAllReduceIsRetryableAndTheNextGenerationWo
   std::map<std::string, std::vector<uint8_t>> buffers;
   const size_t count = 1 << 20;
   for (const auto& s : {"site-a", "site-b"}) buffers[s].assign(count * 4, 0);
-  // site-a and site-b start; site-c never does, and then dies.
+  // site-a and site-b start; site-c never does, and dies once both are
+  // sending to it.
   std::thread killer([&] {
-    absl::SleepFor(absl::Milliseconds(300));
+    ASSERT_TRUE(Eventually([&] {
+      return net.hub("site-c").unclaimed_messages("site-a") == 1 &&
+             net.hub("site-c").unclaimed_messages("site-b") == 1;
+    }));
     net.hub("site-c").Shutdown();
   });
   const absl::Time start = absl::Now();
@@ -356,7 +370,9 @@ TEST(ExchangeHubGroupTest, CancelEndsTheCallHereAndAtThePeers) {
   auto pending = std::async(std::launch::async, [&] {
     return net.hub("site-a").AllReduce(args, absl::MakeSpan(buffer));
   });
-  absl::SleepFor(absl::Milliseconds(200));
+  // Cancelled once site-b has begun to get site-a's contribution, so the
+  // link to it is up and site-a's ABORT reaches it.
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").unclaimed_messages("site-a") == 1; }));
   EXPECT_TRUE(net.hub("site-a").Cancel("to-cancel"));
   OpResult r = pending.get();
   EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
@@ -454,15 +470,6 @@ TEST(ExchangeHubGroupTest, OversizedSegmentClosesTheLink) {
 }
 
 
-constexpr uint64_t kMiB = 1 << 20;
-
-// Polls (real time, bounded) until `done`; for handing off between threads,
-// never to judge how fast something went.
-template <typename F>
-bool Eventually(F done) {
-  for (int i = 0; i < 2000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(5));
-  return done();
-}
 
 // A Send returns once its bytes are written, but bulk traffic to that peer
 // stays paused until the link reports them sent: resumed earlier, it would
@@ -946,8 +953,7 @@ TEST(ExchangeHubStreamedTest, SendWhoseClientGoesAwayEndsEarly) {
   auto sent = std::async(std::launch::async, [&] {
     return net.hub("site-a").Send(send, absl::MakeConstSpan(message));
   });
-  absl::SleepFor(absl::Milliseconds(100));
-  gone = true;
+  gone = true;  // asked every 50 ms while the Send waits for its client
   ASSERT_EQ(sent.wait_for(std::chrono::seconds(5)), std::future_status::ready);
   OpResult s = sent.get();
   EXPECT_EQ(s.status.code(), absl::StatusCode::kCancelled) << s.status;
@@ -1267,7 +1273,9 @@ TEST(ExchangeHubLimitsTest, LeaveDropsTheGroupsUnclaimedMessages) {
                  nullptr};
     ASSERT_TRUE(net.hub("site-b").Send(send, absl::MakeConstSpan(message)).status.ok());
   }
-  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").unclaimed_messages("site-b") == 3; }));
+  // Counted from their first segment on, but dropped by Leave once whole.
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").messages_held() == 3; }));
+  EXPECT_EQ(net.hub("site-a").unclaimed_messages("site-b"), 3u);
   EXPECT_EQ(net.budget("site-a").used("site-b"), 3 * message.size());
   net.hub("site-a").Leave("g");
   EXPECT_EQ(net.hub("site-a").unclaimed_messages("site-b"), 0u);
