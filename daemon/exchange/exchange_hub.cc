@@ -20,14 +20,12 @@ ExchangeHub::ExchangeHub(std::string local_site, std::vector<std::string> peers,
     : local_site_(std::move(local_site)),
       options_(options),
       state_(local_site_, options_),
-      links_(local_site_, std::move(dialer), limiter,
-             [this](const std::string& site, const std::string& reason) {
-               PeerLost(site, reason);
-             }),
-      operations_(local_site_, std::move(peers), &state_, &links_, gate,
-                  [this](const std::string& site, const std::string& reason) {
-                    PeerLost(site, reason);
-                  }) {}
+      links_(
+          local_site_, std::move(dialer), limiter,
+          [this](const std::string& site, const std::string& reason) { PeerLost(site, reason); }),
+      operations_(
+          local_site_, std::move(peers), &state_, &links_, gate,
+          [this](const std::string& site, const std::string& reason) { PeerLost(site, reason); }) {}
 
 ExchangeHub::~ExchangeHub() { Shutdown(); }
 
@@ -88,8 +86,8 @@ std::unique_ptr<InboundSink::Incoming> ExchangeHub::Begin(const std::string& fro
     if (!a->landing) {
       if (!state_.membership.Admits(from, h)) {
         a->dropped = true;
-        spdlog::debug("exchange: dropping a message for group {} from {}, not a member",
-                      h.group(), from);
+        spdlog::debug("exchange: dropping a message for group {} from {}, not a member", h.group(),
+                      from);
       } else if (!state_.mailbox.TryBuffer(h.total_bytes())) {
         a->dropped = true;
         over_memory = true;
@@ -113,8 +111,8 @@ std::unique_ptr<InboundSink::Incoming> ExchangeHub::Begin(const std::string& fro
   return a;
 }
 
-std::optional<absl::Span<uint8_t>> ExchangeHub::Into(Incoming& in, uint64_t received,
-                                                     uint64_t end, transport::Channel& channel) {
+std::optional<absl::Span<uint8_t>> ExchangeHub::Into(Incoming& in, uint64_t received, uint64_t end,
+                                                     transport::Channel& channel) {
   absl::MutexLock lock(&state_.mu);
   return state_.mailbox.Into(static_cast<Arrival&>(in), received, end, channel, state_.mu);
 }
@@ -138,8 +136,7 @@ void ExchangeHub::Abandon(std::unique_ptr<Incoming> in) {
   state_.mailbox.Abandon(static_cast<Arrival&>(*in), state_.mu);
 }
 
-void ExchangeHub::Deliver(const std::string& from, Msg header, Payload payload,
-                          Unclaimed claim) {
+void ExchangeHub::Deliver(const std::string& from, Msg header, Payload payload, Unclaimed claim) {
   // Delivered payload bytes stay counted as buffered until taken.
   auto drop = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_.mu) {
     state_.mailbox.Unbuffer(payload.size());

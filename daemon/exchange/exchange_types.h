@@ -61,8 +61,8 @@ struct OpResult {
   absl::Status status;
   std::string lost_peer;  // set when `status` is the loss of this peer
   v1::OpStats stats;
-  uint64_t bytes = 0;     // Recv: length of the message received
-  v1::GroupView view;     // the group after the op
+  uint64_t bytes = 0;  // Recv: length of the message received
+  v1::GroupView view;  // the group after the op
 };
 
 struct AllReduceArgs {

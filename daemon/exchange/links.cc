@@ -79,8 +79,7 @@ void Links::Break(Outbound& link, const std::string& site, const absl::Status& w
 }
 
 absl::Status Links::Send(const std::string& site, Msg header, absl::Span<const uint8_t> payload,
-                         const std::atomic<bool>* stop, absl::Time deadline,
-                         const ReadyFn& ready) {
+                         const std::atomic<bool>* stop, absl::Time deadline, const ReadyFn& ready) {
   auto link = LinkTo(site);
   if (!link.ok()) return link.status();
   header.set_msg_id(next_msg_id_.fetch_add(1));
@@ -245,8 +244,8 @@ void Links::DrainLoop() {
     if (drain_stop_) break;
     const absl::Time now = MonotonicNow();
     for (auto it = draining_.begin(); it != draining_.end();) {
-      const bool done = it->link->broken.load() || now >= it->until ||
-                        it->link->channel->UnsentBytes() == 0;
+      const bool done =
+          it->link->broken.load() || now >= it->until || it->link->channel->UnsentBytes() == 0;
       it = done ? draining_.erase(it) : std::next(it);
     }
     if (!draining_.empty()) {

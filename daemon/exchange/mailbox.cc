@@ -141,11 +141,11 @@ absl::StatusOr<Unclaimed> Mailbox::TryClaim(const std::string& from, uint64_t by
   if (options_.memory_budget != nullptr && bytes > 0) {
     reserved = peer::MemoryReservation::TryTake(options_.memory_budget, from, bytes);
     if (reserved.bytes() == 0) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "a ", bytes, "-byte exchange message from ", from, " would take what ", from,
-          " holds at ", local_site_, " (", options_.memory_budget->used(from),
-          " bytes) past peer_limits.memory_per_peer (", options_.memory_budget->bytes_per_peer(),
-          " bytes)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("a ", bytes, "-byte exchange message from ", from, " would take what ", from,
+                       " holds at ", local_site_, " (", options_.memory_budget->used(from),
+                       " bytes) past peer_limits.memory_per_peer (",
+                       options_.memory_budget->bytes_per_peer(), " bytes)"));
     }
   }
   return Unclaimed(std::move(reserved), use);
@@ -253,9 +253,10 @@ bool Mailbox::Withdraw(Landing& l, absl::Mutex& mu) {
     std::memcpy(spill->data(), l.out.data(), l.filled);
     mu.Lock();
   } else {
-    spdlog::warn("dropping a {}-byte exchange message from {} (group {}, tag '{}') whose receive "
-                 "ended: {}",
-                 total, l.from, l.header.group(), l.header.tag(), claim.status().message());
+    spdlog::warn(
+        "dropping a {}-byte exchange message from {} (group {}, tag '{}') whose receive "
+        "ended: {}",
+        total, l.from, l.header.group(), l.header.tag(), claim.status().message());
   }
   l.spill = std::move(spill);
   l.state = State::kWithdrawn;
@@ -265,7 +266,8 @@ bool Mailbox::Withdraw(Landing& l, absl::Mutex& mu) {
 void Mailbox::Settle(Arrival& a, absl::Mutex& mu) {
   if (!a.landing) return;
   Landing* l = a.landing.get();
-  mu.Await(absl::Condition(+[](Landing* l) { return l->state != State::kHandingOver; }, l));
+  mu.Await(absl::Condition(
+      +[](Landing* l) { return l->state != State::kHandingOver; }, l));
   if (l->state != State::kWithdrawn) return;
   if (l->spill) {
     a.payload = std::move(*l->spill);

@@ -105,9 +105,9 @@ struct Landing {
   std::string key;
   absl::Span<uint8_t> out;
   State state = State::kWaiting;
-  std::string from;                       // sender of the bound message
-  v1::ExchangePeerMessage header;         // of the bound message
-  uint64_t filled = 0;                    // bytes of the bound message in `out`
+  std::string from;                // sender of the bound message
+  v1::ExchangePeerMessage header;  // of the bound message
+  uint64_t filled = 0;             // bytes of the bound message in `out`
   // Where the Recv's client learns what has landed (same lifetime as
   // `out`), and the epoch of the bound message there: a new one for every
   // message bound, since a message that replaces an unbound one rewrites

@@ -113,10 +113,9 @@ LostPeer Membership::LostResult(const std::string& what, const Group& g,
   }
   LostPeer r;
   r.lost_peer = lost;
-  r.status = absl::UnavailableError(absl::StrCat(what, ": peer ", lost, " was lost (", why,
-                                                 "); group ", g.name, " is now generation ",
-                                                 g.generation, " with ", Members(g.members),
-                                                 "; retry"));
+  r.status = absl::UnavailableError(
+      absl::StrCat(what, ": peer ", lost, " was lost (", why, "); group ", g.name,
+                   " is now generation ", g.generation, " with ", Members(g.members), "; retry"));
   return r;
 }
 

@@ -43,7 +43,7 @@ struct Group {
 
 // The loss that moved a group past a generation.
 struct LostPeer {
-  absl::Status status;    // Unavailable, naming the peer and the group's new state
+  absl::Status status;  // Unavailable, naming the peer and the group's new state
   std::string lost_peer;
 };
 

@@ -43,8 +43,8 @@ absl::Status WaitFilled(const shm::ProgressWord& word, uint64_t end, uint64_t to
     if (stop.load()) return absl::CancelledError("stopped");
     const absl::Time now = MonotonicNow();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "its client had written only ", ready, " of the ", total, " bytes of the buffer"));
+      return absl::DeadlineExceededError(absl::StrCat("its client had written only ", ready,
+                                                      " of the ", total, " bytes of the buffer"));
     }
     if (client_gone && now >= next_look) {
       if (client_gone()) {
@@ -87,7 +87,8 @@ class SenderSet {
   void Finish(absl::Time deadline, const std::function<void(const std::string&)>& cut) {
     {
       absl::MutexLock lock(&mu_);
-      auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ == threads_.size(); };
+      auto all = [this]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ == threads_.size(); };
       mu_.AwaitWithTimeout(absl::Condition(&all), deadline - MonotonicNow());
     }
     for (size_t i = 0; i < threads_.size(); ++i) {
@@ -141,17 +142,17 @@ OpResult Operations::Lost(const LostPeer& lost, const Group& g) const {
 }
 
 absl::StatusOr<v1::GroupView> Operations::Join(const std::string& group,
-                                                std::vector<std::string> sites,
-                                                absl::Duration timeout) {
+                                               std::vector<std::string> sites,
+                                               absl::Duration timeout) {
   if (group.empty() || group.size() > 256) {
     return absl::InvalidArgumentError("a group name must have 1 to 256 characters");
   }
   std::sort(sites.begin(), sites.end());
   sites.erase(std::unique(sites.begin(), sites.end()), sites.end());
   if (std::find(sites.begin(), sites.end(), local_site_) == sites.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the sites of group ", group, " ", Members(sites), " do not include this site (",
-                     local_site_, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("the sites of group ", group, " ",
+                                                   Members(sites), " do not include this site (",
+                                                   local_site_, ")"));
   }
   std::vector<std::string> others;
   for (const std::string& s : sites) {
@@ -185,7 +186,8 @@ absl::StatusOr<v1::GroupView> Operations::Join(const std::string& group,
       absl::Status s = links_->Send(p, join, {}, nullptr);
       if (s.ok()) break;
       if (MonotonicNow() + absl::Milliseconds(100) >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("joining group ", group, ": ", s.message()));
+        return absl::DeadlineExceededError(
+            absl::StrCat("joining group ", group, ": ", s.message()));
       }
       absl::SleepFor(absl::Milliseconds(100));
     }
@@ -235,22 +237,23 @@ absl::StatusOr<v1::GroupView> Operations::Join(const std::string& group,
                        m.header.generation() < generation;
     return m.header.group() == group && (stale || !Contains(sites, m.from));
   });
-  spdlog::info("exchange group {} formed: generation {} with {}", group, generation, Members(sites));
+  spdlog::info("exchange group {} formed: generation {} with {}", group, generation,
+               Members(sites));
   return state_->membership.ViewOf(g);
 }
 
-const Message* Operations::AbortFrom(const std::string& group,
-                                                   const std::string& seq_id,
-                                                   const std::vector<std::string>& peers) {
+const Message* Operations::AbortFrom(const std::string& group, const std::string& seq_id,
+                                     const std::vector<std::string>& peers) {
   for (const std::string& p : peers) {
-    if (const Message* m = state_->mailbox.Front(Mailbox::Key(group, Msg::ABORT, p, seq_id))) return m;
+    if (const Message* m = state_->mailbox.Front(Mailbox::Key(group, Msg::ABORT, p, seq_id)))
+      return m;
   }
   return nullptr;
 }
 
 absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& what,
-                                 uint64_t generation, const std::vector<std::string>& peers,
-                                 std::string* lost_peer) {
+                                uint64_t generation, const std::vector<std::string>& peers,
+                                std::string* lost_peer) {
   Msg done;
   done.set_kind(Msg::DONE);
   done.set_group(args.group);
@@ -268,9 +271,8 @@ absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& wh
   // or a peer silent long past the deadline.
   const absl::Time give_up = MonotonicNow() + args.timeout + kSenderGrace;
   absl::MutexLock lock(&state_->mu);
-  auto has = [&](const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    return state_->mailbox.Has(key);
-  };
+  auto has = [&](const std::string& key)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) { return state_->mailbox.Has(key); };
   auto group_moved = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
     const Group* g = state_->membership.Find(args.group);
     return g == nullptr || g->generation != generation;
@@ -288,10 +290,12 @@ absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& wh
   state_->mu.AwaitWithTimeout(absl::Condition(&ready), give_up - MonotonicNow());
   if (const Message* abort = AbortFrom(args.group, seq_id, peers); abort != nullptr) {
     const Message& m = *abort;
-    return absl::AbortedError(absl::StrCat(what, ": ", m.from, " gave up on it (", m.header.reason(), ")"));
+    return absl::AbortedError(
+        absl::StrCat(what, ": ", m.from, " gave up on it (", m.header.reason(), ")"));
   }
   if (all_done()) return absl::OkStatus();
-  if (state_->shutdown) return absl::UnavailableError(absl::StrCat(what, ": the daemon is shutting down"));
+  if (state_->shutdown)
+    return absl::UnavailableError(absl::StrCat(what, ": the daemon is shutting down"));
   if (group_moved()) {
     const Group* g = state_->membership.Find(args.group);
     if (g == nullptr) return absl::CancelledError(absl::StrCat(what, ": this site left the group"));
@@ -303,8 +307,8 @@ absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& wh
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!has(keys[i])) waiting.push_back(peers[i]);
   }
-  return absl::DeadlineExceededError(absl::StrCat(what, " timed out waiting for ",
-                                                  absl::StrJoin(waiting, ", "), " to commit"));
+  return absl::DeadlineExceededError(
+      absl::StrCat(what, " timed out waiting for ", absl::StrJoin(waiting, ", "), " to commit"));
 }
 
 void Operations::SendAborts(const std::string& group, uint64_t generation, uint64_t seq,
@@ -316,7 +320,7 @@ void Operations::SendAborts(const std::string& group, uint64_t generation, uint6
   abort.set_seq(seq);
   abort.set_reason(reason);
   for (const std::string& p : peers) {
-    if (!links_->Linked(p)) continue;  // never reached, or lost
+    if (!links_->Linked(p)) continue;                   // never reached, or lost
     links_->Send(p, abort, {}, nullptr).IgnoreError();  // best effort: a lost peer needs no abort
   }
 }
@@ -327,7 +331,8 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
   OpResult result;
   const size_t es = ElementSize(args.dtype);
   if (es == 0) {
-    result.status = absl::InvalidArgumentError("all-reduce needs a dtype: float32, bfloat16 or float16");
+    result.status =
+        absl::InvalidArgumentError("all-reduce needs a dtype: float32, bfloat16 or float16");
     return result;
   }
   if (buffer.size() % es != 0) {
@@ -352,7 +357,8 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
       return result;
     }
     if (state_->ops.contains(args.op_id)) {
-      result.status = absl::AlreadyExistsError(absl::StrCat("operation ", args.op_id, " is already running"));
+      result.status =
+          absl::AlreadyExistsError(absl::StrCat("operation ", args.op_id, " is already running"));
       return result;
     }
     generation = g->generation;
@@ -385,9 +391,8 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
   header.set_op(args.op);
   header.set_count(count);
   header.set_quantized(args.quantize_int8);
-  SenderSet senders(peers, [&](const std::string& site) {
-    return links_->Send(site, header, own, &op->stop);
-  });
+  SenderSet senders(
+      peers, [&](const std::string& site) { return links_->Send(site, header, own, &op->stop); });
 
   // Wait for every peer's contribution, or for a reason to stop.
   const std::string seq_id = absl::StrCat(args.seq);
@@ -398,9 +403,8 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
   std::string lost_peer;
   {
     absl::MutexLock lock(&state_->mu);
-    auto has = [&](const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-      return state_->mailbox.Has(key);
-    };
+    auto has = [&](const std::string& key)
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) { return state_->mailbox.Has(key); };
     auto group_moved = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
       const Group* g = state_->membership.Find(args.group);
       return g == nullptr || g->generation != generation;
@@ -416,7 +420,8 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
              all_here() || group_moved();
     };
     while (!ready() && MonotonicNow() < deadline) {
-      state_->mu.AwaitWithTimeout(absl::Condition(&ready), std::min(deadline - MonotonicNow(), kPoll));
+      state_->mu.AwaitWithTimeout(absl::Condition(&ready),
+                                  std::min(deadline - MonotonicNow(), kPoll));
       if (!op->cancelled && args.client_gone && args.client_gone()) op->cancelled = true;
     }
     if (const Message* abort = AbortFrom(args.group, seq_id, peers); abort != nullptr) {
@@ -446,9 +451,9 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
       for (size_t i = 0; i < keys.size(); ++i) {
         if (!has(keys[i])) waiting.push_back(peers[i]);
       }
-      failure = absl::DeadlineExceededError(absl::StrCat(
-          what, " timed out after ", DurationText(args.timeout), " waiting for ",
-          absl::StrJoin(waiting, ", ")));
+      failure = absl::DeadlineExceededError(
+          absl::StrCat(what, " timed out after ", DurationText(args.timeout), " waiting for ",
+                       absl::StrJoin(waiting, ", ")));
     }
   }
 
@@ -456,11 +461,11 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
   for (size_t i = 0; failure.ok() && i < taken.size(); ++i) {
     const Msg& h = taken[i].header;
     if (h.generation() != generation) {
-      failure = absl::UnavailableError(absl::StrCat(
-          what, ": ", peers[i], " ran it at generation ", h.generation(), ", this site at ",
-          generation, "; retry"));
-    } else if (h.count() != count || h.dtype() != args.dtype || h.quantized() != args.quantize_int8 ||
-               h.op() != args.op || h.tag() != args.tag) {
+      failure = absl::UnavailableError(absl::StrCat(what, ": ", peers[i], " ran it at generation ",
+                                                    h.generation(), ", this site at ", generation,
+                                                    "; retry"));
+    } else if (h.count() != count || h.dtype() != args.dtype ||
+               h.quantized() != args.quantize_int8 || h.op() != args.op || h.tag() != args.tag) {
       failure = absl::FailedPreconditionError(absl::StrCat(
           what, ": ", peers[i], " passed ", h.count(), " ", v1::ExchangeDType_Name(h.dtype()), " ",
           v1::ReduceOp_Name(h.op()), h.quantized() ? " int8" : "", " tag '", h.tag(),
@@ -547,7 +552,8 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
 OpResult Operations::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
   const absl::Time start = MonotonicNow();
   OpResult result;
-  const std::string what = absl::StrCat("send to ", args.peer, " tag '", args.tag, "' in group ", args.group);
+  const std::string what =
+      absl::StrCat("send to ", args.peer, " tag '", args.tag, "' in group ", args.group);
   std::shared_ptr<Op> op;
   uint64_t generation;
   {
@@ -566,7 +572,8 @@ OpResult Operations::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
       return result;
     }
     if (state_->ops.contains(args.op_id)) {
-      result.status = absl::AlreadyExistsError(absl::StrCat("operation ", args.op_id, " is already running"));
+      result.status =
+          absl::AlreadyExistsError(absl::StrCat("operation ", args.op_id, " is already running"));
       return result;
     }
     generation = g->generation;
@@ -642,7 +649,8 @@ OpResult Operations::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
     return result;
   }
   if (state_->ops.contains(args.op_id)) {
-    result.status = absl::AlreadyExistsError(absl::StrCat("operation ", args.op_id, " is already running"));
+    result.status =
+        absl::AlreadyExistsError(absl::StrCat("operation ", args.op_id, " is already running"));
     return result;
   }
   const uint64_t generation = g->generation;
@@ -658,9 +666,8 @@ OpResult Operations::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
     const Group* now = state_->membership.Find(args.group);
     return now == nullptr || !now->HasMember(args.peer);
   };
-  auto queued = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    return state_->mailbox.Has(key);
-  };
+  auto queued = [&]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) { return state_->mailbox.Has(key); };
   // Offer `out` to the next message under the key, unless one is already
   // here for this call to take.
   std::shared_ptr<Landing> landing;
@@ -679,7 +686,8 @@ OpResult Operations::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
     return queued();
   };
   while (!ready() && MonotonicNow() < deadline) {
-    state_->mu.AwaitWithTimeout(absl::Condition(&ready), std::min(deadline - MonotonicNow(), kPoll));
+    state_->mu.AwaitWithTimeout(absl::Condition(&ready),
+                                std::min(deadline - MonotonicNow(), kPoll));
     if (!op->cancelled && args.client_gone && args.client_gone()) op->cancelled = true;
   }
   EndOp(args.op_id);

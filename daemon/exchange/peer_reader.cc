@@ -20,9 +20,9 @@ absl::StatusOr<SegmentTracker::Step> SegmentTracker::OnHeader(const Msg& h) {
   if (h.payload_bytes() == 0 || h.payload_bytes() > kSegmentBytes ||
       h.total_bytes() > max_message_bytes_ || h.offset() > h.total_bytes() ||
       h.payload_bytes() > h.total_bytes() - h.offset()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        from_, " sent a malformed exchange segment (", h.offset(), "+", h.payload_bytes(), " of ",
-        h.total_bytes(), " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(from_, " sent a malformed exchange segment (",
+                                                   h.offset(), "+", h.payload_bytes(), " of ",
+                                                   h.total_bytes(), " bytes)"));
   }
   const uint64_t end = h.offset() + h.payload_bytes();
   auto it = received_.find(h.msg_id());

@@ -29,10 +29,10 @@ class SegmentTracker {
  public:
   // What a header asks the reader to do.
   enum class Step {
-    kMessage,   // a whole message without payload (total_bytes 0)
-    kDiscard,   // DISCARD without payload: drop the segments of msg_id
-    kFirst,     // the first segment of a message; its payload follows
-    kNext,      // a later segment of a started message; its payload follows
+    kMessage,  // a whole message without payload (total_bytes 0)
+    kDiscard,  // DISCARD without payload: drop the segments of msg_id
+    kFirst,    // the first segment of a message; its payload follows
+    kNext,     // a later segment of a started message; its payload follows
   };
 
   explicit SegmentTracker(std::string from, uint64_t max_message_bytes)

@@ -75,9 +75,9 @@ class CheckingSink final : public InboundSink {
     ~Arriving() override { --sink->open; }
     CheckingSink* sink;
     uint64_t total;
-    uint64_t read = 0;          // bytes read so far, in order
-    uint64_t asked_end = 0;     // `end` of the last Into
-    bool in_place = false;      // the last Into gave a buffer (not a drop)
+    uint64_t read = 0;       // bytes read so far, in order
+    uint64_t asked_end = 0;  // `end` of the last Into
+    bool in_place = false;   // the last Into gave a buffer (not a drop)
     bool ended = false;
   };
 
