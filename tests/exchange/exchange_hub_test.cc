@@ -185,6 +185,16 @@ std::map<std::string, OpResult> RunAll(Net& net, const std::vector<std::string>&
   return results;
 }
 
+constexpr uint64_t kMiB = 1 << 20;
+
+// Polls (real time, bounded) until `done`; for handing off between threads,
+// never to judge how fast something went.
+template <typename F>
+bool Eventually(F done) {
+  for (int i = 0; i < 2000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(5));
+  return done();
+}
+
 class ExchangeHubTest : public ::testing::TestWithParam<v1::ExchangeDType> {};
 
 // Values k/4 with small k are exact in every dtype, and so are their sums
@@ -297,12 +307,17 @@ TEST(ExchangeHubGroupTest, PeerLostMidAllReduceIsRetryableAndTheNextGenerationWo
   std::map<std::string, std::vector<uint8_t>> buffers;
   const size_t count = 1 << 20;
   for (const auto& s : {"site-a", "site-b"}) buffers[s].assign(count * 4, 0);
-  // site-a and site-b start; site-c never does, and then dies.
+  // site-a and site-b start; site-c never does, and dies once both are
+  // sending to it.
   std::thread killer([&] {
-    absl::SleepFor(absl::Milliseconds(300));
+    ASSERT_TRUE(Eventually([&] {
+      return net.hub("site-c").unclaimed_messages("site-a") == 1 &&
+             net.hub("site-c").unclaimed_messages("site-b") == 1;
+    }));
     net.hub("site-c").Shutdown();
   });
-  const absl::Time start = absl::Now();
+  // A 30 s deadline: Unavailable naming site-c, not DeadlineExceeded, shows
+  // that the loss ended the op.
   auto results = RunAll(net, {"site-a", "site-b"}, Args(0, v1::FLOAT32, v1::SUM, absl::Seconds(30)),
                         buffers);
   killer.join();
@@ -314,7 +329,6 @@ TEST(ExchangeHubGroupTest, PeerLostMidAllReduceIsRetryableAndTheNextGenerationWo
     EXPECT_EQ(r.view.generation(), 2u);
     EXPECT_EQ(r.view.members_size(), 2);
   }
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the loss must end the op well before its deadline";
 
   // The next call runs at generation 2 with site-a and site-b.
   std::vector<float> a(count, 1.0f), b(count, 2.0f);
@@ -334,13 +348,11 @@ TEST(ExchangeHubGroupTest, TimeoutNamesTheSitesItWaitedFor) {
   Net net(3);
   net.JoinAll("g", net.names());
   std::vector<uint8_t> buffer(64);
-  const absl::Time start = absl::Now();
   OpResult r = net.hub("site-a").AllReduce(Args(0, v1::FLOAT32, v1::SUM, absl::Milliseconds(300)),
                                            absl::MakeSpan(buffer));
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(r.status.message()), HasSubstr("waiting for site-b, site-c"));
   EXPECT_TRUE(r.lost_peer.empty());
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   // A site that comes late to the same call learns that site-a gave up.
   r = net.hub("site-b").AllReduce(Args(0, v1::FLOAT32, v1::SUM, absl::Seconds(10)), absl::MakeSpan(buffer));
   EXPECT_EQ(r.status.code(), absl::StatusCode::kAborted) << r.status;
@@ -356,7 +368,9 @@ TEST(ExchangeHubGroupTest, CancelEndsTheCallHereAndAtThePeers) {
   auto pending = std::async(std::launch::async, [&] {
     return net.hub("site-a").AllReduce(args, absl::MakeSpan(buffer));
   });
-  absl::SleepFor(absl::Milliseconds(200));
+  // Cancelled once site-b has begun to get site-a's contribution, so the
+  // link to it is up and site-a's ABORT reaches it.
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").unclaimed_messages("site-a") == 1; }));
   EXPECT_TRUE(net.hub("site-a").Cancel("to-cancel"));
   OpResult r = pending.get();
   EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled) << r.status;
@@ -454,15 +468,6 @@ TEST(ExchangeHubGroupTest, OversizedSegmentClosesTheLink) {
 }
 
 
-constexpr uint64_t kMiB = 1 << 20;
-
-// Polls (real time, bounded) until `done`; for handing off between threads,
-// never to judge how fast something went.
-template <typename F>
-bool Eventually(F done) {
-  for (int i = 0; i < 2000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(5));
-  return done();
-}
 
 // A Send returns once its bytes are written, but bulk traffic to that peer
 // stays paused until the link reports them sent: resumed earlier, it would
@@ -946,8 +951,7 @@ TEST(ExchangeHubStreamedTest, SendWhoseClientGoesAwayEndsEarly) {
   auto sent = std::async(std::launch::async, [&] {
     return net.hub("site-a").Send(send, absl::MakeConstSpan(message));
   });
-  absl::SleepFor(absl::Milliseconds(100));
-  gone = true;
+  gone = true;  // asked every 50 ms while the Send waits for its client
   ASSERT_EQ(sent.wait_for(std::chrono::seconds(5)), std::future_status::ready);
   OpResult s = sent.get();
   EXPECT_EQ(s.status.code(), absl::StatusCode::kCancelled) << s.status;
@@ -1267,7 +1271,9 @@ TEST(ExchangeHubLimitsTest, LeaveDropsTheGroupsUnclaimedMessages) {
                  nullptr};
     ASSERT_TRUE(net.hub("site-b").Send(send, absl::MakeConstSpan(message)).status.ok());
   }
-  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").unclaimed_messages("site-b") == 3; }));
+  // Counted from their first segment on, but dropped by Leave once whole.
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").messages_held() == 3; }));
+  EXPECT_EQ(net.hub("site-a").unclaimed_messages("site-b"), 3u);
   EXPECT_EQ(net.budget("site-a").used("site-b"), 3 * message.size());
   net.hub("site-a").Leave("g");
   EXPECT_EQ(net.hub("site-a").unclaimed_messages("site-b"), 0u);

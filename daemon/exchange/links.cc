@@ -1,0 +1,290 @@
+#include "daemon/exchange/links.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/fmt_absl.h"
+#include "daemon/exchange/exchange_types.h"
+#include "daemon/peer/messaging.h"
+#include "spdlog/spdlog.h"
+
+namespace longhaul::exchange {
+namespace {
+
+using Msg = v1::ExchangePeerMessage;
+
+// How often Links looks whether a finished Send's bytes are all sent (a few
+// per cent of a long-haul RTT), and how long it keeps bulk traffic paused
+// for them at most: a link that has not drained by then is stalled, and bulk
+// traffic may as well use the time.
+constexpr absl::Duration kDrainPoll = absl::Milliseconds(1);
+constexpr absl::Duration kDrainLimit = absl::Seconds(2);
+// Refusals to and from one peer are logged at most this often.
+constexpr absl::Duration kRefusalLogEvery = absl::Seconds(10);
+
+}  // namespace
+
+Links::Links(std::string local_site, Dialer dialer, peer::RateLimiter* limiter, LostFn on_lost)
+    : local_site_(std::move(local_site)),
+      dialer_(std::move(dialer)),
+      limiter_(limiter),
+      on_lost_(std::move(on_lost)),
+      drain_thread_([this] { DrainLoop(); }) {}
+
+Links::~Links() {
+  Shutdown();
+  drain_thread_.join();
+}
+
+std::shared_ptr<Links::Outbound> Links::Existing(const std::string& site) {
+  absl::MutexLock lock(&mu_);
+  auto it = outbound_.find(site);
+  if (it != outbound_.end() && !it->second->broken.load()) return it->second;
+  return nullptr;
+}
+
+bool Links::Linked(const std::string& site) { return Existing(site) != nullptr; }
+
+absl::StatusOr<std::shared_ptr<Links::Outbound>> Links::LinkTo(const std::string& site) {
+  if (auto link = Existing(site)) return link;
+  absl::MutexLock dial_lock(&dial_mu_);
+  if (auto link = Existing(site)) return link;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return absl::UnavailableError("the daemon is shutting down");
+  }
+  auto channel = dialer_(site);
+  if (!channel.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach ", site, ": ", channel.status().message()));
+  }
+  auto link = std::make_shared<Outbound>();
+  link->channel = std::move(*channel);
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) {
+    link->channel->Abort();
+    return absl::UnavailableError("the daemon is shutting down");
+  }
+  outbound_[site] = link;
+  return link;
+}
+
+void Links::Break(Outbound& link, const std::string& site, const absl::Status& why) {
+  link.broken = true;
+  link.channel->Abort();
+  on_lost_(site, std::string(why.message()));
+}
+
+absl::Status Links::Send(const std::string& site, Msg header, absl::Span<const uint8_t> payload,
+                         const std::atomic<bool>* stop, absl::Time deadline, const ReadyFn& ready) {
+  auto link = LinkTo(site);
+  if (!link.ok()) return link.status();
+  header.set_msg_id(next_msg_id_.fetch_add(1));
+  header.set_total_bytes(payload.size());
+  // A message of several segments can still be stopped by a REFUSED notice.
+  std::shared_ptr<Sending> sending;
+  if (payload.size() > kSegmentBytes) {
+    sending = std::make_shared<Sending>();
+    sending->to = site;
+    absl::MutexLock lock(&mu_);
+    sending_[header.msg_id()] = sending;
+  }
+  absl::Cleanup unregister = [&] {
+    if (!sending) return;
+    absl::MutexLock lock(&mu_);
+    sending_.erase(header.msg_id());
+  };
+  auto refusal = [&]() -> std::string {
+    if (!sending) return "";
+    absl::MutexLock lock(&mu_);
+    return sending->refusal;
+  };
+  auto stopped = [&] {
+    return (stop != nullptr && stop->load()) ||
+           (deadline != absl::InfiniteFuture() && MonotonicNow() >= deadline);
+  };
+  uint64_t offset = 0;
+  do {
+    const uint64_t n = std::min<uint64_t>(kSegmentBytes, payload.size() - offset);
+    absl::Status stop_status;
+    if (offset > 0) {
+      if (std::string why = refusal(); !why.empty()) {
+        stop_status =
+            absl::ResourceExhaustedError(absl::StrCat(site, " refused the message: ", why));
+      }
+    }
+    if (stop_status.ok() && ready && n > 0) stop_status = ready(offset + n);
+    // The operators' caps, charged per segment like a transfer's chunk.
+    bool capped_out = false;
+    if (stop_status.ok() && limiter_ != nullptr && n > 0 && !stopped()) {
+      capped_out = !limiter_->Acquire(site, v1::EXCHANGE, n, stopped);
+    }
+    if (stop_status.ok() && (capped_out || stopped())) {
+      stop_status = absl::CancelledError("stopped");
+    }
+    if (!stop_status.ok()) {
+      if (offset > 0) {
+        // Tell the peer to drop the segments it holds.
+        Msg discard;
+        discard.set_kind(Msg::DISCARD);
+        discard.set_msg_id(header.msg_id());
+        absl::MutexLock lock(&(*link)->write_mu);
+        peer::SendProto(*(*link)->channel, peer::FrameType::kControl, 0, discard).IgnoreError();
+      }
+      return stop_status;
+    }
+    header.set_offset(offset);
+    header.set_payload_bytes(n);
+    absl::Status s;
+    {
+      absl::MutexLock lock(&(*link)->write_mu);
+      s = peer::SendProto(*(*link)->channel, peer::FrameType::kControl, 0, header);
+      if (s.ok() && n > 0) s = (*link)->channel->Write({payload.subspan(offset, n)});
+    }
+    if (!s.ok()) {
+      Break(**link, site, s);
+      return absl::UnavailableError(absl::StrCat("sending to ", site, " failed: ", s.message()));
+    }
+    offset += n;
+  } while (offset < payload.size());
+  return absl::OkStatus();
+}
+
+void Links::Serve(std::unique_ptr<transport::Channel> channel, uint64_t max_message_bytes,
+                  InboundSink& sink) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return;
+    inbound_.insert(channel.get());
+  }
+  const std::string site = channel->peer_site();
+  spdlog::debug("exchange link from {} ({}) open", site, channel->peer_address());
+  absl::Status status = ReadPeerMessages(*channel, max_message_bytes, sink);
+  bool shutting_down;
+  {
+    absl::MutexLock lock(&mu_);
+    inbound_.erase(channel.get());
+    shutting_down = shutdown_;
+  }
+  if (!shutting_down) on_lost_(site, std::string(status.message()));
+}
+
+void Links::Refuse(const std::string& from, uint64_t msg_id, const absl::Status& why) {
+  std::shared_ptr<Outbound> link;
+  {
+    absl::MutexLock lock(&mu_);
+    RefusalLog& log = refusal_log_[from];
+    const int limit = absl::StrContains(why.message(), "memory_per_peer") ? 1 : 0;
+    ++log.refused[limit];
+    const absl::Time now = MonotonicNow();
+    if (now - log.refused_logged[limit] >= kRefusalLogEvery) {
+      spdlog::warn("exchange: refused {} message(s) from {}: {}", log.refused[limit], from,
+                   why.message());
+      log.refused[limit] = 0;
+      log.refused_logged[limit] = now;
+    }
+    // Only on a link this site already has: it dials no one for this.
+    auto it = outbound_.find(from);
+    if (it == outbound_.end() || it->second->broken.load()) return;
+    link = it->second;
+  }
+  // The notice never blocks this reader: it is skipped while another
+  // message is being written on the link or the link has bytes unsent (two
+  // sites refusing each other's messages while neither reads would
+  // otherwise wait on each other for good).
+  if (!link->write_mu.TryLock()) return;
+  absl::Status s;
+  if (link->channel->UnsentBytes() == 0) {
+    Msg notice;
+    notice.set_kind(Msg::REFUSED);
+    notice.set_msg_id(next_msg_id_.fetch_add(1));
+    notice.set_refused_msg_id(msg_id);
+    notice.set_reason(std::string(why.message()));
+    s = peer::SendProto(*link->channel, peer::FrameType::kControl, 0, notice);
+  }
+  link->write_mu.Unlock();
+  if (!s.ok()) Break(*link, from, s);
+}
+
+void Links::Refused(const std::string& from, const Msg& notice) {
+  ++refusals_received_;
+  const std::string reason(notice.reason().substr(0, 512));
+  absl::MutexLock lock(&mu_);
+  auto it = sending_.find(notice.refused_msg_id());
+  if (it != sending_.end() && it->second->to == from) it->second->refusal = reason;
+  RefusalLog& log = refusal_log_[from];
+  ++log.refusals;
+  const absl::Time now = MonotonicNow();
+  if (now - log.refusals_logged >= kRefusalLogEvery) {
+    spdlog::warn("exchange: {} refused {} message(s) from this site: {}", from, log.refusals,
+                 reason);
+    log.refusals = 0;
+    log.refusals_logged = now;
+  }
+}
+
+void Links::HoldUntilSent(const std::string& site, peer::PriorityGate::Scope scope) {
+  std::shared_ptr<Outbound> link = Existing(site);
+  if (!link) return;
+  absl::MutexLock lock(&drain_mu_);
+  if (drain_stop_) return;
+  draining_.push_back({std::move(link), std::move(scope), MonotonicNow() + kDrainLimit});
+}
+
+void Links::DrainLoop() {
+  absl::MutexLock lock(&drain_mu_);
+  auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(drain_mu_) {
+    return drain_stop_ || !draining_.empty();
+  };
+  while (true) {
+    drain_mu_.Await(absl::Condition(&has_work));
+    if (drain_stop_) break;
+    const absl::Time now = MonotonicNow();
+    for (auto it = draining_.begin(); it != draining_.end();) {
+      const bool done =
+          it->link->broken.load() || now >= it->until || it->link->channel->UnsentBytes() == 0;
+      it = done ? draining_.erase(it) : std::next(it);
+    }
+    if (!draining_.empty()) {
+      drain_mu_.AwaitWithTimeout(absl::Condition(&drain_stop_), kDrainPoll);
+    }
+  }
+  draining_.clear();
+}
+
+void Links::Drop(const std::string& site) {
+  std::shared_ptr<Outbound> link;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return;
+    if (auto it = outbound_.find(site); it != outbound_.end()) {
+      link = it->second;
+      outbound_.erase(it);
+    }
+  }
+  if (link) {
+    link->broken = true;
+    link->channel->Abort();
+  }
+}
+
+void Links::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return;
+  shutdown_ = true;
+  // Abort only stops the socket, so it is safe under mu_; inbound channels
+  // stay alive while registered (their readers deregister under mu_).
+  for (auto& [site, link] : outbound_) link->channel->Abort();
+  for (auto* channel : inbound_) channel->Abort();
+  {
+    absl::MutexLock drain_lock(&drain_mu_);
+    drain_stop_ = true;
+  }
+  mu_.Await(absl::Condition(
+      +[](absl::flat_hash_set<transport::Channel*>* s) { return s->empty(); }, &inbound_));
+}
+
+}  // namespace longhaul::exchange
