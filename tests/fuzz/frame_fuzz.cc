@@ -1,4 +1,4 @@
-// Fuzzes the data-plane frame parsers (daemon/peer/frames.h) with bytes as a
+// Fuzzes the data-plane frame parsers (daemon/wire/frames.h) with bytes as a
 // peer could send them. Beyond "no crash, no sanitizer report", it checks the
 // parsers' contracts: limits hold, and whatever parses re-encodes to the
 // same bytes (so the parser accepts exactly the documented layout).
@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "daemon/peer/frames.h"
+#include "daemon/wire/frames.h"
 
 namespace {
 
@@ -18,13 +18,13 @@ void Fail(const char* what) {
 }
 
 void CheckFrameHeader(absl::Span<const uint8_t> in, uint32_t max_payload) {
-  using longhaul::peer::FrameHeader;
-  auto header = longhaul::peer::ParseFrameHeader(in, max_payload);
+  using longhaul::wire::FrameHeader;
+  auto header = longhaul::wire::ParseFrameHeader(in, max_payload);
   if (!header.ok()) return;
-  if (in.size() < longhaul::peer::kFrameHeaderSize) Fail("parsed a truncated frame header");
+  if (in.size() < longhaul::wire::kFrameHeaderSize) Fail("parsed a truncated frame header");
   if (header->payload_length > max_payload) Fail("payload length above the caller's limit");
-  std::array<uint8_t, longhaul::peer::kFrameHeaderSize> again;
-  longhaul::peer::EncodeFrameHeader(*header, again);
+  std::array<uint8_t, longhaul::wire::kFrameHeaderSize> again;
+  longhaul::wire::EncodeFrameHeader(*header, again);
   if (std::memcmp(again.data(), in.data(), again.size()) != 0) {
     Fail("frame header does not re-encode to its bytes");
   }
@@ -37,30 +37,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // The limits the daemon uses: control payloads, acks, and one taken from
   // the input so the length check is exercised at every boundary.
-  CheckFrameHeader(in, longhaul::peer::kMaxControlPayload);
-  CheckFrameHeader(in, longhaul::peer::kChunkAckFixedSize + longhaul::peer::kMaxAckMessage);
+  CheckFrameHeader(in, longhaul::wire::kMaxControlPayload);
+  CheckFrameHeader(in, longhaul::wire::kChunkAckFixedSize + longhaul::wire::kMaxAckMessage);
   if (size >= 28) {
     uint32_t limit;
     std::memcpy(&limit, data + 24, sizeof limit);
     CheckFrameHeader(in, limit);
   }
 
-  if (auto chunk = longhaul::peer::ParseChunkHeader(in); chunk.ok()) {
-    if (size < longhaul::peer::kChunkHeaderSize) Fail("parsed a truncated chunk header");
-    std::array<uint8_t, longhaul::peer::kChunkHeaderSize> again;
-    longhaul::peer::EncodeChunkHeader(*chunk, again);
+  if (auto chunk = longhaul::wire::ParseChunkHeader(in); chunk.ok()) {
+    if (size < longhaul::wire::kChunkHeaderSize) Fail("parsed a truncated chunk header");
+    std::array<uint8_t, longhaul::wire::kChunkHeaderSize> again;
+    longhaul::wire::EncodeChunkHeader(*chunk, again);
     if (std::memcmp(again.data(), data, again.size()) != 0) {
       Fail("chunk header does not re-encode to its bytes");
     }
   }
 
-  if (auto ack = longhaul::peer::ParseChunkAck(in); ack.ok()) {
-    if (ack->message.size() > longhaul::peer::kMaxAckMessage) Fail("ack message above the limit");
+  if (auto ack = longhaul::wire::ParseChunkAck(in); ack.ok()) {
+    if (ack->message.size() > longhaul::wire::kMaxAckMessage) Fail("ack message above the limit");
     if (static_cast<uint32_t>(ack->result) >
-        static_cast<uint32_t>(longhaul::peer::ChunkAck::Result::kRefused)) {
+        static_cast<uint32_t>(longhaul::wire::ChunkAck::Result::kRefused)) {
       Fail("ack result outside the enum");
     }
-    std::string again = longhaul::peer::EncodeChunkAck(*ack);
+    std::string again = longhaul::wire::EncodeChunkAck(*ack);
     if (again.size() != size || std::memcmp(again.data(), data, size) != 0) {
       Fail("chunk ack does not re-encode to its bytes");
     }
