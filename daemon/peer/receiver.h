@@ -48,6 +48,36 @@ struct ReceiverStats {
   std::map<std::pair<std::string, std::string>, uint64_t> access_refused;
 };
 
+// What a Receiver takes from the daemon's configuration.
+struct ReceiverOptions {
+  // One export a peer may send into.
+  struct Export {
+    std::string name;
+    std::string path;
+    // Peer sites that may send into it. Empty: nobody.
+    std::vector<std::string> writers;
+    // The mode bits a file or directory published here may keep.
+    uint32_t mode_mask = 0755;
+
+    bool IsWriter(absl::string_view site) const;
+  };
+
+  // This daemon's site, named in refusals.
+  std::string local_site;
+  std::vector<Export> exports;
+  // An incoming transfer untouched for this long expires.
+  absl::Duration incoming_expiry = absl::Hours(7 * 24);
+  // The largest chunk accepted from a peer.
+  uint64_t max_chunk_size = 64ull << 20;
+  // Reads each durable piece back and checks its digest while receiving.
+  bool read_back_while_receiving = true;
+  // The per-peer memory budget the Receiver keeps when it is given none.
+  uint64_t memory_per_peer = 1ull << 30;
+
+  // The export named `name`, or nullptr.
+  const Export* FindExport(absl::string_view name) const;
+};
+
 // The destination side of peer sessions. The PeerRouter hands it CONTROL and
 // DATA channels; Serve() answers control requests (open, commit, abort,
 // verify) and receives chunk frames until the channel closes. Nothing is
@@ -81,7 +111,7 @@ struct ReceiverStats {
 // A control message past the budget closes its channel.
 //
 // Expiry: an incoming RECEIVING transfer with no open and no data channel
-// for peer_limits.incoming_expiry becomes EXPIRED: its staging and chunk
+// for ReceiverOptions::incoming_expiry becomes EXPIRED: its staging and chunk
 // records are removed, its record shrinks to what `ls --all` shows, and a
 // later open of it is refused (FailedPrecondition). ABORTED and EXPIRED
 // records are removed one expiry after they ended; an open after that
@@ -92,36 +122,6 @@ struct ReceiverStats {
 //
 // Thread-safe: Serve runs on each channel's own thread; the expiry sweep
 // (StartExpirySweep) on one thread of its own.
-// What a Receiver takes from the daemon's configuration.
-struct ReceiverOptions {
-  // One export a peer may send into.
-  struct Export {
-    std::string name;
-    std::string path;
-    // Peer sites that may send into it. Empty: nobody.
-    std::vector<std::string> writers;
-    // The mode bits a file or directory published here may keep.
-    uint32_t mode_mask = 0755;
-
-    bool IsWriter(absl::string_view site) const;
-  };
-
-  // This daemon's site, named in refusals.
-  std::string local_site;
-  std::vector<Export> exports;
-  // An incoming transfer untouched for this long expires.
-  absl::Duration incoming_expiry = absl::Hours(7 * 24);
-  // The largest chunk accepted from a peer.
-  uint64_t max_chunk_size = 64ull << 20;
-  // Reads each durable piece back and checks its digest while receiving.
-  bool read_back_while_receiving = true;
-  // The per-peer memory budget the Receiver keeps when it is given none.
-  uint64_t memory_per_peer = 1ull << 30;
-
-  // The export named `name`, or nullptr.
-  const Export* FindExport(absl::string_view name) const;
-};
-
 class Receiver {
  public:
   using WallClock = std::function<absl::Time()>;

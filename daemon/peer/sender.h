@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/units.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
@@ -106,23 +107,6 @@ class SendWindow {
 // Link figures a sender saw last for its peer (for `longhaul peers`).
 using LinkObserver = std::function<void(const std::string& site, const transport::LinkStats&)>;
 
-// Drives one outgoing transfer to its end: opens a session with the
-// destination, sends every chunk it lacks over N streams, re-sends files
-// whose source changed, and asks the destination to publish. Per stream at
-// most one chunk size of bytes (two durable pieces, if that is more) is
-// unacknowledged: the destination reports durable pieces of a chunk as they
-// are synced (CHUNK_PROGRESS) and, after a crash, the durable prefix of each
-// chunk it holds part of, which is not sent again. So a crash of either side
-// re-sends at most streams x max(chunk size, 2 pieces). A
-// destination without durable pieces (an older version) acknowledges whole
-// chunks only; then two chunk sizes per stream are unacknowledged, and a
-// crash re-sends up to twice as much.
-// Transient failures (a broken connection, a restarted peer, a full disk at
-// the destination) are retried with exponential backoff; the journal record
-// is kept current so a restarted daemon resumes where this one stopped.
-//
-// Run() is called once, on a thread of its own; Drain() and Stop() may be
-// called from any thread.
 // What a TransferSender takes from the daemon's configuration.
 struct SenderOptions {
   // This daemon's site, named in the OPEN.
@@ -142,6 +126,23 @@ struct SenderOptions {
   Bandwidth link_bandwidth = Bandwidth::GbitsPerSecond(10);
 };
 
+// Drives one outgoing transfer to its end: opens a session with the
+// destination, sends every chunk it lacks over N streams, re-sends files
+// whose source changed, and asks the destination to publish. Per stream at
+// most one chunk size of bytes (two durable pieces, if that is more) is
+// unacknowledged: the destination reports durable pieces of a chunk as they
+// are synced (CHUNK_PROGRESS) and, after a crash, the durable prefix of each
+// chunk it holds part of, which is not sent again. So a crash of either side
+// re-sends at most streams x max(chunk size, 2 pieces). A
+// destination without durable pieces (an older version) acknowledges whole
+// chunks only; then two chunk sizes per stream are unacknowledged, and a
+// crash re-sends up to twice as much.
+// Transient failures (a broken connection, a restarted peer, a full disk at
+// the destination) are retried with exponential backoff; the journal record
+// is kept current so a restarted daemon resumes where this one stopped.
+//
+// Run() is called once, on a thread of its own; Drain() and Stop() may be
+// called from any thread.
 class TransferSender {
  public:
   // Control messages go over `control` (TLS over TCP, also the key source
