@@ -29,6 +29,7 @@
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/memory_budget.h"
 #include "daemon/peer/router.h"
+#include "daemon/session_options.h"
 #include "daemon/transfer_manager.h"
 #include "daemon/transport/transport.h"
 #include "daemon/transport/udp_transport.h"
@@ -186,7 +187,8 @@ int Run(const std::string& config_path, const std::string& log_level_override) {
   // What each peer site may make this daemon hold (peer_limits.memory_per_peer): the receiver's
   // buffers here, and the exchange hub's unclaimed messages, from one budget.
   peer::PeerMemoryBudget memory_budget(config->peer_limits.memory_per_peer);
-  longhaul::peer::Receiver receiver(*config, **journal, storage::PosixFileSystem(), &memory_budget);
+  longhaul::peer::Receiver receiver(ReceiverOptionsFor(*config), **journal,
+                                    storage::PosixFileSystem(), &memory_budget);
   receiver.FinishInterruptedPublishes();
   receiver.StartExpirySweep();
   longhaul::peer::PeerRouter router;

@@ -10,10 +10,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "daemon/peer/messaging.h"
 #include "common/checkpoints.h"
 #include "common/clock.h"
 #include "common/fmt_absl.h"
+#include "daemon/peer/messaging.h"
+#include "daemon/session_options.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
 #include "storage/file_io.h"
@@ -296,8 +297,8 @@ bool TransferManager::StartLocked(Transfer& t) {
   transport::Transport* data = transport::FindTransport(transports_, t.record.spec().transport());
   if (data == nullptr) data = &control_transport_;  // journaled before that transport was removed
   t.sender = std::make_unique<peer::TransferSender>(
-      config_, control_transport_, *data, gate_, journal_, t.record, t.progress,
-      [this, tp = &t](const std::string& peer_site, const transport::LinkStats& stats) {
+      SenderOptionsFor(config_, site), control_transport_, *data, gate_, journal_, t.record,
+      t.progress, [this, tp = &t](const std::string& peer_site, const transport::LinkStats& stats) {
         absl::MutexLock lock(&mu_);
         link_stats_[peer_site] = stats;
         // Called after every chunk acknowledged durable. The sender journals

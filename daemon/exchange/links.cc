@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fmt_absl.h"
 #include "daemon/exchange/exchange_types.h"
-#include "daemon/peer/messaging.h"
+#include "daemon/wire/messaging.h"
 #include "spdlog/spdlog.h"
 
 namespace longhaul::exchange {
@@ -132,7 +132,7 @@ absl::Status Links::Send(const std::string& site, Msg header, absl::Span<const u
         discard.set_kind(Msg::DISCARD);
         discard.set_msg_id(header.msg_id());
         absl::MutexLock lock(&(*link)->write_mu);
-        peer::SendProto(*(*link)->channel, peer::FrameType::kControl, 0, discard).IgnoreError();
+        wire::SendProto(*(*link)->channel, wire::FrameType::kControl, 0, discard).IgnoreError();
       }
       return stop_status;
     }
@@ -141,7 +141,7 @@ absl::Status Links::Send(const std::string& site, Msg header, absl::Span<const u
     absl::Status s;
     {
       absl::MutexLock lock(&(*link)->write_mu);
-      s = peer::SendProto(*(*link)->channel, peer::FrameType::kControl, 0, header);
+      s = wire::SendProto(*(*link)->channel, wire::FrameType::kControl, 0, header);
       if (s.ok() && n > 0) s = (*link)->channel->Write({payload.subspan(offset, n)});
     }
     if (!s.ok()) {
@@ -203,7 +203,7 @@ void Links::Refuse(const std::string& from, uint64_t msg_id, const absl::Status&
     notice.set_msg_id(next_msg_id_.fetch_add(1));
     notice.set_refused_msg_id(msg_id);
     notice.set_reason(std::string(why.message()));
-    s = peer::SendProto(*link->channel, peer::FrameType::kControl, 0, notice);
+    s = wire::SendProto(*link->channel, wire::FrameType::kControl, 0, notice);
   }
   link->write_mu.Unlock();
   if (!s.ok()) Break(*link, from, s);

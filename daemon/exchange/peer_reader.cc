@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/exchange/exchange_types.h"
-#include "daemon/peer/messaging.h"
+#include "daemon/wire/messaging.h"
 
 namespace longhaul::exchange {
 
@@ -57,7 +57,7 @@ absl::Status ReadPeerMessages(transport::Channel& channel, uint64_t max_message_
   absl::Status result;
   while (true) {
     Msg h;
-    if (absl::Status s = peer::ReadProto(channel, peer::FrameType::kControl, 0, &h); !s.ok()) {
+    if (absl::Status s = wire::ReadProto(channel, wire::FrameType::kControl, 0, &h); !s.ok()) {
       result = s;
       break;
     }

@@ -116,14 +116,23 @@ struct Receiver::Session {
   }
 };
 
-Receiver::Receiver(const daemon::DaemonConfig& config, storage::Journal& journal,
-                   storage::FileSystem& fs, PeerMemoryBudget* budget,
-                   WallClock wall_clock)
-    : config_(config),
+bool ReceiverOptions::Export::IsWriter(absl::string_view site) const {
+  return std::find(writers.begin(), writers.end(), site) != writers.end();
+}
+
+const ReceiverOptions::Export* ReceiverOptions::FindExport(absl::string_view name) const {
+  for (const Export& e : exports) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+Receiver::Receiver(ReceiverOptions options, storage::Journal& journal, storage::FileSystem& fs,
+                   PeerMemoryBudget* budget, WallClock wall_clock)
+    : options_(std::move(options)),
       journal_(journal),
       fs_(fs),
-      own_budget_(budget == nullptr ? std::make_unique<PeerMemoryBudget>(
-                                          config.peer_limits.memory_per_peer)
+      own_budget_(budget == nullptr ? std::make_unique<PeerMemoryBudget>(options_.memory_per_peer)
                                     : nullptr),
       budget_(budget == nullptr ? own_budget_.get() : budget),
       wall_clock_(std::move(wall_clock)),
@@ -141,11 +150,11 @@ Receiver::Receiver(const daemon::DaemonConfig& config, storage::Journal& journal
     std::abort();
   }
   piece_buffers_ = std::move(*pool);
-  for (const daemon::ExportConfig& e : config.exports) exports_.push_back({e.name, e.path});
+  for (const ReceiverOptions::Export& e : options_.exports) exports_.push_back({e.name, e.path});
 }
 
 bool Receiver::DestinationExists(const std::string& export_name, const std::string& relative) {
-  const daemon::ExportConfig* e = config_.FindExport(export_name);
+  const ReceiverOptions::Export* e = options_.FindExport(export_name);
   if (e == nullptr) return false;  // not an export any more: nothing to protect there
   absl::StatusOr<std::unique_ptr<storage::Directory>> root = fs_.OpenRoot(e->path);
   if (!root.ok()) return true;
@@ -161,21 +170,21 @@ bool Receiver::DestinationExists(const std::string& export_name, const std::stri
 }
 
 void Receiver::CountRefusal(const std::string& peer_site, const std::string& export_name) {
-  if (config_.FindExport(export_name) == nullptr) return;
+  if (options_.FindExport(export_name) == nullptr) return;
   absl::MutexLock lock(&refused_mu_);
   ++access_refused_[{peer_site, export_name}];
 }
 
 absl::Status Receiver::CheckWriter(const std::string& peer_site, const std::string& export_name) {
-  const daemon::ExportConfig* e = config_.FindExport(export_name);
+  const ReceiverOptions::Export* e = options_.FindExport(export_name);
   if (e == nullptr || e->IsWriter(peer_site)) return absl::OkStatus();  // unknown: Resolve says so
   spdlog::warn("export {}: refusing to let {} write; its writers are [{}]", export_name, peer_site,
                absl::StrJoin(e->writers, ", "));
   CountRefusal(peer_site, export_name);
-  return absl::PermissionDeniedError(
-      absl::StrCat(peer_site, " may not write into export ", export_name, " of ", config_.site,
-                   ": it is not one of the export's writers (exports[].writers in ", config_.site,
-                   "'s config)"));
+  return absl::PermissionDeniedError(absl::StrCat(
+      peer_site, " may not write into export ", export_name, " of ", options_.local_site,
+      ": it is not one of the export's writers (exports[].writers in ", options_.local_site,
+      "'s config)"));
 }
 
 storage::PublishOptions Receiver::PublishOptionsOf(const v1::IncomingTransfer& record) const {
@@ -184,8 +193,8 @@ storage::PublishOptions Receiver::PublishOptionsOf(const v1::IncomingTransfer& r
   options.commit_last.assign(record.commit_last().begin(), record.commit_last().end());
   for (uint32_t f : record.unchanged_files()) options.skip_files.insert(f);
   options.compare_content = record.compare_content();
-  if (const daemon::ExportConfig* e = config_.FindExport(record.export_name())) {
-    options.mode_mask = e->ModeMask();
+  if (const ReceiverOptions::Export* e = options_.FindExport(record.export_name())) {
+    options.mode_mask = e->mode_mask;
   }
   return options;
 }
@@ -243,8 +252,7 @@ absl::Duration Receiver::ExpirySweepInterval(absl::Duration expiry) {
 }
 
 void Receiver::StartExpirySweep() {
-  const absl::Duration interval =
-      ExpirySweepInterval(absl::Microseconds(config_.peer_limits.incoming_expiry_us));
+  const absl::Duration interval = ExpirySweepInterval(options_.incoming_expiry);
   sweep_thread_ = std::thread([this, interval] {
     while (true) {
       ExpireAbandoned();
@@ -255,7 +263,7 @@ void Receiver::StartExpirySweep() {
 }
 
 size_t Receiver::ExpireAbandoned() {
-  const absl::Duration expiry = absl::Microseconds(config_.peer_limits.incoming_expiry_us);
+  const absl::Duration expiry = options_.incoming_expiry;
   const absl::Time now = wall_clock_();
   auto incoming = journal_.ListIncoming();
   if (!incoming.ok()) {
@@ -535,13 +543,13 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   if (absl::Status s = CheckWriter(peer_site, open.export_name()); !s.ok()) return fail(s);
   // Each DATA stream holds up to a chunk in memory: the receiver's maximum
   // bounds it, whatever the sender asks for.
-  if (open.manifest().chunk_size() > config_.transfer.max_chunk_size) {
+  if (open.manifest().chunk_size() > options_.max_chunk_size) {
     return fail(absl::InvalidArgumentError(
-        absl::StrCat("chunk size ", open.manifest().chunk_size(), " exceeds ", config_.site,
-                     "'s transfer.max_chunk_size (", config_.transfer.max_chunk_size, " bytes)")));
+        absl::StrCat("chunk size ", open.manifest().chunk_size(), " exceeds ", options_.local_site,
+                     "'s transfer.max_chunk_size (", options_.max_chunk_size, " bytes)")));
   }
   storage::ManifestLimits limits;
-  limits.max_chunk_size = config_.transfer.max_chunk_size;
+  limits.max_chunk_size = options_.max_chunk_size;
   if (absl::Status s = storage::ValidateManifest(open.manifest(), limits); !s.ok()) {
     return fail(absl::InvalidArgumentError(absl::StrCat("manifest refused: ", s.message())));
   }
@@ -570,10 +578,10 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
           absl::StrCat("transfer ", open.transfer_id(), " was cancelled")));
     }
     if (old.state() == v1::IncomingTransfer::EXPIRED) {
-      return fail(absl::FailedPreconditionError(absl::StrCat(
-          "transfer ", open.transfer_id(), " expired at ", config_.site, " after ",
-          absl::FormatDuration(absl::Microseconds(config_.peer_limits.incoming_expiry_us)),
-          " without activity and its staged data was removed; submit it again")));
+      return fail(absl::FailedPreconditionError(
+          absl::StrCat("transfer ", open.transfer_id(), " expired at ", options_.local_site,
+                       " after ", absl::FormatDuration(options_.incoming_expiry),
+                       " without activity and its staged data was removed; submit it again")));
     }
     if (old.export_name() != open.export_name() || old.dest_path() != open.dest_path() ||
         old.manifest().files_size() != open.manifest().files_size()) {
@@ -871,7 +879,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       if (WaitForBudget(peer_site, need)) {
         held = need;
       } else {
-        why = absl::StrCat(config_.site, " holds ", budget_->used(peer_site),
+        why = absl::StrCat(options_.local_site, " holds ", budget_->used(peer_site),
                            " bytes of receive buffers for ", peer_site, "; a ", need,
                            "-byte piece would pass peer_limits.memory_per_peer (",
                            budget_->bytes_per_peer(), " bytes); retry later");
@@ -882,7 +890,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       if (lease.ok()) {
         piece_buffer = std::move(*lease);
       } else {
-        why = absl::StrCat(config_.site, " has all ", kReceiveBuffers,
+        why = absl::StrCat(options_.local_site, " has all ", kReceiveBuffers,
                            " receive buffers in use; retry later");
       }
     }
@@ -1037,7 +1045,7 @@ bool Receiver::WaitForBudget(const std::string& site, uint64_t bytes) {
 
 void Receiver::QueueReadBack(const std::shared_ptr<Session>& session,
                              const storage::ChunkDurability& chunk, uint64_t write) {
-  if (!config_.transfer.read_back_while_receiving) return;
+  if (!options_.read_back_while_receiving) return;
   auto expected = storage::Xxh128::FromBytes(chunk.chunk.xxh128());
   if (!expected) return;  // the read-back before publish reports it
   std::weak_ptr<Session> weak = session;
@@ -1354,9 +1362,9 @@ v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site, const v1::Pe
   v1::AbortReply* reply = answer.mutable_abort_reply();
   if (!*record) {
     // A site that may write nowhere could never open it: nothing to note.
-    const bool writer = std::any_of(
-        config_.exports.begin(), config_.exports.end(),
-        [&](const daemon::ExportConfig& e) { return e.IsWriter(peer_site); });
+    const bool writer =
+        std::any_of(options_.exports.begin(), options_.exports.end(),
+                    [&](const ReceiverOptions::Export& e) { return e.IsWriter(peer_site); });
     if (!writer) return answer;
     // Not opened yet: leave a tombstone so a late open is refused.
     v1::IncomingTransfer tombstone;

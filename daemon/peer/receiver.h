@@ -9,20 +9,21 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "daemon/config.h"
 #include "daemon/peer/destination_owners.h"
 #include "daemon/peer/durability_committer.h"
-#include "daemon/peer/read_back_pool.h"
-#include "storage/buffer_pool.h"
 #include "daemon/peer/memory_budget.h"
+#include "daemon/peer/read_back_pool.h"
 #include "daemon/transport/transport.h"
+#include "storage/buffer_pool.h"
 #include "storage/exports.h"
 #include "storage/file_system.h"
 #include "storage/journal.h"
@@ -45,6 +46,36 @@ struct ReceiverStats {
   // export's writers, or the destination is another site's), by (peer
   // site, export name). Only configured exports are counted.
   std::map<std::pair<std::string, std::string>, uint64_t> access_refused;
+};
+
+// What a Receiver takes from the daemon's configuration.
+struct ReceiverOptions {
+  // One export a peer may send into.
+  struct Export {
+    std::string name;
+    std::string path;
+    // Peer sites that may send into it. Empty: nobody.
+    std::vector<std::string> writers;
+    // The mode bits a file or directory published here may keep.
+    uint32_t mode_mask = 0755;
+
+    bool IsWriter(absl::string_view site) const;
+  };
+
+  // This daemon's site, named in refusals.
+  std::string local_site;
+  std::vector<Export> exports;
+  // An incoming transfer untouched for this long expires.
+  absl::Duration incoming_expiry = absl::Hours(7 * 24);
+  // The largest chunk accepted from a peer.
+  uint64_t max_chunk_size = 64ull << 20;
+  // Reads each durable piece back and checks its digest while receiving.
+  bool read_back_while_receiving = true;
+  // The per-peer memory budget the Receiver keeps when it is given none.
+  uint64_t memory_per_peer = 1ull << 30;
+
+  // The export named `name`, or nullptr.
+  const Export* FindExport(absl::string_view name) const;
 };
 
 // The destination side of peer sessions. The PeerRouter hands it CONTROL and
@@ -80,7 +111,7 @@ struct ReceiverStats {
 // A control message past the budget closes its channel.
 //
 // Expiry: an incoming RECEIVING transfer with no open and no data channel
-// for peer_limits.incoming_expiry becomes EXPIRED: its staging and chunk
+// for ReceiverOptions::incoming_expiry becomes EXPIRED: its staging and chunk
 // records are removed, its record shrinks to what `ls --all` shows, and a
 // later open of it is refused (FailedPrecondition). ABORTED and EXPIRED
 // records are removed one expiry after they ended; an open after that
@@ -99,11 +130,11 @@ class Receiver {
   // daemon); it must outlive the Receiver. `budget` is the daemon's per-peer
   // memory budget (shared with the exchange hub); it must outlive the
   // Receiver. Null: the Receiver keeps its own, of
-  // config.peer_limits.memory_per_peer. `wall_clock` dates records and
-  // decides expiry (tests pass a fake one).
-  Receiver(const daemon::DaemonConfig& config, storage::Journal& journal,
-           storage::FileSystem& fs = storage::PosixFileSystem(),
-           PeerMemoryBudget* budget = nullptr, WallClock wall_clock = &absl::Now);
+  // options.memory_per_peer. `wall_clock` dates records and decides expiry
+  // (tests pass a fake one).
+  Receiver(ReceiverOptions options, storage::Journal& journal,
+           storage::FileSystem& fs = storage::PosixFileSystem(), PeerMemoryBudget* budget = nullptr,
+           WallClock wall_clock = &absl::Now);
   ~Receiver();
 
   // Serves a CONTROL or DATA channel (its hello already read) until it closes.
@@ -200,7 +231,7 @@ class Receiver {
   void LockDestination(const std::string& path) ABSL_LOCKS_EXCLUDED(publish_mu_);
   void UnlockDestination(const std::string& path) ABSL_LOCKS_EXCLUDED(publish_mu_);
 
-  const daemon::DaemonConfig& config_;
+  const ReceiverOptions options_;
   storage::Journal& journal_;
   storage::FileSystem& fs_;
   std::unique_ptr<PeerMemoryBudget> own_budget_;

@@ -113,11 +113,11 @@ absl::StatusOr<SendWindow::Entry> SendWindow::Ack(const ChunkAck& ack) {
   return e;
 }
 
-TransferSender::TransferSender(const daemon::DaemonConfig& config, transport::Transport& control,
+TransferSender::TransferSender(SenderOptions options, transport::Transport& control,
                                transport::Transport& data, PriorityGate& gate,
                                storage::Journal& journal, v1::OutgoingTransfer record,
                                TransferProgress& progress, LinkObserver observer)
-    : config_(config),
+    : options_(std::move(options)),
       control_transport_(control),
       data_transport_(data),
       gate_(gate),
@@ -200,9 +200,7 @@ absl::Status TransferSender::Run() {
       last_progress = clock.Now();
     }
     const TimeDelta stalled = clock.Now() - last_progress;
-    if (config_.transfer.give_up_after_us > 0 &&
-        stalled >
-            TimeDelta::Microseconds(static_cast<int64_t>(config_.transfer.give_up_after_us))) {
+    if (options_.give_up_after > TimeDelta::Zero() && stalled > options_.give_up_after) {
       return absl::DeadlineExceededError(absl::StrCat(
           "no progress for ", absl::FormatDuration(absl::Nanoseconds(stalled.ToNanoseconds())),
           "; last error: ", status.message()));
@@ -221,10 +219,10 @@ absl::Status TransferSender::RunAttempt() {
   }
   const v1::OutgoingTransfer record = this->record();
   const v1::TransferSpec& spec = record.spec();
-  const daemon::PeerConfig* peer = config_.FindPeer(spec.dest_site());
-  if (peer == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("site ", spec.dest_site(), " is not a configured peer of ", config_.site));
+  const std::optional<SenderOptions::Destination>& peer = options_.destination;
+  if (!peer.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "site ", spec.dest_site(), " is not a configured peer of ", options_.local_site));
   }
   const uint64_t session_id = SessionIdFor(record.id());
   const v1::Manifest& manifest = record.manifest();
@@ -236,7 +234,7 @@ absl::Status TransferSender::RunAttempt() {
   // peer routes a stream to its open session. This starts the data 3 round
   // trips sooner. Channels the Open answer leaves without chunks (a resumed
   // or synced transfer) are closed unused.
-  uint32_t streams = spec.streams() ? spec.streams() : config_.transfer.streams;
+  uint32_t streams = spec.streams() ? spec.streams() : options_.default_streams;
   uint64_t manifest_chunks = 0;
   for (const v1::ManifestFile& file : manifest.files()) {
     manifest_chunks += storage::ChunkCount(file, chunk_size);
@@ -272,7 +270,7 @@ absl::Status TransferSender::RunAttempt() {
   v1::PeerMessage request;
   v1::OpenRequest* open = request.mutable_open();
   open->set_transfer_id(record.id());
-  open->set_source_site(config_.site);
+  open->set_source_site(options_.local_site);
   open->set_export_name(spec.dest_export());
   open->set_dest_path(spec.dest_path());
   *open->mutable_manifest() = record.manifest();
@@ -417,8 +415,7 @@ Bandwidth TransferSender::StreamPacingLimit(Bandwidth link, uint32_t streams) {
 void TransferSender::ChangeSendingStreams(int delta) {
   absl::MutexLock lock(&mu_);
   sending_streams_ += delta;
-  const Bandwidth each = StreamPacingLimit(
-      Bandwidth::BitsPerSecond(static_cast<int64_t>(config_.link.bandwidth_bps)), sending_streams_);
+  const Bandwidth each = StreamPacingLimit(options_.link_bandwidth, sending_streams_);
   for (transport::Channel* channel : channels_) channel->LimitPacingRate(each);
 }
 

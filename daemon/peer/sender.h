@@ -11,11 +11,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "absl/status/statusor.h"
-#include "daemon/config.h"
-#include "daemon/peer/frames.h"
+#include "common/units.h"
+#include "daemon/peer/messaging.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
 #include "daemon/transport/transport.h"
@@ -107,6 +107,25 @@ class SendWindow {
 // Link figures a sender saw last for its peer (for `longhaul peers`).
 using LinkObserver = std::function<void(const std::string& site, const transport::LinkStats&)>;
 
+// What a TransferSender takes from the daemon's configuration.
+struct SenderOptions {
+  // This daemon's site, named in the OPEN.
+  std::string local_site;
+  // Where the destination site listens ("host:port"); nullopt when it is not
+  // a configured peer, which fails the transfer (FailedPrecondition).
+  struct Destination {
+    std::string site;
+    std::string address;
+  };
+  std::optional<Destination> destination;
+  // Streams when the transfer's spec names none.
+  uint32_t default_streams = 8;
+  // A transfer without progress for this long fails; zero or less: never.
+  TimeDelta give_up_after = TimeDelta::Seconds(3600);
+  // The configured link's rate, which the streams pace just below.
+  Bandwidth link_bandwidth = Bandwidth::GbitsPerSecond(10);
+};
+
 // Drives one outgoing transfer to its end: opens a session with the
 // destination, sends every chunk it lacks over N streams, re-sends files
 // whose source changed, and asks the destination to publish. Per stream at
@@ -128,9 +147,9 @@ class TransferSender {
  public:
   // Control messages go over `control` (TLS over TCP, also the key source
   // for other transports); chunks over `data`.
-  TransferSender(const daemon::DaemonConfig& config, transport::Transport& control,
-                 transport::Transport& data, PriorityGate& gate, storage::Journal& journal,
-                 v1::OutgoingTransfer record, TransferProgress& progress, LinkObserver observer);
+  TransferSender(SenderOptions options, transport::Transport& control, transport::Transport& data,
+                 PriorityGate& gate, storage::Journal& journal, v1::OutgoingTransfer record,
+                 TransferProgress& progress, LinkObserver observer);
 
   // OK: published at the destination. Cancelled: stopped by Drain/Stop.
   // Another error: the transfer cannot complete without an operator.
@@ -187,7 +206,7 @@ class TransferSender {
   void AbortChannels();
   void AddBytesSent(uint64_t bytes);
 
-  const daemon::DaemonConfig& config_;
+  const SenderOptions options_;
   transport::Transport& control_transport_;
   transport::Transport& data_transport_;
   PriorityGate& gate_;

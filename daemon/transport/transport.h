@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/units.h"
+#include "daemon/wire/byte_stream.h"
 
 namespace longhaul::transport {
 
@@ -37,22 +38,15 @@ struct LinkStats {
   uint64_t max_pacing_rate_bytes_per_second = 0;  // LimitPacingRate's cap; 0: none
 };
 
-// A reliable, ordered, encrypted byte stream to one authenticated peer site.
+// A reliable, ordered, encrypted byte stream to one authenticated peer site:
+// Write, ReadExactly and peer_site come from wire::ByteStream.
 // Not thread-safe: one thread reads and writes it. Abort() is the exception:
 // any thread may call it to fail the channel's pending and future calls, which
 // is how sessions are cancelled and daemons shut down.
-class Channel {
+class Channel : public wire::ByteStream {
  public:
-  virtual ~Channel() = default;
-
-  // Writes all parts, in order, or fails.
-  virtual absl::Status Write(absl::Span<const absl::Span<const uint8_t>> parts) = 0;
-  // Fills `out` completely or fails (a clean close by the peer is Unavailable).
-  virtual absl::Status ReadExactly(absl::Span<uint8_t> out) = 0;
   virtual void Abort() = 0;
 
-  // The site named by the peer's verified certificate.
-  virtual const std::string& peer_site() const = 0;
   // "host:port" of the peer, for logs.
   virtual const std::string& peer_address() const = 0;
   virtual LinkStats Stats() const = 0;

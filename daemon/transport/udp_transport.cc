@@ -24,8 +24,8 @@
 #include "congestion/aggregate_controller.h"
 #include "congestion/bbr3.h"
 #include "congestion/random.h"
-#include "daemon/peer/messaging.h"
 #include "daemon/transport/udp_connection.h"
+#include "daemon/wire/messaging.h"
 #include "longhaul/v1/peer.pb.h"
 #include "spdlog/spdlog.h"
 
@@ -196,8 +196,10 @@ class UdpTransportImpl final : public UdpTransport {
     std::shared_ptr<const PeerCertificate> certificate = (*tls)->peer_certificate();
     v1::Hello hello;
     hello.set_role(v1::Hello::UDP_HANDSHAKE);
-    hello.set_protocol_version(peer::kProtocolVersion);
-    if (absl::Status s = peer::SendProto(**tls, peer::FrameType::kHello, 0, hello); !s.ok()) return s;
+    hello.set_protocol_version(wire::kProtocolVersion);
+    if (absl::Status s = wire::SendProto(**tls, wire::FrameType::kHello, 0, hello); !s.ok()) {
+      return s;
+    }
 
     socklen_t peer_len = 0;
     auto peer_addr = Resolve(host_port->first, host_port->second, &peer_len);
@@ -217,11 +219,11 @@ class UdpTransportImpl final : public UdpTransport {
     mine.set_udp_port(LocalPort(*fd));
     mine.set_receive_window(options_.window_bytes);
     mine.set_max_datagram(static_cast<uint32_t>(options_.max_datagram));
-    if (absl::Status s = peer::SendProto(**tls, peer::FrameType::kControl, 0, mine); !s.ok()) {
+    if (absl::Status s = wire::SendProto(**tls, wire::FrameType::kControl, 0, mine); !s.ok()) {
       return s;
     }
     v1::UdpHandshake theirs;
-    if (absl::Status s = peer::ReadProto(**tls, peer::FrameType::kControl, 0, &theirs); !s.ok()) {
+    if (absl::Status s = wire::ReadProto(**tls, wire::FrameType::kControl, 0, &theirs); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("udp handshake with ", site, " at ", address,
                                                  " failed: ", s.message()));
     }
@@ -259,7 +261,7 @@ class UdpTransportImpl final : public UdpTransport {
   void AcceptHandshake(std::unique_ptr<Channel> tls) override {
     const std::string site = tls->peer_site();
     v1::UdpHandshake theirs;
-    if (absl::Status s = peer::ReadProto(*tls, peer::FrameType::kControl, 0, &theirs); !s.ok()) {
+    if (absl::Status s = wire::ReadProto(*tls, wire::FrameType::kControl, 0, &theirs); !s.ok()) {
       spdlog::warn("udp handshake from {} ({}) failed: {}", site, tls->peer_address(), s.message());
       return;
     }
@@ -267,7 +269,7 @@ class UdpTransportImpl final : public UdpTransport {
       spdlog::warn("refused a udp flow from {} ({}): {}", site, tls->peer_address(), why);
       v1::UdpHandshake answer;
       answer.set_error(why);
-      (void)peer::SendProto(*tls, peer::FrameType::kControl, 0, answer);
+      (void)wire::SendProto(*tls, wire::FrameType::kControl, 0, answer);
     };
     if (theirs.udp_port() == 0 || theirs.udp_port() > 65535 || theirs.connection_id() == 0 ||
         theirs.max_datagram() < 1200 || theirs.receive_window() < 65536) {
@@ -321,7 +323,7 @@ class UdpTransportImpl final : public UdpTransport {
       refuse(std::string(keys.status().message()));
       return;
     }
-    if (absl::Status s = peer::SendProto(*tls, peer::FrameType::kControl, 0, mine); !s.ok()) {
+    if (absl::Status s = wire::SendProto(*tls, wire::FrameType::kControl, 0, mine); !s.ok()) {
       spdlog::warn("udp handshake from {} failed: {}", site, s.message());
       return;
     }

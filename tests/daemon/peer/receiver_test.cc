@@ -29,11 +29,11 @@ class ReceiverRestartTest : public ::testing::Test {
     export_ = state_.Sub("export");
     storage::testing::MakeDirs(export_);
     ResetFileSystem();
-    config_.site = "site-b";
-    config_.exports.resize(1);
-    config_.exports[0].name = "ckpt";
-    config_.exports[0].path = export_;
-    config_.exports[0].writers = {"site-a"};
+    options_.local_site = "site-b";
+    options_.exports.resize(1);
+    options_.exports[0].name = "ckpt";
+    options_.exports[0].path = export_;
+    options_.exports[0].writers = {"site-a"};
     auto journal = storage::Journal::Open(state_.Sub("journal"));
     ASSERT_TRUE(journal.ok()) << journal.status();
     journal_ = std::move(*journal);
@@ -87,7 +87,7 @@ class ReceiverRestartTest : public ::testing::Test {
   storage::testing::TempDir state_;
   std::string export_;
   std::unique_ptr<FaultInjectionFileSystem> fs_;
-  daemon::DaemonConfig config_;
+  ReceiverOptions options_;
   std::unique_ptr<storage::Journal> journal_;
   v1::IncomingTransfer record_;
 };
@@ -107,7 +107,7 @@ TEST_F(ReceiverRestartTest, FinishesAPublishPastItsPointOfNoReturnWithoutItsSend
   }
   ASSERT_TRUE(found);
 
-  Receiver receiver(config_, *journal_, *fs_);
+  Receiver receiver(options_, *journal_, *fs_);
   receiver.FinishInterruptedPublishes();
   EXPECT_EQ(fs_->Tree(export_ + "/ckpt/step"),
             std::optional<Tree>(Tree{{"shard-0", "new shard-0"}, {".metadata", "new .metadata"}}));
@@ -119,7 +119,7 @@ TEST_F(ReceiverRestartTest, FinishesAPublishPastItsPointOfNoReturnWithoutItsSend
 
 TEST_F(ReceiverRestartTest, LeavesAPublishBeforeItsPointOfNoReturnToItsSender) {
   StageAndPublishUntil(1);
-  Receiver receiver(config_, *journal_, *fs_);
+  Receiver receiver(options_, *journal_, *fs_);
   receiver.FinishInterruptedPublishes();
   EXPECT_EQ(fs_->Tree(export_ + "/ckpt/step"), std::optional<Tree>(Tree{{".metadata", "old marker"}}));
   auto record = journal_->GetIncoming("t1");
@@ -157,14 +157,6 @@ class ScriptedChannel : public transport::Channel {
 
 class ReceiverAuthorizationTest : public ReceiverRestartTest {
  protected:
-  void SetUp() override {
-    ReceiverRestartTest::SetUp();
-    config_.peers.resize(2);
-    config_.peers[0].site = "site-a";
-    config_.peers[1].site = "site-c";
-    config_.exports[0].readers = {"site-c"};
-  }
-
   // Serves one control connection from `site` for transfer `id` that sends
   // `request`; returns the receiver's answer.
   v1::PeerMessage Call(Receiver& receiver, const std::string& site, const std::string& id,
@@ -198,7 +190,7 @@ class ReceiverAuthorizationTest : public ReceiverRestartTest {
 
 TEST_F(ReceiverAuthorizationTest, AReaderThatIsNotAWriterIsRefusedAndNothingIsWritten) {
   const auto before = fs_->Tree(export_);
-  Receiver receiver(config_, *journal_, *fs_);
+  Receiver receiver(options_, *journal_, *fs_);
   v1::PeerMessage answer = OpenAs(receiver, "site-c", "t-c", "ckpt/new");
   EXPECT_EQ(answer.error(),
             "site-c may not write into export ckpt of site-b: it is not one of the export's "
@@ -220,8 +212,8 @@ TEST_F(ReceiverAuthorizationTest, AReaderThatIsNotAWriterIsRefusedAndNothingIsWr
 }
 
 TEST_F(ReceiverAuthorizationTest, AnExportWithoutWritersRefusesEveryone) {
-  config_.exports[0].writers.clear();
-  Receiver receiver(config_, *journal_, *fs_);
+  options_.exports[0].writers.clear();
+  Receiver receiver(options_, *journal_, *fs_);
   for (const char* site : {"site-a", "site-c"}) {
     v1::PeerMessage answer = OpenAs(receiver, site, std::string("t-") + site, "ckpt/new");
     EXPECT_NE(answer.error().find(std::string(site) + " may not write into export ckpt"),
@@ -232,12 +224,12 @@ TEST_F(ReceiverAuthorizationTest, AnExportWithoutWritersRefusesEveryone) {
 }
 
 TEST_F(ReceiverAuthorizationTest, AWriterMayNotOpenInsideAnotherSitesPublishedDestination) {
-  config_.exports[0].writers = {"site-a", "site-c"};
+  options_.exports[0].writers = {"site-a", "site-c"};
   v1::IncomingTransfer published = record_;
   published.set_id("t-published");
   published.set_state(v1::IncomingTransfer::PUBLISHED);
   ASSERT_TRUE(journal_->PutIncoming(published).ok());  // site-a's ckpt/step, which exists
-  Receiver receiver(config_, *journal_, *fs_);
+  Receiver receiver(options_, *journal_, *fs_);
   v1::PeerMessage answer = OpenAs(receiver, "site-c", "t-c", "ckpt/step/.metadata");
   EXPECT_EQ(answer.error_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
   EXPECT_NE(answer.error().find("ckpt:ckpt/step was published by site-a"), std::string::npos)
@@ -247,7 +239,7 @@ TEST_F(ReceiverAuthorizationTest, AWriterMayNotOpenInsideAnotherSitesPublishedDe
 }
 
 TEST_F(ReceiverAuthorizationTest, AnAbortFromASiteThatMayWriteNowhereLeavesNoRecord) {
-  Receiver receiver(config_, *journal_, *fs_);
+  Receiver receiver(options_, *journal_, *fs_);
   v1::PeerMessage abort;
   abort.mutable_abort()->set_transfer_id("t-unknown");
   EXPECT_EQ(Call(receiver, "site-c", "t-unknown", abort).error(), "");
@@ -292,7 +284,7 @@ absl::StatusOr<ChunkAck> SendShard0(Receiver& receiver, const std::string& site,
 
 TEST_F(ReceiverAuthorizationTest, AChunkPastThePeersMemoryBudgetIsAnsweredRetryLater) {
   PeerMemoryBudget budget(1 << 20);
-  Receiver receiver(config_, *journal_, *fs_, &budget);
+  Receiver receiver(options_, *journal_, *fs_, &budget);
   v1::PeerMessage opened = OpenAs(receiver, "site-a", "t-mem", "ckpt/mem");
   ASSERT_TRUE(opened.error().empty()) << opened.error();
   // The peer's other streams hold all but a few bytes of its budget.
@@ -324,8 +316,9 @@ class ReceiverExpiryTest : public ReceiverAuthorizationTest {
   void SetUp() override {
     ReceiverAuthorizationTest::SetUp();
     ASSERT_TRUE(journal_->DeleteIncoming("t1").ok());
-    config_.peer_limits.incoming_expiry_us = absl::ToInt64Microseconds(kExpiry);
-    receiver_ = std::make_unique<Receiver>(config_, *journal_, *fs_, nullptr, [this] { return now_; });
+    options_.incoming_expiry = kExpiry;
+    receiver_ =
+        std::make_unique<Receiver>(options_, *journal_, *fs_, nullptr, [this] { return now_; });
   }
 
   std::optional<v1::IncomingTransfer> Record(const std::string& id) {
@@ -508,7 +501,7 @@ class ReceiverPiecesTest : public ReceiverAuthorizationTest {
   }
 
   std::unique_ptr<Receiver> Start() {
-    return std::make_unique<Receiver>(config_, *journal_, storage::PosixFileSystem());
+    return std::make_unique<Receiver>(options_, *journal_, storage::PosixFileSystem());
   }
 
   v1::OpenReply Open(Receiver& receiver, bool durable_pieces = true) {

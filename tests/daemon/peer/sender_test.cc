@@ -115,10 +115,10 @@ TEST(TransferSenderTest, DialsTheDataChannelsWhileTheSessionOpens) {
   {
     auto journal = storage::Journal::Open(dir + "/journal");
     ASSERT_TRUE(journal.ok()) << journal.status();
-    daemon::DaemonConfig config;
-    config.site = "site-a";
-    config.peers.push_back({.site = "site-b", .address = "198.18.0.2:7700"});
-    config.transfer.streams = 4;
+    SenderOptions options;
+    options.local_site = "site-a";
+    options.destination = SenderOptions::Destination{"site-b", "198.18.0.2:7700"};
+    options.default_streams = 4;
     v1::OutgoingTransfer record;
     record.set_id("t-1");
     record.mutable_spec()->set_dest_site("site-b");
@@ -131,7 +131,7 @@ TEST(TransferSenderTest, DialsTheDataChannelsWhileTheSessionOpens) {
         [&] { return std::make_unique<OpenAfterDataDials>(&data.dials, 4, &seen_at_open); });
     PriorityGate gate;
     TransferProgress progress;
-    TransferSender sender(config, control, data, gate, **journal, record, progress, nullptr);
+    TransferSender sender(options, control, data, gate, **journal, record, progress, nullptr);
     absl::Status status = sender.Run();
 
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;

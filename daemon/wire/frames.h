@@ -1,5 +1,5 @@
-#ifndef LONGHAUL_DAEMON_PEER_FRAMES_H_
-#define LONGHAUL_DAEMON_PEER_FRAMES_H_
+#ifndef LONGHAUL_DAEMON_WIRE_FRAMES_H_
+#define LONGHAUL_DAEMON_WIRE_FRAMES_H_
 
 // The data-plane frame format between daemons (documented in proto/FRAMES.md).
 // Every frame is a fixed 24-byte little-endian header and a payload whose
@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
-namespace longhaul::peer {
+namespace longhaul::wire {
 
 inline constexpr uint32_t kFrameMagic = 0x4D46484C;  // "LHFM" on the wire
 inline constexpr uint8_t kFrameVersion = 1;
@@ -111,6 +111,6 @@ std::string EncodeChunkProgress(const ChunkProgress& progress);
 // Exactly kChunkProgressSize bytes, reserved bits 0, durable_bytes > 0.
 absl::StatusOr<ChunkProgress> ParseChunkProgress(absl::Span<const uint8_t> bytes);
 
-}  // namespace longhaul::peer
+}  // namespace longhaul::wire
 
-#endif  // LONGHAUL_DAEMON_PEER_FRAMES_H_
+#endif  // LONGHAUL_DAEMON_WIRE_FRAMES_H_

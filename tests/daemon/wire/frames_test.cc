@@ -1,13 +1,13 @@
 // The frame codecs: chunk headers with an offset, progress reports, and the
 // checks of a chunk frame's extent against what the receiver holds.
-#include "daemon/peer/frames.h"
+#include "daemon/wire/frames.h"
 
 #include <array>
 #include <string>
 
 #include "gtest/gtest.h"
 
-namespace longhaul::peer {
+namespace longhaul::wire {
 namespace {
 
 absl::Span<const uint8_t> Bytes(const std::string& s) {
@@ -94,4 +94,4 @@ TEST(ChunkExtentTest, RefusesHostileExtents) {
 }
 
 }  // namespace
-}  // namespace longhaul::peer
+}  // namespace longhaul::wire

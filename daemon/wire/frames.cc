@@ -1,11 +1,11 @@
-#include "daemon/peer/frames.h"
+#include "daemon/wire/frames.h"
 
 #include <bit>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 
-namespace longhaul::peer {
+namespace longhaul::wire {
 namespace {
 
 // The wire is little-endian; so is every host we build for.
@@ -204,4 +204,4 @@ absl::StatusOr<ChunkProgress> ParseChunkProgress(absl::Span<const uint8_t> bytes
   return progress;
 }
 
-}  // namespace longhaul::peer
+}  // namespace longhaul::wire
