@@ -837,7 +837,7 @@ uint32_t ExchangeHub::unclaimed_messages(const std::string& site) {
 
 void ExchangeHub::Deliver(const std::string& from, Msg header, Payload payload, Unclaimed claim) {
   // Delivered payload bytes stay counted in buffered_bytes_ until taken.
-  auto drop = [&] { buffered_bytes_ -= payload.size(); };
+  auto drop = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { buffered_bytes_ -= payload.size(); };
   if (!Admits(from, header)) {
     drop();
     return;
