@@ -434,11 +434,17 @@ void Receiver::ForgetEndedSession(const std::string& id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.use_count() > 1) return;
   Session& session = *it->second;
-  absl::MutexLock session_lock(&session.mu);
-  const v1::IncomingTransfer::State state = session.record.state();
-  const bool ended = session.record.id().empty() || state == v1::IncomingTransfer::ABORTED ||
-                     state == v1::IncomingTransfer::EXPIRED;
-  if (ended && !session.staging && session.data_channels.empty()) sessions_.erase(it);
+  bool forget;
+  {
+    absl::MutexLock session_lock(&session.mu);
+    const v1::IncomingTransfer::State state = session.record.state();
+    const bool ended = session.record.id().empty() || state == v1::IncomingTransfer::ABORTED ||
+                       state == v1::IncomingTransfer::EXPIRED;
+    forget = ended && !session.staging && session.data_channels.empty();
+  }
+  // Erased after its lock is released: the erase destroys the session, and
+  // nobody else can reach it while mu_ is held and the map owns the only reference.
+  if (forget) sessions_.erase(it);
 }
 
 ReceiverStats Receiver::stats() const {
