@@ -15,6 +15,8 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
+  # checks (deploy/check.sh): clang-format; clang and its TSan runtime above
+  clang-format git
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   librocksdb-dev libabsl-dev liburing-dev libboost-dev libssl-dev

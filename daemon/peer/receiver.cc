@@ -442,11 +442,17 @@ void Receiver::ForgetEndedSession(const std::string& id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.use_count() > 1) return;
   Session& session = *it->second;
-  absl::MutexLock session_lock(&session.mu);
-  const v1::IncomingTransfer::State state = session.record.state();
-  const bool ended = session.record.id().empty() || state == v1::IncomingTransfer::ABORTED ||
-                     state == v1::IncomingTransfer::EXPIRED;
-  if (ended && !session.staging && session.data_channels.empty()) sessions_.erase(it);
+  bool forget;
+  {
+    absl::MutexLock session_lock(&session.mu);
+    const v1::IncomingTransfer::State state = session.record.state();
+    const bool ended = session.record.id().empty() || state == v1::IncomingTransfer::ABORTED ||
+                       state == v1::IncomingTransfer::EXPIRED;
+    forget = ended && !session.staging && session.data_channels.empty();
+  }
+  // Erased after its lock is released: the erase destroys the session, and
+  // nobody else can reach it while mu_ is held and the map owns the only reference.
+  if (forget) sessions_.erase(it);
 }
 
 ReceiverStats Receiver::stats() const {
@@ -1055,7 +1061,10 @@ void Receiver::QueueReadBack(const std::shared_ptr<Session>& session,
   const uint64_t size = chunk.chunk.size();
   const uint64_t key = ChunkKey(file_index, chunk_index);
   // Still receiving, and the chunk's last write is the one being checked.
-  auto current = [=](Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  // AssertHeld rather than ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu): clang 14 checks
+  // a lambda's lock requirement against the closure object, not its argument.
+  auto current = [=](Session& s) {
+    s.mu.AssertHeld();
     if (!s.staging || s.record.state() != v1::IncomingTransfer::RECEIVING) return false;
     if (file_index >= static_cast<uint32_t>(s.record.manifest().files_size()) ||
         s.record.manifest().files(file_index).generation() != generation) {
@@ -1134,6 +1143,8 @@ absl::Status Receiver::VerifyStaged(Session& session,
   uint64_t largest = 0;
   for (const v1::ManifestFile& file : manifest.files()) largest = std::max(largest, file.size());
   const uint64_t buffer_size = std::min<uint64_t>(manifest.chunk_size(), largest);
+  // Read here, under session.mu, which the workers run inside of but do not hold.
+  storage::Staging& staging = *session.staging;
   auto verify_some = [&] {
     std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
     storage::AlignedBuffer buffer(buffer_size);
@@ -1147,7 +1158,7 @@ absl::Status Receiver::VerifyStaged(Session& session,
       const v1::ManifestFile& file = manifest.files(c.file_index);
       // A file no longer staged was verified before an interrupted publish
       // moved it on; Publish finishes that move.
-      auto staged = session.staging->OpenStagedFile(c.file_index, file);
+      auto staged = staging.OpenStagedFile(c.file_index, file);
       if (absl::IsNotFound(staged.status())) continue;
       if (!staged.ok()) {
         absl::MutexLock lock(&mu);

@@ -274,8 +274,10 @@ TEST_F(ExchangeDaemonTest, StreamedSendAndRecvBothWaysDeliverExactBytesEveryRoun
     const std::string tag = absl::StrCat("round-", round);
     auto send_a = a->SendAsync("site-b", tag, from_a.data(), size);
     auto send_b = b->SendAsync("site-a", tag, from_b.data(), size);
-    auto recv_b = std::async(std::launch::async,
-                             [&] { return b->Recv("site-a", tag, at_b.data(), at_b.size()); });
+    // `&b = b`: clang 14 cannot capture a structured binding.
+    auto recv_b = std::async(std::launch::async, [&, &b = b] {
+      return b->Recv("site-a", tag, at_b.data(), at_b.size());
+    });
     auto n = a->Recv("site-b", tag, at_a.data(), at_a.size());
     ASSERT_TRUE(n.ok()) << n.status();
     EXPECT_EQ(*n, size);

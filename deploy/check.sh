@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The checks CI runs besides the test suite (deploy/test.sh calls this):
+#   format  clang-format --dry-run --Werror on the C++ lines changed since the
+#           format base (below); the rest of each file is left as it is.
+#   tsa     the clang-tsa preset: every target, compiled by clang with
+#           -Wthread-safety -Werror, so ABSL_GUARDED_BY and friends are enforced.
+#   tsan    the tsan preset: the exchange and peer suites under ThreadSanitizer.
+#           A report from any process, the daemons that exchange_daemon_test
+#           starts included, fails the check.
+# Usage: deploy/check.sh [format|tsa|tsan]...   (no argument: all three)
+#
+# The format base is LONGHAUL_FORMAT_BASE when set (a commit or a ref: the
+# merge-base of HEAD with it is used, e.g. origin/main for a branch), else the
+# commit recorded in .ci/format-base: the last commit before the check existed,
+# when half the tree did not match .clang-format. A clean checkout of main has
+# no other ref to compare with, and HEAD~1 would miss all but a merge's last
+# commit; a recorded base checks everything written since, however it landed.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+format_base() {
+  local base
+  if [ -n "${LONGHAUL_FORMAT_BASE:-}" ]; then
+    base=$(git merge-base HEAD "$LONGHAUL_FORMAT_BASE") || {
+      echo "check format: no merge-base of HEAD and $LONGHAUL_FORMAT_BASE" >&2
+      return 1
+    }
+  else
+    base=$(tr -d '[:space:]' <.ci/format-base)
+  fi
+  if ! git cat-file -e "$base^{commit}" 2>/dev/null; then
+    echo "check format: base commit $base is not in this clone (shallow? git fetch --unshallow)" >&2
+    return 1
+  fi
+  echo "$base"
+}
+
+# Prints "FILE FIRST:LAST..." for each C++ file changed since $1, one a line:
+# the line ranges the working tree added or changed; an untracked file alone
+# on its line (checked whole).
+changed_lines() {
+  git diff -U0 --no-color --no-ext-diff --diff-filter=AMR "$1" -- '*.cc' '*.h' | awk '
+    /^\+\+\+ b\// { if (file != "" && ranges != "") print file ranges; file = substr($0, 7); ranges = "" }
+    /^@@ / {
+      split($3, a, ","); start = substr(a[1], 2); count = (2 in a) ? a[2] : 1
+      if (count > 0) ranges = ranges " " start ":" (start + count - 1)
+    }
+    END { if (file != "" && ranges != "") print file ranges }'
+  git ls-files --others --exclude-standard -- '*.cc' '*.h'
+}
+
+check_format() {
+  local base failed=0 file ranges r args
+  base=$(format_base)
+  echo "check format: C++ lines changed since $(git rev-parse --short "$base")" >&2
+  while read -r file ranges; do
+    args=()
+    for r in $ranges; do args+=("--lines=$r"); done
+    clang-format --dry-run --Werror "${args[@]}" "$file" || failed=1
+  done < <(changed_lines "$base")
+  if [ "$failed" -ne 0 ]; then
+    echo "check format: FAILED; fix with: git clang-format $(git rev-parse --short "$base")" >&2
+    return 1
+  fi
+}
+
+check_tsa() {
+  echo "check tsa: clang -Wthread-safety -Werror, every target (build-tsa)" >&2
+  cmake --preset clang-tsa >/dev/null
+  cmake --build --preset clang-tsa
+}
+
+check_tsan() {
+  echo "check tsan: exchange and peer suites under ThreadSanitizer (build-tsan)" >&2
+  cmake --preset tsan >/dev/null
+  cmake --build --preset tsan
+  local reports=$root/build-tsan/tsan-reports
+  rm -rf "$reports"
+  mkdir -p "$reports"
+  # log_path: reports from every process, daemons included, land in files.
+  local status=0
+  TSAN_OPTIONS="log_path=$reports/report ${TSAN_OPTIONS:-}" \
+    ctest --preset tsan -j "$(nproc)" --timeout 900 || status=$?
+  if compgen -G "$reports/report*" >/dev/null; then
+    cat "$reports"/report* >&2
+    echo "check tsan: FAILED: ThreadSanitizer reports above" >&2
+    return 1
+  fi
+  return "$status"
+}
+
+checks=("$@")
+[ ${#checks[@]} -gt 0 ] || checks=(format tsa tsan)
+for c in "${checks[@]}"; do
+  case "$c" in
+    format) check_format ;;
+    tsa) check_tsa ;;
+    tsan) check_tsan ;;
+    *) echo "check: unknown check '$c' (format, tsa or tsan)" >&2; exit 2 ;;
+  esac
+done
