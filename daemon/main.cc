@@ -1,6 +1,6 @@
 // longhauld: a site's transfer daemon. See README.md and deploy/CONFIG.md.
 
-#include "absl/strings/string_view.h"
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -11,30 +11,30 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "common/clock.h"
+#include "common/fmt_absl.h"
 #include "daemon/config.h"
 #include "daemon/control_service.h"
-#include "daemon/local_control_server.h"
 #include "daemon/exchange/exchange_hub.h"
 #include "daemon/exchange/exchange_service.h"
+#include "daemon/local_control_server.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/metrics/http_server.h"
-#include "daemon/peer/rate_limiter.h"
-#include "daemon/peer/receiver.h"
+#include "daemon/peer/memory_budget.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/priority_gate.h"
-#include "daemon/peer/memory_budget.h"
+#include "daemon/peer/rate_limiter.h"
+#include "daemon/peer/receiver.h"
 #include "daemon/peer/router.h"
 #include "daemon/session_options.h"
 #include "daemon/transfer_manager.h"
 #include "daemon/transport/transport.h"
 #include "daemon/transport/udp_transport.h"
-#include "common/clock.h"
-#include "common/fmt_absl.h"
 #include "spdlog/spdlog.h"
 #include "storage/journal.h"
 

@@ -69,8 +69,8 @@ absl::StatusOr<FrameHeader> ParseFrameHeader(absl::Span<const uint8_t> bytes,
         "not a longhaul frame (bad magic): the peer speaks another protocol or version");
   }
   if (p[4] != kFrameVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported frame version ", p[4], " (this daemon speaks ", kFrameVersion, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("unsupported frame version ", p[4],
+                                                   " (this daemon speaks ", kFrameVersion, ")"));
   }
   uint8_t type = p[5];
   if (type < static_cast<uint8_t>(FrameType::kHello) ||
@@ -156,8 +156,8 @@ absl::StatusOr<ChunkAck> ParseChunkAck(absl::Span<const uint8_t> bytes) {
   return ack;
 }
 
-absl::Status CheckChunkExtent(uint64_t header_offset, uint64_t payload_bytes,
-                              uint64_t chunk_bytes, uint64_t durable_prefix) {
+absl::Status CheckChunkExtent(uint64_t header_offset, uint64_t payload_bytes, uint64_t chunk_bytes,
+                              uint64_t durable_prefix) {
   if (header_offset > chunk_bytes || payload_bytes != chunk_bytes - header_offset) {
     return absl::InvalidArgumentError(
         absl::StrCat("a chunk frame of ", payload_bytes, " bytes from offset ", header_offset,

@@ -76,7 +76,7 @@ absl::StatusOr<ChunkHeader> ParseChunkHeader(absl::Span<const uint8_t> bytes);
 // (kDurable) or refused.
 struct ChunkAck {
   enum class Result : uint32_t {
-    kDurable = 0,      // written, synced and journaled
+    kDurable = 0,       // written, synced and journaled
     kHashMismatch = 1,  // bytes differ from the digest: send the chunk again
     kRetryLater = 2,    // e.g. disk full; the transfer waits and retries
     kRefused = 3,       // the transfer cannot go on (message says why)
@@ -95,8 +95,8 @@ absl::StatusOr<ChunkAck> ParseChunkAck(absl::Span<const uint8_t> bytes);
 // to the end of the chunk (`chunk_bytes` long), and it may start only at 0
 // or at `durable_prefix`, the bytes of the chunk the receiver has durable.
 // InvalidArgument, saying which, otherwise.
-absl::Status CheckChunkExtent(uint64_t header_offset, uint64_t payload_bytes,
-                              uint64_t chunk_bytes, uint64_t durable_prefix);
+absl::Status CheckChunkExtent(uint64_t header_offset, uint64_t payload_bytes, uint64_t chunk_bytes,
+                              uint64_t durable_prefix);
 
 // The receiver's report, mid-chunk, that the chunk's first `durable_bytes`
 // bytes are durable (written, synced and journaled); the sender may count

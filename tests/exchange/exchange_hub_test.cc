@@ -467,8 +467,6 @@ TEST(ExchangeHubGroupTest, OversizedSegmentClosesTheLink) {
   EXPECT_EQ(view->generation(), 2u);
 }
 
-
-
 // A Send returns once its bytes are written, but bulk traffic to that peer
 // stays paused until the link reports them sent: resumed earlier, it would
 // share the link with the message's tail still in the socket buffer.

@@ -58,8 +58,7 @@ TEST(FrameHeaderTest, KnowsTheProgressTypeAndNoneAfterIt) {
   ASSERT_TRUE(header.ok()) << header.status();
   EXPECT_EQ(header->type, FrameType::kChunkProgress);
   bytes[5] = 6;
-  EXPECT_EQ(ParseFrameHeader(bytes, kChunkProgressSize).status().message(),
-            "unknown frame type 6");
+  EXPECT_EQ(ParseFrameHeader(bytes, kChunkProgressSize).status().message(), "unknown frame type 6");
 }
 
 TEST(ChunkExtentTest, AFrameRunsFromZeroOrTheDurablePrefixToTheChunksEnd) {
@@ -78,9 +77,8 @@ TEST(ChunkExtentTest, RefusesHostileExtents) {
   EXPECT_FALSE(CheckChunkExtent(0, kChunk + 1, kChunk, 0).ok());
   // An offset past the chunk, and one whose payload would wrap around.
   EXPECT_FALSE(CheckChunkExtent(kChunk + 1, 0, kChunk, kChunk + 1).ok());
-  EXPECT_FALSE(CheckChunkExtent(UINT32_MAX, UINT64_MAX - UINT32_MAX + 1 + kChunk, kChunk,
-                                UINT32_MAX)
-                   .ok());
+  EXPECT_FALSE(
+      CheckChunkExtent(UINT32_MAX, UINT64_MAX - UINT32_MAX + 1 + kChunk, kChunk, UINT32_MAX).ok());
   // Short of the chunk's end.
   EXPECT_FALSE(CheckChunkExtent(0, kChunk - 1, kChunk, 0).ok());
   // An offset that is not the durable prefix, before or after it, or with
