@@ -1,6 +1,5 @@
 #include "storage/buffer_pool.h"
 
-
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -10,21 +9,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "storage/chunk_io.h"
 #include "storage/file_system.h"
 
 namespace longhaul::storage {
-namespace {
-
-// A broken invariant: a buffer would be used after it was unmapped.
-void Check(bool condition, const char* what) {
-  if (condition) return;
-  std::fprintf(stderr, "storage: check failed: %s\n", what);
-  std::abort();
-}
-
-}  // namespace
-
 BufferPool::Lease::Lease(Lease&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)), index_(other.index_) {}
 
@@ -40,12 +29,12 @@ BufferPool::Lease& BufferPool::Lease::operator=(Lease&& other) noexcept {
 BufferPool::Lease::~Lease() { Reset(); }
 
 uint8_t* BufferPool::Lease::data() const {
-  Check(pool_ != nullptr, "data() of an invalid buffer lease");
+  LONGHAUL_CHECK(pool_ != nullptr) << "data() of an invalid buffer lease";
   return pool_->base_ + index_ * pool_->buffer_size_;
 }
 
 size_t BufferPool::Lease::size() const {
-  Check(pool_ != nullptr, "size() of an invalid buffer lease");
+  LONGHAUL_CHECK(pool_ != nullptr) << "size() of an invalid buffer lease";
   return pool_->buffer_size_;
 }
 
@@ -83,9 +72,10 @@ BufferPool::BufferPool(uint8_t* base, size_t count, size_t buffer_size)
 BufferPool::~BufferPool() {
   {
     absl::MutexLock lock(&mu_);
-    Check(free_.size() == count_, "buffer pool destroyed with leases outstanding");
+    LONGHAUL_CHECK(free_.size() == count_) << "buffer pool destroyed with leases outstanding";
   }
-  Check(registrations_.load() == 0, "buffer pool destroyed while registered with an io_uring ring");
+  LONGHAUL_CHECK(registrations_.load() == 0)
+      << "buffer pool destroyed while registered with an io_uring ring";
   UnmapChunkMemory(base_, region_size());
 }
 

@@ -13,11 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/errno_status.h"
 #include "storage/posix_util.h"
 
 namespace longhaul::storage {
 
-using internal::ErrnoError;
 using internal::JoinPath;
 using internal::ScopedFd;
 

@@ -13,12 +13,12 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "common/errno_status.h"
 #include "spdlog/spdlog.h"
 #include "storage/posix_util.h"
 
 namespace longhaul::storage {
 
-using internal::ErrnoError;
 using internal::FdPath;
 
 absl::Status FileIo::RegisterBuffers(const BufferPool& /*pool*/) {

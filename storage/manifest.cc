@@ -13,12 +13,12 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/errno_status.h"
 #include "spdlog/spdlog.h"
 #include "storage/posix_util.h"
 
 namespace longhaul::storage {
 
-using internal::ErrnoError;
 using internal::JoinPath;
 
 namespace {

@@ -10,42 +10,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/errno_status.h"
 
 namespace longhaul::storage::internal {
-
-absl::Status ErrnoError(int err, std::string_view what, std::string_view path) {
-  std::string msg = absl::StrCat(Av(what), " ", Av(path), ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(msg);
-    case EEXIST:
-      return absl::AlreadyExistsError(msg);
-    case EACCES:
-    case EPERM:
-    case ELOOP:
-      return absl::PermissionDeniedError(msg);
-    case ENOSPC:
-    case EDQUOT:
-    case EMFILE:
-    case ENFILE:
-    case ENOMEM:
-      return absl::ResourceExhaustedError(msg);
-    case EINTR:
-    case EAGAIN:
-      return absl::UnavailableError(msg);
-    case EINVAL:
-    case ENAMETOOLONG:
-      return absl::InvalidArgumentError(msg);
-    case ENOTDIR:
-    case EISDIR:
-    case ENOTEMPTY:
-    case EXDEV:
-    case EROFS:
-      return absl::FailedPreconditionError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
-}
 
 std::string FdPath(int fd) {
   char buf[4096];

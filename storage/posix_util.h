@@ -12,9 +12,6 @@
 
 namespace longhaul::storage::internal {
 
-// "<what> <path>: <strerror(err)>" with the absl code matching `err`.
-absl::Status ErrnoError(int err, std::string_view what, std::string_view path);
-
 // Best-effort path of an open fd (readlink of /proc/self/fd/N), for messages.
 std::string FdPath(int fd);
 

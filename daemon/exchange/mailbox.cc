@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/fmt_absl.h"
 #include "spdlog/spdlog.h"
 
@@ -13,12 +14,6 @@ namespace longhaul::exchange {
 namespace {
 
 using State = Landing::State;
-
-// A broken internal invariant (STYLE.md, Errors); Debian's abseil has no absl/log.
-[[noreturn]] void Broken(const char* what) {
-  spdlog::critical("exchange mailbox: {}", what);
-  std::abort();
-}
 
 }  // namespace
 
@@ -92,7 +87,8 @@ const Message* Mailbox::Front(const std::string& key) const {
 
 Message Mailbox::Take(const std::string& key) {
   auto it = messages_.find(key);
-  if (it == messages_.end() || it->second.empty()) Broken("a message taken that is not there");
+  LONGHAUL_CHECK(it != messages_.end() && !it->second.empty())
+      << "a message taken that is not there";
   Message m = std::move(it->second.front());
   it->second.pop_front();
   if (it->second.empty()) messages_.erase(it);
@@ -203,11 +199,11 @@ bool Mailbox::Withdraw(Landing& l, absl::Mutex& mu) {
       return true;
     case State::kWaiting: {
       auto w = waiting_.find(l.key);
-      if (w == waiting_.end()) Broken("a waiting receive buffer is not offered");
+      LONGHAUL_CHECK(w != waiting_.end()) << "a waiting receive buffer is not offered";
       auto& queue = w->second;
       auto self = std::find_if(queue.begin(), queue.end(),
                                [&](const std::shared_ptr<Landing>& x) { return x.get() == &l; });
-      if (self == queue.end()) Broken("a waiting receive buffer is not in its queue");
+      LONGHAUL_CHECK(self != queue.end()) << "a waiting receive buffer is not in its queue";
       queue.erase(self);
       if (queue.empty()) waiting_.erase(w);
       l.state = State::kWithdrawn;
@@ -217,7 +213,7 @@ bool Mailbox::Withdraw(Landing& l, absl::Mutex& mu) {
       break;
     case State::kHandingOver:
     case State::kWithdrawn:
-      Broken("a receive buffer withdrawn twice");
+      LONGHAUL_CHECK(false) << "a receive buffer withdrawn twice";
   }
   l.state = State::kHandingOver;
   auto idle = [&l]() { return !l.writing; };

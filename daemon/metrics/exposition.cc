@@ -1,24 +1,14 @@
 #include "daemon/metrics/exposition.h"
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "prometheus/check_names.h"
 #include "prometheus/text_serializer.h"
 
 namespace longhaul::metrics {
-namespace {
-
-[[noreturn]] void Die(const std::string& why) {
-  std::fprintf(stderr, "metrics: %s\n", why.c_str());
-  std::abort();
-}
-
-}  // namespace
 
 FamilyBuilder::FamilyBuilder(std::string name, std::string help, prometheus::MetricType type,
                              std::vector<std::string> label_names, std::vector<double> upper_bounds)
@@ -27,21 +17,19 @@ FamilyBuilder::FamilyBuilder(std::string name, std::string help, prometheus::Met
       type_(type),
       label_names_(std::move(label_names)),
       upper_bounds_(std::move(upper_bounds)) {
-  if (!prometheus::CheckMetricName(name_)) Die(absl::StrCat("bad metric name '", name_, "'"));
+  LONGHAUL_CHECK(prometheus::CheckMetricName(name_)) << "bad metric name '" << name_ << "'";
   // prometheus-cpp 1.0 writes HELP text as it is.
-  if (help_.find_first_of("\\\n") != std::string::npos) {
-    Die(absl::StrCat(name_, ": help text must not hold a newline or a backslash"));
-  }
+  LONGHAUL_CHECK(help_.find_first_of("\\\n") == std::string::npos)
+      << name_ << ": help text must not hold a newline or a backslash";
   for (const std::string& label : label_names_) {
-    if (!prometheus::CheckLabelName(label) ||
-        (type_ == prometheus::MetricType::Histogram && label == "le")) {
-      Die(absl::StrCat(name_, ": bad label name '", label, "'"));
-    }
+    LONGHAUL_CHECK(prometheus::CheckLabelName(label) &&
+                   !(type_ == prometheus::MetricType::Histogram && label == "le"))
+        << name_ << ": bad label name '" << label << "'";
   }
   for (size_t i = 0; i < upper_bounds_.size(); ++i) {
-    if (!std::isfinite(upper_bounds_[i]) || (i > 0 && upper_bounds_[i] <= upper_bounds_[i - 1])) {
-      Die(absl::StrCat(name_, ": histogram bounds must be finite and strictly increasing"));
-    }
+    LONGHAUL_CHECK(std::isfinite(upper_bounds_[i]) &&
+                   (i == 0 || upper_bounds_[i] > upper_bounds_[i - 1]))
+        << name_ << ": histogram bounds must be finite and strictly increasing";
   }
 }
 
@@ -65,10 +53,9 @@ FamilyBuilder FamilyBuilder::Histogram(std::string name, std::string help,
 }
 
 prometheus::ClientMetric& FamilyBuilder::Sample(const std::vector<std::string>& label_values) {
-  if (label_values.size() != label_names_.size()) {
-    Die(absl::StrCat(name_, ": expected ", label_names_.size(), " label values, got ",
-                     label_values.size()));
-  }
+  LONGHAUL_CHECK(label_values.size() == label_names_.size())
+      << name_ << ": expected " << label_names_.size() << " label values, got "
+      << label_values.size();
   prometheus::ClientMetric& sample = samples_[label_values];
   sample = {};
   for (size_t i = 0; i < label_names_.size(); ++i) {
@@ -86,19 +73,17 @@ FamilyBuilder& FamilyBuilder::Set(const std::vector<std::string>& label_values, 
       Sample(label_values).gauge.value = value;
       break;
     default:
-      Die(absl::StrCat(name_, ": Set() is for counters and gauges"));
+      LONGHAUL_CHECK(false) << name_ << ": Set() is for counters and gauges";
   }
   return *this;
 }
 
 FamilyBuilder& FamilyBuilder::SetHistogram(const std::vector<std::string>& label_values,
                                            absl::Span<const uint64_t> bucket_counts, double sum) {
-  if (type_ != prometheus::MetricType::Histogram) {
-    Die(absl::StrCat(name_, ": SetHistogram() is for histograms"));
-  }
-  if (bucket_counts.size() != upper_bounds_.size() + 1) {
-    Die(absl::StrCat(name_, ": a histogram needs one count per bound plus the overflow"));
-  }
+  LONGHAUL_CHECK(type_ == prometheus::MetricType::Histogram)
+      << name_ << ": SetHistogram() is for histograms";
+  LONGHAUL_CHECK(bucket_counts.size() == upper_bounds_.size() + 1)
+      << name_ << ": a histogram needs one count per bound plus the overflow";
   prometheus::ClientMetric::Histogram& h = Sample(label_values).histogram;
   uint64_t cumulative = 0;
   for (size_t i = 0; i < bucket_counts.size(); ++i) {

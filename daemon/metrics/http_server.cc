@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
 #include "daemon/metrics/exposition.h"
 
 namespace longhaul::metrics {
@@ -207,20 +208,15 @@ struct MetricsServer::Impl {
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& address, const prometheus::Collectable& metrics, HealthCheck health,
     Options options) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon + 1 == address.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics address '", address, "' is not host:port"));
-  }
-  std::string host = address.substr(0, colon);
-  std::string port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
+  absl::StatusOr<HostPort> host_port = ParseHostPort(address);
+  if (!host_port.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics ", host_port.status().message()));
   }
   auto impl = std::make_unique<Impl>(metrics, std::move(health), options);
   beast::error_code ec;
   tcp::resolver resolver(impl->io);
-  auto endpoints = resolver.resolve(host, port, tcp::resolver::passive, ec);
+  auto endpoints = resolver.resolve(host_port->host, std::to_string(host_port->port),
+                                    tcp::resolver::passive, ec);
   if (ec || endpoints.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics address ", address, ": ", ec ? ec.message() : "no address"));

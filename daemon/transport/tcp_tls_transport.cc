@@ -16,19 +16,13 @@
 // re-verify each open channel's peer and abort those the new material refuses.
 
 #include <fcntl.h>
-#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <openssl/bn.h>
 #include <openssl/err.h>
-#include <openssl/pem.h>
 #include <openssl/ssl.h>
-#include <openssl/x509v3.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -42,55 +36,27 @@
 #include <thread>
 #include <utility>
 
+// After <utility>: Debian's Boost.Asio uses std::exchange without including it.
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/container/inlined_vector.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/fmt_absl.h"
+#include "common/host_port.h"
 #include "daemon/transport/tcp_info.h"
+#include "daemon/transport/tcp_tls_channel.h"
+#include "daemon/transport/tls_trust.h"
 #include "daemon/transport/transport.h"
 #include "spdlog/spdlog.h"
 
 namespace longhaul::transport {
-
-// Holds a reference on the leaf and on each certificate of the chain.
-class PeerCertificate {
- public:
-  PeerCertificate(std::string site, X509* leaf, STACK_OF(X509)* chain)
-      : site_(std::move(site)), leaf_(leaf), chain_(chain ? X509_chain_up_ref(chain) : nullptr) {
-    X509_up_ref(leaf_);
-  }
-  ~PeerCertificate() {
-    X509_free(leaf_);
-    sk_X509_pop_free(chain_, X509_free);
-  }
-  PeerCertificate(const PeerCertificate&) = delete;
-  PeerCertificate& operator=(const PeerCertificate&) = delete;
-
-  const std::string& site() const { return site_; }
-  X509* leaf() const { return leaf_; }
-  // The untrusted certificates the peer sent beside the leaf (may hold it too).
-  STACK_OF(X509)* chain() const { return chain_; }
-
- private:
-  const std::string site_;
-  X509* const leaf_;
-  STACK_OF(X509)* const chain_;
-};
-
 namespace {
-
-namespace asio = boost::asio;
-namespace ssl = boost::asio::ssl;
-using tcp = asio::ip::tcp;
 
 // How often the io thread looks for accepted channels past their HELLO
 // deadline or idle timeout.
@@ -132,259 +98,6 @@ class LogLimiter {
   int lines_ = 0;
   uint64_t dropped_ = 0;
 };
-
-absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(const std::string& address) {
-  std::string host, port;
-  if (!address.empty() && address[0] == '[') {
-    size_t close = address.find(']');
-    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
-      return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not [host]:port"));
-    }
-    host = address.substr(1, close - 1);
-    port = address.substr(close + 2);
-  } else {
-    size_t colon = address.rfind(':');
-    if (colon == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("address '", address, "' has no :port"));
-    }
-    host = address.substr(0, colon);
-    port = address.substr(colon + 1);
-  }
-  uint32_t port_number;
-  if (host.empty() || !absl::SimpleAtoi(port, &port_number) || port_number > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not host:port"));
-  }
-  return std::make_pair(host, port);
-}
-
-std::string OpenSslErrors() {
-  std::string out;
-  while (unsigned long err = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(err, buf, sizeof buf);
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out;
-}
-
-// The first site from `candidates` that the certificate names (SAN DNS, or
-// CN when there is no SAN), or "" if none.
-std::string MatchSite(X509* cert, const std::vector<std::string>& candidates) {
-  for (const std::string& site : candidates) {
-    if (X509_check_host(cert, site.data(), site.size(), X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS,
-                        nullptr) == 1) {
-      return site;
-    }
-  }
-  return "";
-}
-
-std::string CertificateSubject(X509* cert) {
-  char buf[256];
-  X509_NAME_oneline(X509_get_subject_name(cert), buf, sizeof buf);
-  return buf;
-}
-
-std::string CertificateSerial(X509* cert) {
-  BIGNUM* bn = ASN1_INTEGER_to_BN(X509_get0_serialNumber(cert), nullptr);
-  if (bn == nullptr) return "?";
-  char* hex = BN_bn2hex(bn);
-  std::string out = hex != nullptr ? hex : "?";
-  OPENSSL_free(hex);
-  BN_free(bn);
-  return out;
-}
-
-// "site-a (serial 1A2B)" when the certificate names one of `sites`, else its
-// subject and serial.
-std::string DescribeCertificate(X509* cert, const std::vector<std::string>& sites) {
-  std::string name = MatchSite(cert, sites);
-  return absl::StrCat(name.empty() ? CertificateSubject(cert) : name, " (serial ",
-                      CertificateSerial(cert), ")");
-}
-
-// An overdue CRL (past its next-update date) still lists what it revoked:
-// applying it beats refusing every peer until someone re-signs it.
-// TrustContext::Load warns about it.
-int ToleratesOverdueCrl(int ok, X509_STORE_CTX* store) {
-  if (!ok && X509_STORE_CTX_get_error(store) == X509_V_ERR_CRL_HAS_EXPIRED) return 1;
-  return ok;
-}
-
-template <typename T, void (*Free)(T*)>
-struct OpenSslDeleter {
-  void operator()(T* p) const { Free(p); }
-};
-using BioPtr = std::unique_ptr<BIO, OpenSslDeleter<BIO, BIO_free_all>>;
-using X509Ptr = std::unique_ptr<X509, OpenSslDeleter<X509, X509_free>>;
-using X509CrlPtr = std::unique_ptr<X509_CRL, OpenSslDeleter<X509_CRL, X509_CRL_free>>;
-using X509StoreCtxPtr =
-    std::unique_ptr<X509_STORE_CTX, OpenSslDeleter<X509_STORE_CTX, X509_STORE_CTX_free>>;
-
-// True when the last error on the queue is only the end of a PEM file.
-bool OnlyPemEndOfFile() {
-  unsigned long err = ERR_peek_last_error();
-  bool eof = ERR_GET_LIB(err) == ERR_LIB_PEM && ERR_GET_REASON(err) == PEM_R_NO_START_LINE;
-  if (eof) ERR_clear_error();
-  return eof;
-}
-
-// The SSL ex_data slot that points from an SSL to its TcpTlsChannel, for the
-// verify callback.
-int ChannelSlot() {
-  static const int slot = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
-  return slot;
-}
-
-// One generation of trust material: an SSL_CTX with the CA, our certificate
-// and key, and the CRL. Immutable once loaded; thread-safe.
-class TrustContext {
- public:
-  static absl::StatusOr<std::shared_ptr<TrustContext>> Load(const TlsIdentity& identity);
-
-  ssl::context& ssl() { return ctx_; }
-  const std::string& crl_file() const { return crl_file_; }
-  size_t revoked() const { return revoked_; }
-
-  // OK if `peer` verifies against this material now; PermissionDenied
-  // naming the site and the reason otherwise.
-  absl::Status Check(const PeerCertificate& peer) const;
-
-  // Why verification failed, for the log and the error: names `cert` (the
-  // one that failed; `address` when unknown) by the site among `sites` it
-  // names and its serial.
-  std::string DescribeFailure(X509* cert, long verify_error, const std::string& address,
-                              const std::vector<std::string>& sites) const;
-
- private:
-  TrustContext() : ctx_(ssl::context::tls) {}
-  absl::Status LoadCrl(const TlsIdentity& identity);
-
-  ssl::context ctx_;
-  X509_STORE* store_ = nullptr;  // owned by ctx_
-  std::string crl_file_;
-  size_t revoked_ = 0;
-};
-
-int VerifyCallback(int ok, X509_STORE_CTX* store);
-
-absl::StatusOr<std::shared_ptr<TrustContext>> TrustContext::Load(const TlsIdentity& identity) {
-  std::shared_ptr<TrustContext> trust(new TrustContext());
-  SSL_CTX* ctx = trust->ctx_.native_handle();
-  trust->store_ = SSL_CTX_get_cert_store(ctx);
-  // TLS 1.3 only, AES-256-GCM only: no downgrade, no plaintext, ever.
-  if (SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) != 1 ||
-      SSL_CTX_set_max_proto_version(ctx, TLS1_3_VERSION) != 1 ||
-      SSL_CTX_set_ciphersuites(ctx, "TLS_AES_256_GCM_SHA384") != 1) {
-    return absl::InternalError(absl::StrCat("TLS setup failed: ", OpenSslErrors()));
-  }
-  if (SSL_CTX_load_verify_locations(ctx, identity.ca_file.c_str(), nullptr) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot load CA certificate ", identity.ca_file, ": ", OpenSslErrors()));
-  }
-  if (SSL_CTX_use_certificate_chain_file(ctx, identity.cert_file.c_str()) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot load site certificate ", identity.cert_file, ": ", OpenSslErrors()));
-  }
-  if (SSL_CTX_use_PrivateKey_file(ctx, identity.key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
-      SSL_CTX_check_private_key(ctx) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot load private key ", identity.key_file,
-                                                   " for ", identity.cert_file, ": ",
-                                                   OpenSslErrors()));
-  }
-  X509* own = SSL_CTX_get0_certificate(ctx);
-  if (MatchSite(own, {identity.local_site}).empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("certificate ", identity.cert_file, " (",
-                                                   CertificateSubject(own), ") does not name site ",
-                                                   identity.local_site));
-  }
-  if (!identity.crl_file.empty()) {
-    if (absl::Status s = trust->LoadCrl(identity); !s.ok()) return s;
-  }
-  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, VerifyCallback);
-  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
-  SSL_CTX_set_num_tickets(ctx, 0);
-  return trust;
-}
-
-absl::Status TrustContext::LoadCrl(const TlsIdentity& identity) {
-  crl_file_ = identity.crl_file;
-  const std::string what = absl::StrCat("tls.crl ", crl_file_);
-  std::vector<X509Ptr> cas;
-  if (BioPtr in(BIO_new_file(identity.ca_file.c_str(), "r")); in != nullptr) {
-    while (X509* ca = PEM_read_bio_X509(in.get(), nullptr, nullptr, nullptr)) cas.emplace_back(ca);
-  }
-  ERR_clear_error();
-  BioPtr in(BIO_new_file(crl_file_.c_str(), "r"));
-  if (in == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot read ", what, ": ", OpenSslErrors()));
-  }
-  size_t crls = 0;
-  while (X509CrlPtr crl{PEM_read_bio_X509_CRL(in.get(), nullptr, nullptr, nullptr)}) {
-    ++crls;
-    bool signed_by_ca = false;
-    for (const X509Ptr& ca : cas) {
-      signed_by_ca =
-          X509_NAME_cmp(X509_CRL_get_issuer(crl.get()), X509_get_subject_name(ca.get())) == 0 &&
-          X509_CRL_verify(crl.get(), X509_get0_pubkey(ca.get())) == 1;
-      if (signed_by_ca) break;
-    }
-    ERR_clear_error();
-    if (!signed_by_ca) {
-      char name[256];
-      X509_NAME_oneline(X509_CRL_get_issuer(crl.get()), name, sizeof name);
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": its CRL #", crls, " (issuer ", name, ") is not signed by the CA in tls.ca ",
-          identity.ca_file, "; make the CRL with deploy/pki.sh from that CA"));
-    }
-    if (const ASN1_TIME* next = X509_CRL_get0_nextUpdate(crl.get());
-        next != nullptr && X509_cmp_current_time(next) < 0) {
-      spdlog::warn(
-          "{} is past its next-update date; still applying it (renew it with "
-          "deploy/pki.sh crl DIR)",
-          what);
-    }
-    if (STACK_OF(X509_REVOKED)* revoked = X509_CRL_get_REVOKED(crl.get())) {
-      revoked_ += sk_X509_REVOKED_num(revoked);
-    }
-    if (X509_STORE_add_crl(store_, crl.get()) != 1) {
-      return absl::InternalError(absl::StrCat(what, ": ", OpenSslErrors()));
-    }
-  }
-  if (!OnlyPemEndOfFile()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " is not a valid PEM CRL: ", OpenSslErrors()));
-  }
-  if (crls == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " holds no PEM CRL (deploy/pki.sh crl DIR makes one)"));
-  }
-  X509_STORE_set_flags(store_, X509_V_FLAG_CRL_CHECK);
-  return absl::OkStatus();
-}
-
-absl::Status TrustContext::Check(const PeerCertificate& peer) const {
-  X509StoreCtxPtr ctx(X509_STORE_CTX_new());
-  if (ctx == nullptr || X509_STORE_CTX_init(ctx.get(), store_, peer.leaf(), peer.chain()) != 1) {
-    return absl::InternalError(absl::StrCat("certificate check failed: ", OpenSslErrors()));
-  }
-  X509_STORE_CTX_set_verify_cb(ctx.get(), ToleratesOverdueCrl);
-  if (X509_verify_cert(ctx.get()) == 1) return absl::OkStatus();
-  ERR_clear_error();
-  return absl::PermissionDeniedError(
-      DescribeFailure(peer.leaf(), X509_STORE_CTX_get_error(ctx.get()), "", {peer.site()}));
-}
-
-std::string TrustContext::DescribeFailure(X509* cert, long verify_error, const std::string& address,
-                                          const std::vector<std::string>& sites) const {
-  std::string who = cert != nullptr ? DescribeCertificate(cert, sites) : address;
-  if (verify_error == X509_V_ERR_CERT_REVOKED) {
-    return absl::StrCat("certificate of ", who, " is revoked by tls.crl ", crl_file_);
-  }
-  return absl::StrCat("certificate of ", who,
-                      " rejected: ", X509_verify_cert_error_string(verify_error));
-}
 
 // Runs callbacks at deadlines on one thread; used to abort handshakes that
 // take too long. Thread-safe.
@@ -439,373 +152,6 @@ class Watchdog {
   std::thread thread_;
 };
 
-class TcpTlsChannel;
-
-// Operations (reads and writes) on the channels of one peer site, counted
-// by the channels and read by the idle sweep. Thread-safe.
-struct SiteActivity {
-  std::atomic<uint64_t> operations{0};
-};
-
-// The trust material new channels take, the authenticated channels a reload
-// must re-check, and what the connection caps count. Shared by the
-// transport and its channels, so that a channel may outlive the transport.
-// Thread-safe.
-struct ChannelRegistry {
-  struct Site {
-    std::shared_ptr<SiteActivity> activity = std::make_shared<SiteActivity>();
-    uint32_t accepted = 0;                         // authenticated accepted channels open
-    uint64_t seen = 0;                             // activity->operations at the last sweep
-    std::chrono::steady_clock::time_point active;  // when they last changed
-  };
-
-  absl::Mutex mu;
-  std::shared_ptr<TrustContext> trust ABSL_GUARDED_BY(mu);
-  absl::flat_hash_set<TcpTlsChannel*> live ABSL_GUARDED_BY(mu);
-  // Accepted connections before their HELLO, in total and by source IP.
-  uint32_t pending ABSL_GUARDED_BY(mu) = 0;
-  absl::flat_hash_map<std::string, uint32_t> pending_per_address ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<std::string, Site> sites ABSL_GUARDED_BY(mu);
-
-  Site& SiteLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    auto [it, inserted] = sites.try_emplace(name);
-    if (inserted) it->second.active = std::chrono::steady_clock::now();
-    return it->second;
-  }
-};
-
-// The TCP socket under a channel's TLS stream. Boost.Asio's TLS stream reads
-// and writes its lower layer one record (at most 16 KiB of payload) at a
-// time: a system call per record, and on loopback a wake-up of the other
-// side per record. Here a blocking read takes what the socket holds, up to
-// kReadBytes, and serves the records from that; and the records of one
-// Channel::Write (between BeginBatch and EndBatch) leave kWriteBytes at a
-// time, the rest when the batch ends. The buffers are made at first use, so
-// a connection that only handshakes holds none. Writes outside a batch (the handshake,
-// TLS's own messages during a read) go straight out. Asynchronous operations
-// (the handshake and the first read of an accepted channel, on the io
-// thread) go straight to the socket; they all come before the first
-// blocking read, so nothing read ahead is ever skipped. Not thread-safe,
-// like the TLS stream above it.
-class BatchingSocket {
- public:
-  using executor_type = tcp::socket::executor_type;
-  using lowest_layer_type = tcp::socket::lowest_layer_type;
-  static constexpr size_t kReadBytes = 64u << 10;
-  static constexpr size_t kWriteBytes = 256u << 10;
-
-  explicit BatchingSocket(tcp::socket socket) : socket_(std::move(socket)) {}
-
-  executor_type get_executor() { return socket_.get_executor(); }
-  lowest_layer_type& lowest_layer() { return socket_.lowest_layer(); }
-  const lowest_layer_type& lowest_layer() const { return socket_.lowest_layer(); }
-
-  template <typename MutableBuffers>
-  size_t read_some(const MutableBuffers& buffers, boost::system::error_code& ec) {
-    if (read_at_ == read_end_) {
-      if (!read_buffer_) read_buffer_ = std::make_unique_for_overwrite<uint8_t[]>(kReadBytes);
-      read_at_ = read_end_ = 0;
-      read_end_ = socket_.read_some(asio::buffer(read_buffer_.get(), kReadBytes), ec);
-      if (ec) return 0;
-    }
-    const size_t n = asio::buffer_copy(
-        buffers, asio::buffer(read_buffer_.get() + read_at_, read_end_ - read_at_));
-    read_at_ += n;
-    ec = {};
-    return n;
-  }
-
-  template <typename ConstBuffers>
-  size_t write_some(const ConstBuffers& buffers, boost::system::error_code& ec) {
-    if (!batching_) return socket_.write_some(buffers, ec);
-    if (write_len_ == kWriteBytes && !Flush(ec)) return 0;
-    if (!write_buffer_) write_buffer_ = std::make_unique_for_overwrite<uint8_t[]>(kWriteBytes);
-    const size_t n = asio::buffer_copy(
-        asio::buffer(write_buffer_.get() + write_len_, kWriteBytes - write_len_), buffers);
-    write_len_ += n;
-    ec = {};
-    return n;
-  }
-
-  template <typename MutableBuffers, typename Handler>
-  auto async_read_some(const MutableBuffers& buffers, Handler&& handler) {
-    return socket_.async_read_some(buffers, std::forward<Handler>(handler));
-  }
-  template <typename ConstBuffers, typename Handler>
-  auto async_write_some(const ConstBuffers& buffers, Handler&& handler) {
-    return socket_.async_write_some(buffers, std::forward<Handler>(handler));
-  }
-
-  void BeginBatch() { batching_ = true; }
-  // Sends what the batch holds; false (with `ec`) when the socket failed.
-  bool EndBatch(boost::system::error_code& ec) {
-    batching_ = false;
-    return Flush(ec);
-  }
-
- private:
-  bool Flush(boost::system::error_code& ec) {
-    const size_t len = std::exchange(write_len_, 0);
-    if (len > 0) asio::write(socket_, asio::buffer(write_buffer_.get(), len), ec);
-    return !ec;
-  }
-
-  tcp::socket socket_;
-  std::unique_ptr<uint8_t[]> read_buffer_;
-  size_t read_at_ = 0;
-  size_t read_end_ = 0;
-  std::unique_ptr<uint8_t[]> write_buffer_;
-  size_t write_len_ = 0;
-  bool batching_ = false;
-};
-using TlsStream = ssl::stream<BatchingSocket>;
-
-class TcpTlsChannel final : public Channel {
- public:
-  // `socket` is connected; the TLS session uses `trust` for its handshake.
-  TcpTlsChannel(tcp::socket socket, std::shared_ptr<TrustContext> trust,
-                std::shared_ptr<ChannelRegistry> registry, bool dialed)
-      : trust_(std::move(trust)),
-        registry_(std::move(registry)),
-        dialed_(dialed),
-        stream_(std::move(socket), trust_->ssl()) {
-    SSL_set_ex_data(stream_.native_handle(), ChannelSlot(), this);
-  }
-  ~TcpTlsChannel() override {
-    {
-      absl::MutexLock lock(&registry_->mu);
-      registry_->live.erase(this);
-      ReleasePendingLocked();
-      if (!counted_site_.empty()) --registry_->SiteLocked(counted_site_).accepted;
-    }
-    boost::system::error_code ec;
-    stream_.lowest_layer().close(ec);
-  }
-
-  TlsStream& stream() { return stream_; }
-  const std::shared_ptr<TrustContext>& trust() const { return trust_; }
-  bool dialed() const { return dialed_; }
-  void set_identity(std::string site, std::string address) {
-    peer_site_ = std::move(site);
-    peer_address_ = std::move(address);
-  }
-  void set_congestion_control(std::string cc) { congestion_control_ = std::move(cc); }
-  void set_peer_certificate(std::shared_ptr<const PeerCertificate> cert) {
-    peer_certificate_ = std::move(cert);
-  }
-  std::shared_ptr<const PeerCertificate> peer_certificate() const override {
-    return peer_certificate_;
-  }
-
-  // An accepted channel takes the pending-handshake slot its transport
-  // counted for `ip` (in registry_->pending and pending_per_address) and
-  // gives it back at EndHandshake or destruction. Before anyone else can
-  // see the channel.
-  void TakePendingSlot(std::string ip, std::chrono::steady_clock::time_point deadline) {
-    pending_ = true;
-    source_ip_ = std::move(ip);
-    deadline_ = deadline;
-  }
-  // The three below under registry_->mu.
-  bool pending() const { return pending_; }
-  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
-  // True the first time only: a channel is closed (and counted) once,
-  // whether by the sweep or by its handshake timer.
-  bool MarkClosing() { return !std::exchange(closing_, true); }
-
-  // An accepted channel counts against its site's connection cap until it
-  // is destroyed. Under registry_->mu.
-  void CountForSite(const std::string& site) { counted_site_ = site; }
-  void set_activity(std::shared_ptr<SiteActivity> activity) { activity_ = std::move(activity); }
-
-  // Bytes already read from the TLS stream (while the io thread waited for
-  // the peer's first bytes): ReadExactly returns them first.
-  asio::mutable_buffer prefix_space() { return asio::buffer(prefix_); }
-  void set_prefix(size_t bytes) {
-    prefix_at_ = 0;
-    prefix_end_ = bytes;
-  }
-
-  void KeepWhenIdle() override {
-    absl::MutexLock lock(&registry_->mu);
-    keep_when_idle_ = true;
-  }
-  bool keep_when_idle() const { return keep_when_idle_; }  // under registry_->mu
-
-  void EndHandshake() override {
-    absl::MutexLock lock(&registry_->mu);
-    if (!pending_) return;
-    ReleasePendingLocked();
-    if (!counted_site_.empty()) {
-      registry_->SiteLocked(counted_site_).active = std::chrono::steady_clock::now();
-    }
-  }
-
-  // Called by the verify callback, during the handshake, with the first
-  // certificate that failed verification.
-  void NoteRejected(X509* cert) {
-    if (rejected_ == nullptr && cert != nullptr && X509_up_ref(cert) == 1) rejected_.reset(cert);
-  }
-  X509* rejected() const { return rejected_.get(); }
-
-  absl::Status Write(absl::Span<const absl::Span<const uint8_t>> parts) override {
-    absl::InlinedVector<asio::const_buffer, 4> buffers;
-    for (absl::Span<const uint8_t> part : parts) buffers.emplace_back(part.data(), part.size());
-    Touch();
-    boost::system::error_code ec;
-    stream_.next_layer().BeginBatch();
-    asio::write(stream_, buffers, ec);
-    boost::system::error_code flushed;
-    stream_.next_layer().EndBatch(flushed);
-    if (!ec) ec = flushed;
-    Touch();
-    return ToStatus(ec, "write");
-  }
-
-  absl::Status ReadExactly(absl::Span<uint8_t> out) override {
-    Touch();
-    size_t buffered = std::min(out.size(), prefix_end_ - prefix_at_);
-    if (buffered > 0) {
-      std::memcpy(out.data(), prefix_.data() + prefix_at_, buffered);
-      prefix_at_ += buffered;
-      out = out.subspan(buffered);
-      if (out.empty()) return absl::OkStatus();
-    }
-    boost::system::error_code ec;
-    asio::read(stream_, asio::buffer(out.data(), out.size()), ec);
-    Touch();
-    return ToStatus(ec, "read");
-  }
-
-  void Abort() override {
-    aborted_.store(true);
-    ::shutdown(stream_.lowest_layer().native_handle(), SHUT_RDWR);
-  }
-
-  absl::StatusOr<std::vector<uint8_t>> ExportKeyingMaterial(absl::string_view label,
-                                                            size_t length) override {
-    std::vector<uint8_t> out(length);
-    if (SSL_export_keying_material(stream_.native_handle(), out.data(), out.size(), label.data(),
-                                   label.size(), nullptr, 0, 0) != 1) {
-      return absl::InternalError(absl::StrCat("TLS key export failed: ", OpenSslErrors()));
-    }
-    return out;
-  }
-
-  const std::string& peer_site() const override { return peer_site_; }
-  const std::string& peer_address() const override { return peer_address_; }
-
-  void LimitUnsentBytes(uint64_t bytes) override {
-    int lowat = static_cast<int>(std::min<uint64_t>(bytes, 1u << 30));
-    setsockopt(stream_.lowest_layer().native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat,
-               sizeof lowat);
-  }
-
-  void LimitPacingRate(Bandwidth rate) override {
-    uint64_t bytes_per_second = static_cast<uint64_t>(std::max<int64_t>(rate.ToBytesPerSecond(), 1));
-    setsockopt(stream_.lowest_layer().native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE,
-               &bytes_per_second, sizeof bytes_per_second);
-  }
-
-  uint64_t UnsentBytes() const override {
-    int fd = const_cast<TlsStream&>(stream_).lowest_layer().native_handle();
-    int unsent = 0;
-    if (::ioctl(fd, SIOCOUTQNSD, &unsent) != 0 || unsent < 0) return 0;
-    return static_cast<uint64_t>(unsent);
-  }
-
-  LinkStats Stats() const override {
-    LinkStats stats;
-    stats.congestion_control = congestion_control_;
-    int fd = const_cast<TlsStream&>(stream_).lowest_layer().native_handle();
-    KernelTcpInfo info;
-    if (ReadKernelTcpInfo(fd, &info)) {
-      stats.rtt_ms = info.rtt_ms;
-      stats.delivery_rate_mbit = info.delivery_rate_mbit;
-      stats.retransmits = info.total_retrans;
-    }
-    int sndbuf = 0;
-    socklen_t len = sizeof sndbuf;
-    if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &len) == 0) stats.socket_buffer_bytes = sndbuf;
-    uint64_t max_pacing = 0;
-    len = sizeof max_pacing;
-    if (getsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &max_pacing, &len) == 0 &&
-        len == sizeof max_pacing && max_pacing != ~uint64_t{0}) {
-      stats.max_pacing_rate_bytes_per_second = max_pacing;
-    }
-    return stats;
-  }
-
- private:
-  void Touch() {
-    if (activity_ != nullptr) activity_->operations.fetch_add(1, std::memory_order_relaxed);
-  }
-
-  void ReleasePendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(registry_->mu) {
-    if (!pending_) return;
-    pending_ = false;
-    --registry_->pending;
-    auto it = registry_->pending_per_address.find(source_ip_);
-    if (it != registry_->pending_per_address.end() && --it->second == 0) {
-      registry_->pending_per_address.erase(it);
-    }
-  }
-
-  absl::Status ToStatus(const boost::system::error_code& ec, absl::string_view op) const {
-    if (!ec) return absl::OkStatus();
-    if (aborted_.load()) return absl::CancelledError(absl::StrCat(op, " aborted"));
-    if (ec == asio::error::eof || ec == ssl::error::stream_truncated) {
-      return absl::UnavailableError(
-          absl::StrCat(peer_site_, " at ", peer_address_, " closed the connection"));
-    }
-    // TLS 1.3 ends the client's handshake before the server has judged the
-    // client's certificate, so the server's verdict arrives on a read.
-    if (ec.category() == asio::error::get_ssl_category() &&
-        ERR_GET_REASON(ec.value()) == SSL_R_SSLV3_ALERT_CERTIFICATE_REVOKED) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          peer_site_, " at ", peer_address_,
-          " refused our certificate: its tls.crl lists it as revoked (this site needs a new "
-          "certificate: deploy/pki.sh DIR SITE)"));
-    }
-    return absl::UnavailableError(
-        absl::StrCat(op, " to ", peer_site_, " at ", peer_address_, " failed: ", ec.message()));
-  }
-
-  // Declared before stream_, which holds an SSL made from it.
-  const std::shared_ptr<TrustContext> trust_;
-  const std::shared_ptr<ChannelRegistry> registry_;
-  const bool dialed_;
-  TlsStream stream_;
-  std::string peer_site_;
-  std::string peer_address_;
-  std::string congestion_control_;
-  std::shared_ptr<const PeerCertificate> peer_certificate_;
-  X509Ptr rejected_;
-  std::atomic<bool> aborted_{false};
-  // Set before the channel is handed over; read-only after.
-  std::shared_ptr<SiteActivity> activity_;
-  std::array<uint8_t, 64> prefix_{};
-  size_t prefix_at_ = 0;
-  size_t prefix_end_ = 0;
-  // Guarded by registry_->mu (a lock of another object, so not annotated).
-  bool pending_ = false;
-  bool closing_ = false;
-  bool keep_when_idle_ = false;
-  std::string source_ip_;
-  std::chrono::steady_clock::time_point deadline_;
-  std::string counted_site_;
-};
-
-int VerifyCallback(int ok, X509_STORE_CTX* store) {
-  if (ToleratesOverdueCrl(ok, store)) return 1;
-  auto* ssl =
-      static_cast<SSL*>(X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
-  auto* channel =
-      ssl != nullptr ? static_cast<TcpTlsChannel*>(SSL_get_ex_data(ssl, ChannelSlot())) : nullptr;
-  if (channel != nullptr) channel->NoteRejected(X509_STORE_CTX_get_current_cert(store));
-  return 0;
-}
-
 class TcpTlsTransport final : public Transport {
  public:
   TcpTlsTransport(TlsIdentity identity, TcpTuning tuning, ConnectionLimits limits)
@@ -821,7 +167,7 @@ class TcpTlsTransport final : public Transport {
   }
 
   absl::Status Init() {
-    auto trust = TrustContext::Load(identity_);
+    auto trust = TrustContext::Load(identity_, VerifyCallback);
     if (!trust.ok()) return trust.status();
     absl::MutexLock lock(&registry_->mu);
     registry_->trust = *std::move(trust);
@@ -834,7 +180,7 @@ class TcpTlsTransport final : public Transport {
       return absl::InvalidArgumentError(
           "the site name and the peer list cannot change without a restart");
     }
-    auto trust = TrustContext::Load(identity);
+    auto trust = TrustContext::Load(identity, VerifyCallback);
     if (!trust.ok()) return trust.status();
     size_t open = 0, closed = 0;
     {
@@ -882,11 +228,11 @@ class TcpTlsTransport final : public Transport {
 
   absl::StatusOr<std::unique_ptr<Channel>> Dial(const std::string& site,
                                                 const std::string& address) override {
-    auto host_port = SplitHostPort(address);
+    auto host_port = ParseHostPort(address);
     if (!host_port.ok()) return host_port.status();
     boost::system::error_code ec;
     tcp::resolver resolver(io_);
-    auto endpoints = resolver.resolve(host_port->first, host_port->second, ec);
+    auto endpoints = resolver.resolve(host_port->host, std::to_string(host_port->port), ec);
     if (ec) {
       return absl::UnavailableError(absl::StrCat("cannot resolve ", site, " address ", address, ": ",
                                                  ec.message()));
@@ -922,11 +268,11 @@ class TcpTlsTransport final : public Transport {
   }
 
   absl::Status Listen(const std::string& address, ChannelHandler on_channel) override {
-    auto host_port = SplitHostPort(address);
+    auto host_port = ParseHostPort(address);
     if (!host_port.ok()) return host_port.status();
     boost::system::error_code ec;
     tcp::resolver resolver(io_);
-    auto endpoints = resolver.resolve(host_port->first, host_port->second, ec);
+    auto endpoints = resolver.resolve(host_port->host, std::to_string(host_port->port), ec);
     if (ec || endpoints.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("cannot resolve listen address ", address, ": ", ec.message()));
@@ -1012,7 +358,8 @@ class TcpTlsTransport final : public Transport {
       return;
     }
     std::string ip = remote.address().to_string();
-    std::string address = absl::StrCat(ip, ":", remote.port());
+    std::string address = remote.address().is_v6() ? absl::StrCat("[", ip, "]:", remote.port())
+                                                   : absl::StrCat(ip, ":", remote.port());
     std::string refused;
     {
       absl::MutexLock lock(&registry_->mu);

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <utility>
 
-#include "daemon/transport/udp_check.h"
+#include "common/check.h"
 
 namespace longhaul::transport::udp {
 namespace {
@@ -29,7 +29,7 @@ std::array<uint8_t, kKeySize> NextKey(const std::array<uint8_t, kKeySize>& key) 
   std::array<uint8_t, kKeySize> next;
   static_assert(SHA256_DIGEST_LENGTH == kKeySize);
   unsigned int len = 0;
-  UDP_CHECK((EVP_Digest(input, sizeof input, next.data(), &len, EVP_sha256(), nullptr)) == (1));
+  LONGHAUL_CHECK(EVP_Digest(input, sizeof input, next.data(), &len, EVP_sha256(), nullptr) == 1);
   OPENSSL_cleanse(input, sizeof input);
   return next;
 }
@@ -50,9 +50,10 @@ absl::StatusOr<ConnectionKeys> SplitExportedKeys(absl::Span<const uint8_t> expor
 
 PacketSealer::PacketSealer(const DirectionKeys& keys, uint64_t key_update_interval)
     : keys_(keys), key_update_interval_(key_update_interval), ctx_(EVP_CIPHER_CTX_new()) {
-  UDP_CHECK(ctx_ != nullptr);
-  UDP_CHECK((key_update_interval_) > (0u));
-  UDP_CHECK((EVP_EncryptInit_ex(ctx_.get(), EVP_aes_256_gcm(), nullptr, keys_.key.data(), nullptr)) == (1));
+  LONGHAUL_CHECK(ctx_ != nullptr);
+  LONGHAUL_CHECK(key_update_interval_ > 0u);
+  LONGHAUL_CHECK(
+      EVP_EncryptInit_ex(ctx_.get(), EVP_aes_256_gcm(), nullptr, keys_.key.data(), nullptr) == 1);
 }
 
 absl::Status PacketSealer::Rekey() {
@@ -74,7 +75,7 @@ absl::StatusOr<size_t> PacketSealer::SealGather(uint64_t connection_id, uint64_t
                                                 absl::Span<const absl::Span<const uint8_t>> tail) {
   size_t payload_length = prefix_length;
   for (absl::Span<const uint8_t> part : tail) payload_length += part.size();
-  UDP_CHECK((packet.size()) >= (kHeaderSize + payload_length + kAeadTagSize));
+  LONGHAUL_CHECK(packet.size() >= kHeaderSize + payload_length + kAeadTagSize);
   if (!started_) {
     started_ = true;
     generation_first_pn_ = packet_number;
@@ -113,9 +114,10 @@ PacketOpener::PacketOpener(const DirectionKeys& keys) : iv_(keys.iv) {
 
 void PacketOpener::Install(Generation& g, const std::array<uint8_t, kKeySize>& key) {
   if (g.ctx == nullptr) g.ctx.reset(EVP_CIPHER_CTX_new());
-  UDP_CHECK(g.ctx != nullptr);
+  LONGHAUL_CHECK(g.ctx != nullptr);
   g.key = key;
-  UDP_CHECK((EVP_DecryptInit_ex(g.ctx.get(), EVP_aes_256_gcm(), nullptr, g.key.data(), nullptr)) == (1));
+  LONGHAUL_CHECK(
+      EVP_DecryptInit_ex(g.ctx.get(), EVP_aes_256_gcm(), nullptr, g.key.data(), nullptr) == 1);
   g.valid = true;
 }
 
@@ -148,8 +150,8 @@ bool PacketOpener::TryOpen(Generation& g, const PacketHeader& h, absl::Span<uint
   if (chosen.count > 0) {
     size_t total = 0;
     for (size_t i = 0; i < chosen.count; ++i) total += chosen.pieces[i].size();
-    UDP_CHECK(chosen.from <= ciphertext_length && chosen.count <= Scatter::kMaxPieces &&
-              total == ciphertext_length - chosen.from);
+    LONGHAUL_CHECK(chosen.from <= ciphertext_length && chosen.count <= Scatter::kMaxPieces &&
+                   total == ciphertext_length - chosen.from);
     // Payload bytes [at, ciphertext_length) go to the pieces in order; those below `head` are
     // plaintext already and are copied, the others are decrypted straight into place.
     size_t at = chosen.from;

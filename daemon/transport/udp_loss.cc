@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "daemon/transport/udp_check.h"
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 
 namespace longhaul::transport::udp {
 
@@ -59,8 +59,8 @@ uint64_t RangeSet::PopContiguous(uint64_t from) {
 }
 
 void LossDetector::OnPacketSent(uint64_t pn, const SentPacket& packet) {
-  UDP_CHECK(packets_.empty() || pn >= packets_.end_pn());
-  UDP_CHECK((pn) > (largest_sent_));
+  LONGHAUL_CHECK(packets_.empty() || pn >= packets_.end_pn());
+  LONGHAUL_CHECK(pn > largest_sent_);
   largest_sent_ = pn;
   packets_.Insert(pn, packet);
   if (packet.congestion_controlled) bytes_in_flight_ += packet.bytes;

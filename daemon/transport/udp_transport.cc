@@ -16,11 +16,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/errno_status.h"
 #include "common/fmt_absl.h"
+#include "common/host_port.h"
 #include "congestion/aggregate_controller.h"
 #include "congestion/bbr3.h"
 #include "congestion/random.h"
@@ -38,35 +38,6 @@ namespace {
 
 using udp::UdpConnection;
 using udp::UdpConnectionParams;
-
-absl::Status Errno(absl::string_view what) {
-  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
-}
-
-absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(absl::string_view address) {
-  std::string host;
-  absl::string_view port;
-  if (!address.empty() && address[0] == '[') {
-    size_t close = address.find(']');
-    if (close == absl::string_view::npos || close + 1 >= address.size() || address[close + 1] != ':') {
-      return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not [host]:port"));
-    }
-    host = std::string(address.substr(1, close - 1));
-    port = address.substr(close + 2);
-  } else {
-    size_t colon = address.rfind(':');
-    if (colon == absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("address '", address, "' has no :port"));
-    }
-    host = std::string(address.substr(0, colon));
-    port = address.substr(colon + 1);
-  }
-  uint32_t number;
-  if (host.empty() || !absl::SimpleAtoi(port, &number) || number > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("address '", address, "' is not host:port"));
-  }
-  return std::make_pair(host, static_cast<uint16_t>(number));
-}
 
 absl::StatusOr<sockaddr_storage> Resolve(const std::string& host, uint16_t port, socklen_t* len) {
   addrinfo hints = {};
@@ -93,7 +64,7 @@ uint64_t RandomId() {
 // A UDP socket for one flow: large buffers, GRO, no fragmentation.
 absl::StatusOr<int> MakeSocket(int family, const UdpOptions& options) {
   int fd = ::socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Errno("cannot create a UDP socket");
+  if (fd < 0) return ErrnoError("cannot create a UDP socket");
   int buffer = static_cast<int>(std::min<uint64_t>(options.socket_buffer_bytes, 1u << 30));
   if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer) != 0) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
@@ -189,7 +160,7 @@ class UdpTransportImpl final : public UdpTransport {
   absl::StatusOr<std::unique_ptr<Channel>> Dial(const std::string& site,
                                                 const std::string& address) override {
     if (stopping_.load()) return absl::CancelledError("udp transport is shutting down");
-    auto host_port = SplitHostPort(address);
+    auto host_port = ParseHostPort(address);
     if (!host_port.ok()) return host_port.status();
     auto tls = tls_.Dial(site, address);
     if (!tls.ok()) return tls.status();
@@ -202,7 +173,7 @@ class UdpTransportImpl final : public UdpTransport {
     }
 
     socklen_t peer_len = 0;
-    auto peer_addr = Resolve(host_port->first, host_port->second, &peer_len);
+    auto peer_addr = Resolve(host_port->host, host_port->port, &peer_len);
     if (!peer_addr.ok()) return peer_addr.status();
     auto fd = MakeSocket(peer_addr->ss_family, options_);
     if (!fd.ok()) return fd.status();
@@ -211,7 +182,7 @@ class UdpTransportImpl final : public UdpTransport {
     any.ss_family = peer_addr->ss_family;
     if (::bind(*fd, reinterpret_cast<sockaddr*>(&any),
                any.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6)) != 0) {
-      return Errno("cannot bind a UDP socket");
+      return ErrnoError("cannot bind a UDP socket");
     }
 
     v1::UdpHandshake mine;
@@ -240,7 +211,7 @@ class UdpTransportImpl final : public UdpTransport {
     if (!keys.ok()) return keys.status();
     SetPort(&*peer_addr, static_cast<uint16_t>(theirs.udp_port()));
     if (::connect(*fd, reinterpret_cast<sockaddr*>(&*peer_addr), peer_len) != 0) {
-      return Errno(absl::StrCat("cannot connect a UDP socket to ", site, " at ", address));
+      return ErrnoError(absl::StrCat("cannot connect a UDP socket to ", site, " at ", address));
     }
     UdpConnectionParams params;
     params.local_connection_id = mine.connection_id();
@@ -251,7 +222,7 @@ class UdpTransportImpl final : public UdpTransport {
         PathDatagram(*fd, peer_addr->ss_family, options_.max_datagram), theirs.max_datagram());
     params.peer_window_bytes = theirs.receive_window();
     params.peer_site = site;
-    params.peer_address = absl::StrCat(host_port->first, ":", theirs.udp_port(), "/udp");
+    params.peer_address = absl::StrCat(host_port->host, ":", theirs.udp_port(), "/udp");
     AddController(site, params.max_datagram, &params, /*dialed=*/true);
     params.fd = owned.release();
     return std::unique_ptr<Channel>(
@@ -285,11 +256,12 @@ class UdpTransportImpl final : public UdpTransport {
       refuse("this daemon does not serve the udp transport");
       return;
     }
-    auto client_host = SplitHostPort(tls->peer_address());
+    auto client_host = ParseHostPort(tls->peer_address());
     socklen_t peer_len = 0;
     absl::StatusOr<sockaddr_storage> peer_addr =
-        client_host.ok() ? Resolve(client_host->first, static_cast<uint16_t>(theirs.udp_port()), &peer_len)
-                         : absl::StatusOr<sockaddr_storage>(client_host.status());
+        client_host.ok()
+            ? Resolve(client_host->host, static_cast<uint16_t>(theirs.udp_port()), &peer_len)
+            : absl::StatusOr<sockaddr_storage>(client_host.status());
     if (!peer_addr.ok()) {
       refuse(std::string(peer_addr.status().message()));
       return;
@@ -336,7 +308,7 @@ class UdpTransportImpl final : public UdpTransport {
         PathDatagram(*fd, peer_addr->ss_family, options_.max_datagram), theirs.max_datagram());
     params.peer_window_bytes = theirs.receive_window();
     params.peer_site = site;
-    params.peer_address = absl::StrCat(client_host->first, ":", theirs.udp_port(), "/udp");
+    params.peer_address = absl::StrCat(client_host->host, ":", theirs.udp_port(), "/udp");
     AddController(site, params.max_datagram, &params, /*dialed=*/false);
     params.fd = owned.release();
     std::shared_ptr<const PeerCertificate> certificate = tls->peer_certificate();
@@ -345,32 +317,33 @@ class UdpTransportImpl final : public UdpTransport {
   }
 
   absl::Status Listen(const std::string& address, ChannelHandler on_channel) override {
-    auto host_port = SplitHostPort(address);
+    auto host_port = ParseHostPort(address);
     if (!host_port.ok()) return host_port.status();
-    uint16_t port = host_port->second != 0 ? host_port->second : tls_.listen_port();
+    uint16_t port = host_port->port != 0 ? host_port->port : tls_.listen_port();
     if (port == 0) {
       return absl::FailedPreconditionError(
           "udp transport: Listen on port 0 needs the tcp transport to listen first");
     }
     socklen_t len = 0;
-    auto local = Resolve(host_port->first, port, &len);
+    auto local = Resolve(host_port->host, port, &len);
     if (!local.ok()) return local.status();
     // Hold the port: flows bind it with SO_REUSEPORT and connect, and the
     // kernel prefers a connected socket's exact match over this one.
     int fd = ::socket(local->ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return Errno("cannot create a UDP socket");
+    if (fd < 0) return ErrnoError("cannot create a UDP socket");
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
     int small = 4096;
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
     if (::bind(fd, reinterpret_cast<sockaddr*>(&*local), len) != 0) {
-      absl::Status s = Errno(absl::StrCat("cannot listen on udp ", address, " (port ", port, ")"));
+      absl::Status s =
+          ErrnoError(absl::StrCat("cannot listen on udp ", address, " (port ", port, ")"));
       ::close(fd);
       return s;
     }
     absl::MutexLock lock(&mu_);
     reserve_fd_ = fd;
-    listen_host_ = host_port->first;
+    listen_host_ = host_port->host;
     port_ = port;
     on_channel_ = std::move(on_channel);
     return absl::OkStatus();

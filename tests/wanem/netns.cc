@@ -26,15 +26,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/errno_status.h"
 
 extern char** environ;
 
 namespace longhaul::wanem {
 namespace {
-
-absl::Status ErrnoError(absl::string_view what, int err) {
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
-}
 
 std::string NamespacePath(const std::string& ns) {
   return absl::StrCat("/run/netns/", ns);
@@ -56,11 +53,11 @@ absl::Status InNamespace(const std::string& ns,
   std::thread t([&] {
     const int nsfd = open(NamespacePath(ns).c_str(), O_RDONLY | O_CLOEXEC);
     if (nsfd < 0) {
-      result = ErrnoError(absl::StrCat("open namespace ", ns), errno);
+      result = ErrnoError(errno, absl::StrCat("open namespace ", ns));
       return;
     }
     if (setns(nsfd, CLONE_NEWNET) != 0) {
-      result = ErrnoError(absl::StrCat("setns ", ns), errno);
+      result = ErrnoError(errno, absl::StrCat("setns ", ns));
       close(nsfd);
       return;
     }
@@ -85,7 +82,7 @@ absl::Status RunCommand(const std::vector<std::string>& argv) {
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   int pipefd[2];
-  if (pipe2(pipefd, O_CLOEXEC) != 0) return ErrnoError("pipe", errno);
+  if (pipe2(pipefd, O_CLOEXEC) != 0) return ErrnoError(errno, "pipe");
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipefd[1], STDERR_FILENO);
@@ -107,7 +104,7 @@ absl::Status RunCommand(const std::vector<std::string>& argv) {
   close(pipefd[1]);
   if (rc != 0) {
     close(pipefd[0]);
-    return ErrnoError(absl::StrCat("spawn ", argv[0]), rc);
+    return ErrnoError(rc, absl::StrCat("spawn ", argv[0]));
   }
   std::string err;
   char buf[512];
@@ -132,13 +129,13 @@ absl::StatusOr<int> CreateSite(const SiteSpec& site) {
   int tun_fd = -1;
   absl::Status s = InNamespace(site.ns, [&]() -> absl::Status {
     tun_fd = open("/dev/net/tun", O_RDWR | O_NONBLOCK | O_CLOEXEC);
-    if (tun_fd < 0) return ErrnoError("open /dev/net/tun", errno);
+    if (tun_fd < 0) return ErrnoError(errno, "open /dev/net/tun");
     struct ifreq ifr;
     std::memset(&ifr, 0, sizeof(ifr));
     ifr.ifr_flags = IFF_TUN | IFF_NO_PI;
     std::strncpy(ifr.ifr_name, site.device.c_str(), IFNAMSIZ - 1);
     if (ioctl(tun_fd, TUNSETIFF, &ifr) != 0) {
-      return ErrnoError(absl::StrCat("TUNSETIFF ", site.device), errno);
+      return ErrnoError(errno, absl::StrCat("TUNSETIFF ", site.device));
     }
     // Long fat pipes need windows far above the default 6 MiB; these limits
     // are per namespace, so the host is untouched.
