@@ -1,5 +1,6 @@
 #include "storage/chunk_io.h"
 
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -9,10 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/check.h"
 #include "storage/posix_util.h"
 #include "storage/xxh3.h"
-
-#include <sys/mman.h>
 
 namespace longhaul::storage {
 
@@ -101,7 +101,7 @@ AlignedBuffer::AlignedBuffer(size_t size)
       capacity_(data_.get_deleter().capacity) {
   void* p = capacity_ >= kMapAlignedFrom ? MapChunkMemory(capacity_)
                                          : std::aligned_alloc(kDirectIoAlignment, capacity_);
-  if (p == nullptr) std::abort();
+  LONGHAUL_CHECK(p != nullptr) << "out of memory for a " << capacity_ << "-byte chunk buffer";
   data_.reset(static_cast<uint8_t*>(p));
 }
 

@@ -13,6 +13,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/errno_status.h"
 #include "spdlog/spdlog.h"
 #include "storage/posix_util.h"
@@ -225,8 +226,7 @@ absl::StatusOr<size_t> RunSplit(const RingContext& ctx, unsigned depth, bool wri
     if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
       // The ring itself is unusable (EBADF, EFAULT, ...) while the kernel may
       // still hold pointers into the caller's buffer: an invariant is broken.
-      spdlog::critical("storage: io_uring_submit_and_wait failed: {}", std::strerror(-ret));
-      std::abort();
+      LONGHAUL_CHECK(false) << "storage: io_uring_submit_and_wait failed: " << std::strerror(-ret);
     }
     io_uring_cqe* cqe = nullptr;
     if (io_uring_peek_cqe(ctx.ring, &cqe) != 0 || cqe == nullptr) continue;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/check.h"
 #include "common/checkpoints.h"
 #include "common/fmt_absl.h"
 #include "daemon/peer/messaging.h"
@@ -66,10 +67,7 @@ Receiver::Receiver(ReceiverOptions options, storage::Journal& journal, storage::
   // Only address space until bytes arrive; a failed mapping is out of memory.
   absl::StatusOr<std::unique_ptr<storage::BufferPool>> pool =
       storage::BufferPool::Create(kReceiveBuffers, kDurablePiece);
-  if (!pool.ok()) {
-    spdlog::critical("receiver: {}", pool.status().message());
-    std::abort();
-  }
+  LONGHAUL_CHECK(pool.ok()) << "receiver: " << pool.status().message();
   piece_buffers_ = std::move(*pool);
   for (const ReceiverOptions::Export& e : options_.exports) exports_.push_back({e.name, e.path});
 }

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/errno_status.h"
 #include "common/fmt_absl.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/receiver.h"
@@ -443,7 +444,7 @@ v1::PeerMessage Receiver::HandleVerify(const std::string& peer_site,
         (*record)->single_file() ? dest->absolute : dest->absolute + "/" + file.path();
     int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
-      digest->set_error(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+      digest->set_error(std::string(ErrnoError(errno, "cannot open", path).message()));
       continue;
     }
     struct stat st;
