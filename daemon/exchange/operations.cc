@@ -251,6 +251,18 @@ const Message* Operations::AbortFrom(const std::string& group, const std::string
   return nullptr;
 }
 
+bool Operations::HoldsAll(const std::vector<std::string>& keys) const {
+  for (const std::string& key : keys) {
+    if (!state_->mailbox.Has(key)) return false;
+  }
+  return true;
+}
+
+bool Operations::GroupMoved(const std::string& group, uint64_t generation) const {
+  const Group* g = state_->membership.Find(group);
+  return g == nullptr || g->generation != generation;
+}
+
 absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& what,
                                 uint64_t generation, const std::vector<std::string>& peers,
                                 std::string* lost_peer) {
@@ -271,21 +283,9 @@ absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& wh
   // or a peer silent long past the deadline.
   const absl::Time give_up = MonotonicNow() + args.timeout + kSenderGrace;
   absl::MutexLock lock(&state_->mu);
-  auto has = [&](const std::string& key)
-                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) { return state_->mailbox.Has(key); };
-  auto group_moved = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    const Group* g = state_->membership.Find(args.group);
-    return g == nullptr || g->generation != generation;
-  };
-  auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    for (const auto& k : keys) {
-      if (!has(k)) return false;
-    }
-    return true;
-  };
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    return state_->shutdown || AbortFrom(args.group, seq_id, peers) != nullptr || all_done() ||
-           group_moved();
+    return state_->shutdown || AbortFrom(args.group, seq_id, peers) != nullptr || HoldsAll(keys) ||
+           GroupMoved(args.group, generation);
   };
   state_->mu.AwaitWithTimeout(absl::Condition(&ready), give_up - MonotonicNow());
   if (const Message* abort = AbortFrom(args.group, seq_id, peers); abort != nullptr) {
@@ -293,10 +293,10 @@ absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& wh
     return absl::AbortedError(
         absl::StrCat(what, ": ", m.from, " gave up on it (", m.header.reason(), ")"));
   }
-  if (all_done()) return absl::OkStatus();
+  if (HoldsAll(keys)) return absl::OkStatus();
   if (state_->shutdown)
     return absl::UnavailableError(absl::StrCat(what, ": the daemon is shutting down"));
-  if (group_moved()) {
+  if (GroupMoved(args.group, generation)) {
     const Group* g = state_->membership.Find(args.group);
     if (g == nullptr) return absl::CancelledError(absl::StrCat(what, ": this site left the group"));
     OpResult lost = Lost(what, *g, generation);
@@ -305,7 +305,7 @@ absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& wh
   }
   std::vector<std::string> waiting;
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (!has(keys[i])) waiting.push_back(peers[i]);
+    if (!state_->mailbox.Has(keys[i])) waiting.push_back(peers[i]);
   }
   return absl::DeadlineExceededError(
       absl::StrCat(what, " timed out waiting for ", absl::StrJoin(waiting, ", "), " to commit"));
@@ -403,21 +403,9 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
   std::string lost_peer;
   {
     absl::MutexLock lock(&state_->mu);
-    auto has = [&](const std::string& key)
-                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) { return state_->mailbox.Has(key); };
-    auto group_moved = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-      const Group* g = state_->membership.Find(args.group);
-      return g == nullptr || g->generation != generation;
-    };
-    auto all_here = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-      for (const auto& k : keys) {
-        if (!has(k)) return false;
-      }
-      return true;
-    };
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
       return state_->shutdown || op->cancelled || AbortFrom(args.group, seq_id, peers) != nullptr ||
-             all_here() || group_moved();
+             HoldsAll(keys) || GroupMoved(args.group, generation);
     };
     while (!ready() && MonotonicNow() < deadline) {
       state_->mu.AwaitWithTimeout(absl::Condition(&ready),
@@ -432,12 +420,12 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
       failure = absl::CancelledError(absl::StrCat(what, " cancelled"));
     } else if (state_->shutdown) {
       failure = absl::UnavailableError(absl::StrCat(what, ": the daemon is shutting down"));
-    } else if (all_here()) {
+    } else if (HoldsAll(keys)) {
       for (size_t i = 0; i < keys.size(); ++i) {
         taken[i] = state_->mailbox.Take(keys[i]);
         taken[i].claim.Reset();
       }
-    } else if (group_moved()) {
+    } else if (GroupMoved(args.group, generation)) {
       const Group* g = state_->membership.Find(args.group);
       if (g == nullptr) {
         failure = absl::CancelledError(absl::StrCat(what, ": this site left the group"));
@@ -449,7 +437,7 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
     } else {
       std::vector<std::string> waiting;
       for (size_t i = 0; i < keys.size(); ++i) {
-        if (!has(keys[i])) waiting.push_back(peers[i]);
+        if (!state_->mailbox.Has(keys[i])) waiting.push_back(peers[i]);
       }
       failure = absl::DeadlineExceededError(
           absl::StrCat(what, " timed out after ", DurationText(args.timeout), " waiting for ",

@@ -64,6 +64,13 @@ class Operations {
   const Message* AbortFrom(const std::string& group, const std::string& seq_id,
                            const std::vector<std::string>& peers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu);
+  // Whether the mailbox holds a message under every one of `keys`.
+  bool HoldsAll(const std::vector<std::string>& keys) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu);
+  // Whether `group` is gone or past `generation`: an op of that generation
+  // can no longer complete.
+  bool GroupMoved(const std::string& group, uint64_t generation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu);
   std::shared_ptr<Op> StartOp(const std::string& op_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu);
   void EndOp(const std::string& op_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu);
   // The OpResult of an op that saw `g` move past `generation`.
