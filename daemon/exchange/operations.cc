@@ -119,6 +119,11 @@ Operations::Operations(std::string local_site, std::vector<std::string> peers, H
       gate_(gate),
       lose_(std::move(lose)) {}
 
+absl::Status Operations::OpIdFree(const std::string& op_id) const {
+  if (!state_->ops.contains(op_id)) return absl::OkStatus();
+  return absl::AlreadyExistsError(absl::StrCat("operation ", op_id, " is already running"));
+}
+
 std::shared_ptr<Op> Operations::StartOp(const std::string& op_id) {
   auto op = std::make_shared<Op>();
   if (!op_id.empty()) state_->ops[op_id] = op;
@@ -356,11 +361,7 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
           absl::StrCat("this site has not joined group ", args.group));
       return result;
     }
-    if (state_->ops.contains(args.op_id)) {
-      result.status =
-          absl::AlreadyExistsError(absl::StrCat("operation ", args.op_id, " is already running"));
-      return result;
-    }
+    if (result.status = OpIdFree(args.op_id); !result.status.ok()) return result;
     generation = g->generation;
     members = g->members;
     op = StartOp(args.op_id);
@@ -559,11 +560,7 @@ OpResult Operations::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
           absl::StrCat(what, ": ", args.peer, " is not another member of ", Members(g->members)));
       return result;
     }
-    if (state_->ops.contains(args.op_id)) {
-      result.status =
-          absl::AlreadyExistsError(absl::StrCat("operation ", args.op_id, " is already running"));
-      return result;
-    }
+    if (result.status = OpIdFree(args.op_id); !result.status.ok()) return result;
     generation = g->generation;
     op = StartOp(args.op_id);
   }
@@ -636,11 +633,7 @@ OpResult Operations::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
         absl::FailedPreconditionError(absl::StrCat("this site has not joined group ", args.group));
     return result;
   }
-  if (state_->ops.contains(args.op_id)) {
-    result.status =
-        absl::AlreadyExistsError(absl::StrCat("operation ", args.op_id, " is already running"));
-    return result;
-  }
+  if (result.status = OpIdFree(args.op_id); !result.status.ok()) return result;
   const uint64_t generation = g->generation;
   if (args.peer == local_site_ || !g->HasMember(args.peer)) {
     LostPeer lost = state_->membership.LostMember(what, *g, args.peer);

@@ -71,6 +71,8 @@ class Operations {
   // can no longer complete.
   bool GroupMoved(const std::string& group, uint64_t generation) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu);
+  // AlreadyExists while an op of `op_id` runs, else OK.
+  absl::Status OpIdFree(const std::string& op_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu);
   std::shared_ptr<Op> StartOp(const std::string& op_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu);
   void EndOp(const std::string& op_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu);
   // The OpResult of an op that saw `g` move past `generation`.
