@@ -1,7 +1,7 @@
 // The file-system seam of storage/: every file operation of staging,
 // publish and retention goes through a FileSystem, so tests can replace it
 // with one that crashes at any step or loses what was not fsync'ed
-// (tests/storage/fault_injection_fs.h). The real one is the POSIX one.
+// (tests/test_tools/fault_injection_fs.h). The real one is the POSIX one.
 //
 // The interface is directory-relative, like the *at(2) calls: a Directory is
 // an open handle and every name is a single path component. Nothing here

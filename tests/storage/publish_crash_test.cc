@@ -8,13 +8,13 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "common/checkpoints.h"
 #include "gtest/gtest.h"
 #include "spdlog/spdlog.h"
 #include "storage/file_system.h"
-#include "common/checkpoints.h"
 #include "storage/retention.h"
 #include "storage/staging.h"
-#include "tests/storage/fault_injection_fs.h"
+#include "tests/test_tools/fault_injection_fs.h"
 
 namespace longhaul::storage {
 namespace {

@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "storage/chunk_io.h"
 #include "storage/staging.h"
-#include "tests/storage/fault_injection_fs.h"
+#include "tests/test_tools/fault_injection_fs.h"
 #include "tests/storage/test_util.h"
 
 namespace longhaul::peer {

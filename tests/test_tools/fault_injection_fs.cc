@@ -1,4 +1,4 @@
-#include "tests/storage/fault_injection_fs.h"
+#include "tests/test_tools/fault_injection_fs.h"
 
 #include <algorithm>
 #include <utility>

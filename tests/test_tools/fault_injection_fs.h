@@ -16,8 +16,8 @@
 // Deterministic: inode numbers are allocated in order, nothing reads a
 // clock. Thread-safe (one mutex), so it can stand in for the POSIX one
 // anywhere.
-#ifndef LONGHAUL_TESTS_STORAGE_FAULT_INJECTION_FS_H_
-#define LONGHAUL_TESTS_STORAGE_FAULT_INJECTION_FS_H_
+#ifndef LONGHAUL_TESTS_TEST_TOOLS_FAULT_INJECTION_FS_H_
+#define LONGHAUL_TESTS_TEST_TOOLS_FAULT_INJECTION_FS_H_
 
 #include <cstdint>
 #include <map>
@@ -121,4 +121,4 @@ class FaultInjectionFileSystem : public FileSystem {
 
 }  // namespace longhaul::storage::testing
 
-#endif  // LONGHAUL_TESTS_STORAGE_FAULT_INJECTION_FS_H_
+#endif  // LONGHAUL_TESTS_TEST_TOOLS_FAULT_INJECTION_FS_H_
