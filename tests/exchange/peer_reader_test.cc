@@ -3,7 +3,6 @@
 
 #include "daemon/exchange/peer_reader.h"
 
-#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -12,6 +11,7 @@
 #include "daemon/peer/messaging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/test_tools/fake_channel.h"
 
 namespace longhaul::exchange {
 namespace {
@@ -77,36 +77,28 @@ TEST(SegmentTrackerTest, RefusesSegmentsOutsideTheRules) {
   refused(Segment(2, 5, 5, 30), "another total");
 }
 
-// Frames of the given messages, each followed by `payload[msg_id]` bytes.
-class MemoryChannel final : public transport::Channel {
+// A link from site-b on which the given messages arrive, each followed by
+// its payload, and then site-b's close.
+class InboundLink {
  public:
   void Add(const Msg& h, const std::string& payload = "") {
     std::string body = h.SerializeAsString();
     std::array<uint8_t, peer::kFrameHeaderSize> header;
     peer::EncodeFrameHeader({peer::FrameType::kControl, static_cast<uint32_t>(body.size()), 0},
                             header);
-    bytes_.insert(bytes_.end(), header.begin(), header.end());
-    bytes_.insert(bytes_.end(), body.begin(), body.end());
-    bytes_.insert(bytes_.end(), payload.begin(), payload.end());
+    auto bytes = [](const std::string& s) {
+      return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+    };
+    ASSERT_TRUE(pair_.b->Write({absl::MakeConstSpan(header), bytes(body), bytes(payload)}).ok());
   }
-  absl::Status Write(absl::Span<const absl::Span<const uint8_t>>) override {
-    return absl::OkStatus();
+  // The receiving end, once everything was added.
+  transport::Channel& Closed() {
+    pair_.b->Close();
+    return *pair_.a;
   }
-  absl::Status ReadExactly(absl::Span<uint8_t> out) override {
-    if (out.size() > bytes_.size() - pos_) return absl::UnavailableError("site-b closed");
-    std::memcpy(out.data(), bytes_.data() + pos_, out.size());
-    pos_ += out.size();
-    return absl::OkStatus();
-  }
-  void Abort() override {}
-  const std::string& peer_site() const override { return site_; }
-  const std::string& peer_address() const override { return site_; }
-  transport::LinkStats Stats() const override { return {}; }
 
  private:
-  std::vector<uint8_t> bytes_;
-  size_t pos_ = 0;
-  std::string site_ = "site-b";
+  transport::testing::ChannelPair pair_ = transport::testing::MakeChannelPair("site-b", "site-a");
 };
 
 // Assembles what arrives, reading at most 3 bytes at a time.
@@ -148,21 +140,21 @@ class RecordingSink final : public InboundSink {
 };
 
 TEST(ReadPeerMessagesTest, InterleavedSegmentsDiscardsAndTheLinksEnd) {
-  MemoryChannel channel;
+  InboundLink link;
   Msg join;
   join.set_kind(Msg::JOIN);
-  channel.Add(join);
-  channel.Add(Segment(1, 0, 5, 11), "hello");
-  channel.Add(Segment(2, 0, 4, 4), "abcd");
-  channel.Add(Segment(1, 5, 6, 11), " world");
-  channel.Add(Segment(3, 0, 2, 9), "xy");
+  link.Add(join);
+  link.Add(Segment(1, 0, 5, 11), "hello");
+  link.Add(Segment(2, 0, 4, 4), "abcd");
+  link.Add(Segment(1, 5, 6, 11), " world");
+  link.Add(Segment(3, 0, 2, 9), "xy");
   Msg discard;
   discard.set_kind(Msg::DISCARD);
   discard.set_msg_id(3);
-  channel.Add(discard);
-  channel.Add(Segment(4, 0, 3, 8), "par");
+  link.Add(discard);
+  link.Add(Segment(4, 0, 3, 8), "par");
   RecordingSink sink;
-  absl::Status s = ReadPeerMessages(channel, 1 << 20, sink);
+  absl::Status s = ReadPeerMessages(link.Closed(), 1 << 20, sink);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(sink.events,
               ::testing::ElementsAre("message JOIN from site-b", "begin 1", "begin 2",
@@ -171,11 +163,11 @@ TEST(ReadPeerMessagesTest, InterleavedSegmentsDiscardsAndTheLinksEnd) {
 }
 
 TEST(ReadPeerMessagesTest, AMalformedSegmentEndsTheReadAndAbandonsWhatWasOpen) {
-  MemoryChannel channel;
-  channel.Add(Segment(1, 0, 2, 6), "ab");
-  channel.Add(Segment(1, 4, 2, 6), "ef");  // skips bytes 2..4
+  InboundLink link;
+  link.Add(Segment(1, 0, 2, 6), "ab");
+  link.Add(Segment(1, 4, 2, 6), "ef");  // skips bytes 2..4
   RecordingSink sink;
-  absl::Status s = ReadPeerMessages(channel, 1 << 20, sink);
+  absl::Status s = ReadPeerMessages(link.Closed(), 1 << 20, sink);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("out of order"));
   EXPECT_THAT(sink.events, ::testing::ElementsAre("begin 1", "abandon 1 'ab'"));

@@ -7,43 +7,20 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/test_tools/fake_channel.h"
 
 namespace longhaul::peer {
 namespace {
 
-// Serves `bytes`, then fails as a peer that closed the connection would.
-// Records the size of every ReadExactly asked of it.
-class FakeChannel : public transport::Channel {
- public:
-  explicit FakeChannel(std::vector<uint8_t> bytes) : bytes_(std::move(bytes)) {}
+using transport::testing::FakeChannel;
+using transport::testing::MakeChannelPair;
 
-  absl::Status Write(absl::Span<const absl::Span<const uint8_t>> parts) override {
-    for (auto part : parts) bytes_.insert(bytes_.end(), part.begin(), part.end());
-    return absl::OkStatus();
-  }
-  absl::Status ReadExactly(absl::Span<uint8_t> out) override {
-    reads.push_back(out.size());
-    if (bytes_.size() - offset_ < out.size()) {
-      offset_ = bytes_.size();
-      return absl::UnavailableError("the peer closed the connection");
-    }
-    std::copy_n(bytes_.begin() + offset_, out.size(), out.begin());
-    offset_ += out.size();
-    return absl::OkStatus();
-  }
-  void Abort() override {}
-  const std::string& peer_site() const override { return site_; }
-  const std::string& peer_address() const override { return site_; }
-  transport::LinkStats Stats() const override { return {}; }
-
-  size_t consumed() const { return offset_; }
-  std::vector<size_t> reads;
-
- private:
-  std::vector<uint8_t> bytes_;
-  size_t offset_ = 0;
-  std::string site_ = "site-c";
-};
+// The receiving end of a channel whose peer wrote `bytes` and closed it.
+std::unique_ptr<FakeChannel> Serving(const std::vector<uint8_t>& bytes) {
+  transport::testing::ChannelPair pair = MakeChannelPair("site-a", "site-c");
+  EXPECT_TRUE(pair.a->Write({absl::MakeConstSpan(bytes)}).ok());
+  return std::move(pair.b);
+}
 
 std::vector<uint8_t> Pattern(size_t n) {
   std::vector<uint8_t> out(n);
@@ -60,55 +37,55 @@ std::vector<uint8_t> Header(FrameType type, uint32_t payload_length, uint64_t se
 TEST(GrowingBufferTest, ReadsInPiecesAndGrowsOnlyWithWhatArrived) {
   const size_t length = 5 * kReadPiece + 123;
   const std::vector<uint8_t> bytes = Pattern(length);
-  FakeChannel channel(bytes);
+  std::unique_ptr<FakeChannel> channel = Serving(bytes);
   GrowingBuffer buffer;
   size_t capacity = 0;
-  absl::Status s = buffer.Read(channel, length, [&](size_t added) {
+  absl::Status s = buffer.Read(*channel, length, [&](size_t added) {
     // Grows only once what arrived fills it: at most twice that, or a piece.
-    EXPECT_EQ(channel.consumed(), capacity);
+    EXPECT_EQ(channel->bytes_read(), capacity);
     capacity += added;
-    EXPECT_LE(capacity, std::max(kReadPiece, 2 * channel.consumed()));
+    EXPECT_LE(capacity, std::max(kReadPiece, 2 * channel->bytes_read()));
     EXPECT_LE(capacity, length);
     return absl::OkStatus();
   });
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(buffer.capacity(), capacity);
   EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), buffer.data().begin(), buffer.data().end()));
-  for (size_t n : channel.reads) EXPECT_LE(n, kReadPiece);
+  for (size_t n : channel->read_sizes()) EXPECT_LE(n, kReadPiece);
 }
 
 TEST(GrowingBufferTest, AHugeDeclaredLengthWithLittleSentHoldsLittle) {
-  FakeChannel channel(Pattern(100 << 10));
+  std::unique_ptr<FakeChannel> channel = Serving(Pattern(100 << 10));
   GrowingBuffer buffer;
-  absl::Status s = buffer.Read(channel, size_t{200} << 20);
+  absl::Status s = buffer.Read(*channel, size_t{200} << 20);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_LE(buffer.capacity(), size_t{256} << 10);
   EXPECT_TRUE(buffer.data().empty());
 }
 
 TEST(GrowingBufferTest, ARefusedGrowthEndsTheReadWithItsError) {
-  FakeChannel channel(Pattern(4 * kReadPiece));
+  std::unique_ptr<FakeChannel> channel = Serving(Pattern(4 * kReadPiece));
   GrowingBuffer buffer;
-  absl::Status s = buffer.Read(channel, 4 * kReadPiece, [&](size_t added) {
+  absl::Status s = buffer.Read(*channel, 4 * kReadPiece, [&](size_t added) {
     if (buffer.capacity() + added > 2 * kReadPiece) return absl::ResourceExhaustedError("budget");
     return absl::OkStatus();
   });
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
   EXPECT_EQ(buffer.capacity(), 2 * kReadPiece);
-  EXPECT_EQ(channel.consumed(), 2 * kReadPiece);
+  EXPECT_EQ(channel->bytes_read(), 2 * kReadPiece);
 }
 
 TEST(GrowingBufferTest, KeepsItsStorageForTheNextReadOfNoMore) {
   const std::vector<uint8_t> first = Pattern(3 * kReadPiece);
   std::vector<uint8_t> both = first;
   both.insert(both.end(), first.rbegin(), first.rend());
-  FakeChannel channel(both);
+  std::unique_ptr<FakeChannel> channel = Serving(both);
   GrowingBuffer buffer;
-  ASSERT_TRUE(buffer.Read(channel, first.size()).ok());
+  ASSERT_TRUE(buffer.Read(*channel, first.size()).ok());
   const size_t capacity = buffer.capacity();
   int growths = 0;
   ASSERT_TRUE(buffer
-                  .Read(channel, first.size(),
+                  .Read(*channel, first.size(),
                         [&](size_t) {
                           ++growths;
                           return absl::OkStatus();
@@ -125,19 +102,20 @@ TEST(ReadProtoTest, AHelloOverItsCeilingIsRefusedBeforeAnyPayloadIsRead) {
   std::vector<uint8_t> bytes = Header(FrameType::kHello, kMaxHelloPayload + 1);
   const std::vector<uint8_t> payload = Pattern(64 << 10);
   bytes.insert(bytes.end(), payload.begin(), payload.end());
-  FakeChannel channel(bytes);
+  std::unique_ptr<FakeChannel> channel = Serving(bytes);
   v1::Hello hello;
-  absl::Status s = ReadProto(channel, FrameType::kHello, 0, &hello);
+  absl::Status s = ReadProto(*channel, FrameType::kHello, 0, &hello);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("HELLO"), std::string::npos) << s;
   EXPECT_NE(s.message().find(std::to_string(kMaxHelloPayload)), std::string::npos) << s;
-  EXPECT_EQ(channel.consumed(), kFrameHeaderSize);
+  EXPECT_EQ(channel->bytes_read(), kFrameHeaderSize);
 }
 
 TEST(ReadProtoTest, AControlMessageOverItsCeilingIsRefused) {
-  FakeChannel channel(Header(FrameType::kControl, kMaxControlPayload + 1));
+  std::unique_ptr<FakeChannel> channel =
+      Serving(Header(FrameType::kControl, kMaxControlPayload + 1));
   v1::PeerMessage message;
-  absl::Status s = ReadProto(channel, FrameType::kControl, 0, &message);
+  absl::Status s = ReadProto(*channel, FrameType::kControl, 0, &message);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find(std::to_string(kMaxControlPayload)), std::string::npos) << s;
 }
@@ -146,10 +124,10 @@ TEST(ReadProtoTest, AHeaderDeclaringMoreThanIsSentHoldsOnlyWhatArrived) {
   std::vector<uint8_t> bytes = Header(FrameType::kControl, 100u << 20);
   const std::vector<uint8_t> payload = Pattern(96 << 10);
   bytes.insert(bytes.end(), payload.begin(), payload.end());
-  FakeChannel channel(bytes);
+  std::unique_ptr<FakeChannel> channel = Serving(bytes);
   v1::PeerMessage message;
   size_t charged = 0;
-  absl::Status s = ReadProto(channel, FrameType::kControl, 0, &message, [&](size_t added) {
+  absl::Status s = ReadProto(*channel, FrameType::kControl, 0, &message, [&](size_t added) {
     charged += added;
     return absl::OkStatus();
   });
@@ -158,16 +136,16 @@ TEST(ReadProtoTest, AHeaderDeclaringMoreThanIsSentHoldsOnlyWhatArrived) {
 }
 
 TEST(ReadProtoTest, ReadsWhatSendProtoWrote) {
-  FakeChannel channel({});
+  transport::testing::ChannelPair pair = MakeChannelPair("site-a", "site-c");
   v1::PeerMessage sent;
   sent.set_request_id(42);
   v1::Manifest* manifest = sent.mutable_open()->mutable_manifest();
   for (int i = 0; i < 20000; ++i) manifest->add_files()->set_path("shard-" + std::to_string(i));
   ASSERT_GT(sent.ByteSizeLong(), 2 * kReadPiece);
-  ASSERT_TRUE(SendProto(channel, FrameType::kControl, 9, sent).ok());
+  ASSERT_TRUE(SendProto(*pair.a, FrameType::kControl, 9, sent).ok());
   v1::PeerMessage received;
   size_t charged = 0;
-  ASSERT_TRUE(ReadProto(channel, FrameType::kControl, 9, &received, [&](size_t added) {
+  ASSERT_TRUE(ReadProto(*pair.b, FrameType::kControl, 9, &received, [&](size_t added) {
                 charged += added;
                 return absl::OkStatus();
               }).ok());

@@ -11,13 +11,17 @@
 #include "gtest/gtest.h"
 #include "storage/chunk_io.h"
 #include "storage/staging.h"
-#include "tests/test_tools/fault_injection_fs.h"
 #include "tests/storage/test_util.h"
+#include "tests/test_tools/fake_channel.h"
+#include "tests/test_tools/fault_injection_fs.h"
 
 namespace longhaul::peer {
 namespace {
 
 using storage::testing::FaultInjectionFileSystem;
+using transport::testing::ChannelPair;
+using transport::testing::FakeChannel;
+using transport::testing::MakeChannelPair;
 using Tree = std::map<std::string, std::string>;
 
 class ReceiverRestartTest : public ::testing::Test {
@@ -74,8 +78,9 @@ class ReceiverRestartTest : public ::testing::Test {
       auto file = staging->OpenFile(i, f);
       ASSERT_TRUE(file.ok()) << file.status();
       const std::string data = Contents(f.path());
-      ASSERT_TRUE((*file)->WriteAt(0, absl::MakeConstSpan(
-                                          reinterpret_cast<const uint8_t*>(data.data()), data.size()))
+      ASSERT_TRUE((*file)
+                      ->WriteAt(0, absl::MakeConstSpan(
+                                       reinterpret_cast<const uint8_t*>(data.data()), data.size()))
                       .ok());
       ASSERT_TRUE((*file)->Sync().ok());
     }
@@ -102,8 +107,9 @@ TEST_F(ReceiverRestartTest, FinishesAPublishPastItsPointOfNoReturnWithoutItsSend
     storage::ResolvedDestination dest{export_, "ckpt/step", export_ + "/ckpt/step"};
     auto staging = storage::Staging::Open(*fs_, dest, "t1");
     ASSERT_TRUE(staging.ok());
-    found = *staging->PastPointOfNoReturn() &&
-            fs_->Tree(export_ + "/ckpt/step") == std::optional<Tree>(Tree{{".metadata", "old marker"}});
+    found =
+        *staging->PastPointOfNoReturn() &&
+        fs_->Tree(export_ + "/ckpt/step") == std::optional<Tree>(Tree{{".metadata", "old marker"}});
   }
   ASSERT_TRUE(found);
 
@@ -121,39 +127,23 @@ TEST_F(ReceiverRestartTest, LeavesAPublishBeforeItsPointOfNoReturnToItsSender) {
   StageAndPublishUntil(1);
   Receiver receiver(options_, *journal_, *fs_);
   receiver.FinishInterruptedPublishes();
-  EXPECT_EQ(fs_->Tree(export_ + "/ckpt/step"), std::optional<Tree>(Tree{{".metadata", "old marker"}}));
+  EXPECT_EQ(fs_->Tree(export_ + "/ckpt/step"),
+            std::optional<Tree>(Tree{{".metadata", "old marker"}}));
   auto record = journal_->GetIncoming("t1");
   ASSERT_TRUE(record.ok() && record->has_value());
   EXPECT_EQ((*record)->state(), v1::IncomingTransfer::RECEIVING);
 }
 
-// A channel from `site` that serves scripted bytes to the receiver and
-// appends what it writes back to `*written`, which outlives it.
-class ScriptedChannel : public transport::Channel {
- public:
-  ScriptedChannel(std::string site, std::vector<uint8_t> to_read, std::vector<uint8_t>* written)
-      : site_(std::move(site)), to_read_(std::move(to_read)), written_(written) {}
-  absl::Status Write(absl::Span<const absl::Span<const uint8_t>> parts) override {
-    for (auto part : parts) written_->insert(written_->end(), part.begin(), part.end());
-    return absl::OkStatus();
-  }
-  absl::Status ReadExactly(absl::Span<uint8_t> out) override {
-    if (to_read_.size() - read_offset_ < out.size()) return absl::UnavailableError("closed");
-    std::copy_n(to_read_.begin() + read_offset_, out.size(), out.begin());
-    read_offset_ += out.size();
-    return absl::OkStatus();
-  }
-  void Abort() override {}
-  const std::string& peer_site() const override { return site_; }
-  const std::string& peer_address() const override { return site_; }
-  transport::LinkStats Stats() const override { return {}; }
-
- private:
-  std::string site_;
-  std::vector<uint8_t> to_read_;
-  size_t read_offset_ = 0;
-  std::vector<uint8_t>* written_;
-};
+// Serves, as `receiver`, a channel from `site` on which `bytes` arrive and
+// then the peer's half close; returns the end the receiver answered on.
+std::unique_ptr<FakeChannel> ServeBytes(Receiver& receiver, const std::string& site,
+                                        const v1::Hello& hello, const std::vector<uint8_t>& bytes) {
+  ChannelPair pair = MakeChannelPair("site-b", site);
+  EXPECT_TRUE(pair.a->Write({absl::MakeConstSpan(bytes)}).ok());
+  pair.a->Close();
+  receiver.Serve(std::move(pair.b), hello);
+  return std::move(pair.a);
+}
 
 class ReceiverAuthorizationTest : public ReceiverRestartTest {
  protected:
@@ -162,16 +152,15 @@ class ReceiverAuthorizationTest : public ReceiverRestartTest {
   v1::PeerMessage Call(Receiver& receiver, const std::string& site, const std::string& id,
                        v1::PeerMessage request) {
     request.set_request_id(7);
-    std::vector<uint8_t> script, written;
-    ScriptedChannel encoder(site, {}, &script);
-    EXPECT_TRUE(SendProto(encoder, FrameType::kControl, SessionIdFor(id), request).ok());
+    ChannelPair pair = MakeChannelPair("site-b", site);
+    EXPECT_TRUE(SendProto(*pair.a, FrameType::kControl, SessionIdFor(id), request).ok());
+    pair.a->Close();
     v1::Hello hello;
     hello.set_role(v1::Hello::CONTROL);
     hello.set_transfer_id(id);
-    receiver.Serve(std::make_unique<ScriptedChannel>(site, script, &written), hello);
-    ScriptedChannel decoder("site-b", written, nullptr);
+    receiver.Serve(std::move(pair.b), hello);
     v1::PeerMessage answer;
-    EXPECT_TRUE(ReadProto(decoder, FrameType::kControl, SessionIdFor(id), &answer).ok());
+    EXPECT_TRUE(ReadProto(*pair.a, FrameType::kControl, SessionIdFor(id), &answer).ok());
     return answer;
   }
 
@@ -262,23 +251,22 @@ absl::StatusOr<ChunkAck> SendShard0(Receiver& receiver, const std::string& site,
   storage::Xxh128 digest = storage::HashBytes(bytes);
   std::array<uint8_t, kChunkHeaderSize> header;
   EncodeChunkHeader({0, 0, 0, digest.low, digest.high}, header);
-  std::vector<uint8_t> script, written;
-  ScriptedChannel encoder(site, {}, &script);
+  ChannelPair pair = MakeChannelPair("site-b", site);
   absl::Span<const uint8_t> header_part(header);
   if (absl::Status s =
-          SendFrame(encoder, FrameType::kChunk, SessionIdFor(id), {header_part, bytes});
+          SendFrame(*pair.a, FrameType::kChunk, SessionIdFor(id), {header_part, bytes});
       !s.ok()) {
     return s;
   }
+  pair.a->Close();
   v1::Hello hello;
   hello.set_role(v1::Hello::DATA);
   hello.set_transfer_id(id);
-  receiver.Serve(std::make_unique<ScriptedChannel>(site, script, &written), hello);
-  ScriptedChannel decoder("site-b", written, nullptr);
-  auto frame = ReadFrameHeader(decoder, kChunkAckFixedSize + kMaxAckMessage);
+  receiver.Serve(std::move(pair.b), hello);
+  auto frame = ReadFrameHeader(*pair.a, kChunkAckFixedSize + kMaxAckMessage);
   if (!frame.ok()) return frame.status();
   std::vector<uint8_t> payload(frame->payload_length);
-  if (absl::Status s = decoder.ReadExactly(absl::MakeSpan(payload)); !s.ok()) return s;
+  if (absl::Status s = pair.a->ReadExactly(absl::MakeSpan(payload)); !s.ok()) return s;
   return ParseChunkAck(payload);
 }
 
@@ -382,49 +370,18 @@ TEST_F(ReceiverExpiryTest, AnAbandonedTransferExpiresOnlyAfterItsIdleTime) {
   EXPECT_EQ(again.open_reply().durable_size(), 0);
 }
 
-// A data channel that blocks in its first read until released or aborted.
-class BlockingChannel : public transport::Channel {
- public:
-  explicit BlockingChannel(std::string site) : site_(std::move(site)) {}
-  absl::Status Write(absl::Span<const absl::Span<const uint8_t>>) override {
-    return absl::OkStatus();
-  }
-  absl::Status ReadExactly(absl::Span<uint8_t>) override {
-    absl::MutexLock lock(&mu_);
-    reading_ = true;
-    mu_.Await(absl::Condition(&released_));
-    return absl::UnavailableError("closed");
-  }
-  void Abort() override { Release(); }
-  const std::string& peer_site() const override { return site_; }
-  const std::string& peer_address() const override { return site_; }
-  transport::LinkStats Stats() const override { return {}; }
-
-  void WaitUntilReading() {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&reading_));
-  }
-  void Release() {
-    absl::MutexLock lock(&mu_);
-    released_ = true;
-  }
-
- private:
-  const std::string site_;
-  absl::Mutex mu_;
-  bool reading_ ABSL_GUARDED_BY(mu_) = false;
-  bool released_ ABSL_GUARDED_BY(mu_) = false;
-};
-
 TEST_F(ReceiverExpiryTest, ATransferWithADataChannelOpenIsActive) {
   ASSERT_EQ(OpenAs(*receiver_, "site-a", "t-busy", "ckpt/new").error(), "");
-  auto channel = std::make_unique<BlockingChannel>("site-a");
-  BlockingChannel* raw = channel.get();
+  // A data channel on which nothing arrives: the receiver waits in its
+  // first read until the sender closes it.
+  ChannelPair pair = MakeChannelPair("site-b", "site-a");
+  FakeChannel* served = pair.b.get();
   v1::Hello hello;
   hello.set_role(v1::Hello::DATA);
   hello.set_transfer_id("t-busy");
-  std::thread serve([&] { receiver_->Serve(std::move(channel), hello); });
-  raw->WaitUntilReading();
+  std::thread serve(
+      [&, channel = std::move(pair.b)]() mutable { receiver_->Serve(std::move(channel), hello); });
+  ASSERT_TRUE(served->WaitForBlockedRead(absl::Seconds(30)));
 
   // Busy for two expiries without a new open: never expired, and its
   // activity is persisted so a restart would not find it stale.
@@ -436,7 +393,7 @@ TEST_F(ReceiverExpiryTest, ATransferWithADataChannelOpenIsActive) {
   EXPECT_EQ(Record("t-busy")->state(), v1::IncomingTransfer::RECEIVING);
   EXPECT_TRUE(Staged("t-busy"));
 
-  raw->Release();
+  pair.a->Close();
   serve.join();
   now_ += kExpiry;
   EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
@@ -522,17 +479,15 @@ class ReceiverPiecesTest : public ReceiverAuthorizationTest {
   std::vector<uint8_t> ChunkFrame(uint64_t offset, uint64_t sent) {
     std::array<uint8_t, kChunkHeaderSize> header;
     EncodeChunkHeader({0, 0, 0, digest_.low, digest_.high, static_cast<uint32_t>(offset)}, header);
-    std::vector<uint8_t> script;
-    ScriptedChannel encoder("site-a", {}, &script);
     std::array<uint8_t, kFrameHeaderSize> frame;
     EncodeFrameHeader({FrameType::kChunk, static_cast<uint32_t>(kChunkHeaderSize + kChunk - offset),
                        SessionIdFor(kId)},
                       frame);
-    EXPECT_TRUE(encoder
-                    .Write({absl::Span<const uint8_t>(frame), absl::Span<const uint8_t>(header),
-                            absl::Span<const uint8_t>(data_.data() + offset, sent)})
-                    .ok());
-    return script;
+    std::vector<uint8_t> bytes(frame.size() + header.size() + sent);
+    auto end = std::copy(frame.begin(), frame.end(), bytes.begin());
+    end = std::copy(header.begin(), header.end(), end);
+    std::copy_n(data_.begin() + offset, sent, end);
+    return bytes;
   }
 
   // What the receiver answered on a data channel: progress reports (as
@@ -542,19 +497,16 @@ class ReceiverPiecesTest : public ReceiverAuthorizationTest {
     std::vector<ChunkAck> acks;
   };
   Answers Serve(Receiver& receiver, std::vector<uint8_t> script) {
-    std::vector<uint8_t> written;
     v1::Hello hello;
     hello.set_role(v1::Hello::DATA);
     hello.set_transfer_id(kId);
-    receiver.Serve(std::make_unique<ScriptedChannel>("site-a", std::move(script), &written),
-                   hello);
-    ScriptedChannel decoder("site-b", written, nullptr);
+    std::unique_ptr<FakeChannel> answered = ServeBytes(receiver, "site-a", hello, script);
     Answers answers;
     while (true) {
-      auto frame = ReadFrameHeader(decoder, kChunkAckFixedSize + kMaxAckMessage);
+      auto frame = ReadFrameHeader(*answered, kChunkAckFixedSize + kMaxAckMessage);
       if (!frame.ok()) break;
       std::vector<uint8_t> payload(frame->payload_length);
-      EXPECT_TRUE(decoder.ReadExactly(absl::MakeSpan(payload)).ok());
+      EXPECT_TRUE(answered->ReadExactly(absl::MakeSpan(payload)).ok());
       if (frame->type == FrameType::kChunkProgress) {
         auto progress = ParseChunkProgress(payload);
         EXPECT_TRUE(progress.ok()) << progress.status();

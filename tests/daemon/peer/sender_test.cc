@@ -16,95 +16,12 @@
 
 #include "absl/time/clock.h"
 #include "daemon/peer/messaging.h"
+#include "tests/test_tools/fake_transport.h"
 
 namespace longhaul::peer {
 namespace {
 
-// A Channel over in-memory bytes: Write appends to `written`, ReadExactly
-// serves `to_read`. Also the codec's scratch pad: SendProto into one and
-// ReadProto out of one.
-class MemoryChannel : public transport::Channel {
- public:
-  absl::Status Write(absl::Span<const absl::Span<const uint8_t>> parts) override {
-    for (auto part : parts) written.insert(written.end(), part.begin(), part.end());
-    return absl::OkStatus();
-  }
-  absl::Status ReadExactly(absl::Span<uint8_t> out) override {
-    if (to_read.size() - read_offset < out.size()) return absl::UnavailableError("no more bytes");
-    std::copy_n(to_read.begin() + read_offset, out.size(), out.begin());
-    read_offset += out.size();
-    return absl::OkStatus();
-  }
-  void Abort() override {}
-  const std::string& peer_site() const override { return site_; }
-  const std::string& peer_address() const override { return site_; }
-  transport::LinkStats Stats() const override { return {}; }
-
-  std::vector<uint8_t> written;
-  std::vector<uint8_t> to_read;
-  size_t read_offset = 0;
-
- private:
-  std::string site_ = "site-b";
-};
-
-// The control connection of a peer that answers the sender's Open only once
-// `data_dials` reached `wanted` (or after 10 s), and then refuses it, which
-// ends the transfer.
-class OpenAfterDataDials : public MemoryChannel {
- public:
-  OpenAfterDataDials(std::atomic<int>* data_dials, int wanted, std::atomic<int>* seen_at_open)
-      : data_dials_(data_dials), wanted_(wanted), seen_at_open_(seen_at_open) {}
-  absl::Status ReadExactly(absl::Span<uint8_t> out) override {
-    if (to_read.empty()) {
-      const absl::Time deadline = absl::Now() + absl::Seconds(10);
-      while (data_dials_->load() < wanted_ && absl::Now() < deadline)
-        absl::SleepFor(absl::Milliseconds(1));
-      seen_at_open_->store(data_dials_->load());
-      MemoryChannel sent;  // what the sender wrote: its Hello, then the Open request
-      sent.to_read = written;
-      v1::Hello hello;
-      v1::PeerMessage request;
-      if (absl::Status s = ReadProto(sent, FrameType::kHello, SessionIdFor("t-1"), &hello); !s.ok())
-        return s;
-      if (absl::Status s = ReadProto(sent, FrameType::kControl, SessionIdFor("t-1"), &request);
-          !s.ok())
-        return s;
-      MemoryChannel answer;
-      (void)SendProto(
-          answer, FrameType::kControl, SessionIdFor("t-1"),
-          ErrorAnswer(request.request_id(), absl::FailedPreconditionError("refused by the test")));
-      to_read = std::move(answer.written);
-    }
-    return MemoryChannel::ReadExactly(out);
-  }
-
- private:
-  std::atomic<int>* data_dials_;
-  int wanted_;
-  std::atomic<int>* seen_at_open_;
-};
-
-class FakeTransport : public transport::Transport {
- public:
-  explicit FakeTransport(std::function<std::unique_ptr<transport::Channel>()> make)
-      : make_(std::move(make)) {}
-  absl::StatusOr<std::unique_ptr<transport::Channel>> Dial(const std::string&,
-                                                           const std::string&) override {
-    ++dials;
-    return make_();
-  }
-  absl::Status Listen(const std::string&, transport::ChannelHandler) override {
-    return absl::UnimplementedError("dial only");
-  }
-  uint16_t listen_port() const override { return 0; }
-  void Shutdown() override {}
-
-  std::atomic<int> dials{0};
-
- private:
-  std::function<std::unique_ptr<transport::Channel>()> make_;
-};
+using transport::testing::FakeTransport;
 
 // The data channels are dialed while the control session opens, not after the
 // Open answer: a dial is round trips (TCP, TLS, udp keys) that the first byte
@@ -125,17 +42,32 @@ TEST(TransferSenderTest, DialsTheDataChannelsWhileTheSessionOpens) {
     record.mutable_manifest()->set_chunk_size(1 << 20);
     record.mutable_manifest()->add_files()->set_size(8 << 20);  // 8 chunks, so all 4 streams
 
+    FakeTransport data("site-a");
+    ASSERT_TRUE(data.Listen("198.18.0.2:7700", [](std::unique_ptr<transport::Channel>) {}).ok());
+    // The destination answers the Open once the 4 data channels were dialed
+    // (or 10 s passed), and refuses it, which ends the transfer.
+    FakeTransport control("site-a");
     std::atomic<int> seen_at_open{-1};
-    FakeTransport data([] { return std::make_unique<MemoryChannel>(); });
-    FakeTransport control(
-        [&] { return std::make_unique<OpenAfterDataDials>(&data.dials, 4, &seen_at_open); });
+    auto answer_open = [&](std::unique_ptr<transport::Channel> channel) {
+      v1::Hello hello;
+      v1::PeerMessage request;
+      ASSERT_TRUE(ReadProto(*channel, FrameType::kHello, 0, &hello).ok());
+      ASSERT_TRUE(ReadProto(*channel, FrameType::kControl, SessionIdFor("t-1"), &request).ok());
+      data.WaitForDials(4, absl::Seconds(10));
+      seen_at_open.store(data.dials());
+      const absl::Status refusal = absl::FailedPreconditionError("refused by the test");
+      EXPECT_TRUE(SendProto(*channel, FrameType::kControl, SessionIdFor("t-1"),
+                            ErrorAnswer(request.request_id(), refusal))
+                      .ok());
+    };
+    ASSERT_TRUE(control.Listen("198.18.0.2:7700", answer_open).ok());
     PriorityGate gate;
     TransferProgress progress;
     TransferSender sender(options, control, data, gate, **journal, record, progress, nullptr);
     absl::Status status = sender.Run();
 
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
-    EXPECT_EQ(control.dials.load(), 1);
+    EXPECT_EQ(control.dials(), 1);
     EXPECT_EQ(seen_at_open.load(), 4) << "data channels dialed before the Open was answered";
   }
   std::filesystem::remove_all(dir);
