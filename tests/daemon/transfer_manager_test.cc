@@ -1,0 +1,355 @@
+// TransferManager end to end in one process: a FakeTransport carries its
+// sessions to a real peer::Receiver over a temporary export, and both sites
+// journal in temporary RocksDB directories.
+#include "daemon/transfer_manager.h"
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/clock.h"
+#include "daemon/peer/priority_gate.h"
+#include "daemon/peer/rate_limiter.h"
+#include "daemon/peer/receiver.h"
+#include "daemon/peer/router.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/storage/test_util.h"
+#include "tests/test_tools/fake_transport.h"
+
+namespace longhaul::daemon {
+namespace {
+
+using storage::testing::Bytes;
+using storage::testing::Exists;
+using storage::testing::MakeDirs;
+using storage::testing::ReadFile;
+using storage::testing::TempDir;
+using storage::testing::WriteFile;
+using ::testing::HasSubstr;
+
+constexpr uint64_t kChunk = 64 << 10;  // the smallest chunk size a transfer may have
+constexpr char kPeerAddress[] = "site-b.test:7700";
+
+std::string AsString(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+
+std::string RealPath(const std::string& path) {
+  char buf[PATH_MAX];
+  EXPECT_NE(realpath(path.c_str(), buf), nullptr) << path;
+  return buf;
+}
+
+class TransferManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // The source: job/shard-0 is one chunk, job/shard-1 four.
+    MakeDirs(dir_.Sub("src/job"));
+    MakeDirs(dir_.Sub("dest"));
+    WriteFile(dir_.Sub("src/job/shard-0"), Bytes(kChunk, 1));
+    WriteFile(dir_.Sub("src/job/shard-1"), Bytes(3 * kChunk + 1000, 2));
+
+    config_.site = "site-a";
+    config_.state_dir = dir_.Sub("state");
+    config_.tls.key = dir_.Sub("site-a.key");
+    config_.exports = {{"data", dir_.Sub("src"), {}, {}, 022}};
+    config_.peers = {{"site-b", kPeerAddress, "tcp", 0}};
+    config_.transfer.chunk_size = kChunk;
+    config_.transfer.streams = 1;  // chunks go in manifest order
+    OpenJournal();
+
+    auto dest_journal = storage::Journal::Open(dir_.Sub("journal-b"));
+    ASSERT_TRUE(dest_journal.ok()) << dest_journal.status();
+    dest_journal_ = std::move(*dest_journal);
+    peer::ReceiverOptions options;
+    options.local_site = "site-b";
+    options.exports = {{"ckpt", dir_.Sub("dest"), {"site-a"}}};
+    receiver_ = std::make_unique<peer::Receiver>(options, *dest_journal_);
+    auto serve = [this](std::unique_ptr<transport::Channel> channel, const v1::Hello& hello) {
+      receiver_->Serve(std::move(channel), hello);
+    };
+    router_.Register(v1::Hello::CONTROL, serve);
+    router_.Register(v1::Hello::DATA, serve);
+    ASSERT_TRUE(transport_
+                    .Listen(kPeerAddress,
+                            [this](std::unique_ptr<transport::Channel> channel) {
+                              router_.Serve(std::move(channel));
+                            })
+                    .ok());
+  }
+
+  void OpenJournal() {
+    auto journal = storage::Journal::Open(dir_.Sub("journal-a"));
+    ASSERT_TRUE(journal.ok()) << journal.status();
+    journal_ = std::move(*journal);
+  }
+
+  // A manager on the journal, started. `limiter`: the operators' caps.
+  void StartManager(peer::RateLimiter* limiter = nullptr) {
+    manager_ = std::make_unique<TransferManager>(config_, transports_, *journal_, gate_);
+    manager_->SetRateLimiter(limiter);
+    ASSERT_TRUE(manager_->Start().ok());
+  }
+
+  // The daemon going down and coming back on the same state directory.
+  void Restart() {
+    manager_.reset();
+    journal_.reset();
+    OpenJournal();
+    StartManager();
+  }
+
+  static v1::TransferSpec JobSpec() {
+    v1::TransferSpec spec;
+    spec.set_dest_site("site-b");
+    spec.set_dest_export("ckpt");
+    spec.set_dest_path("job");
+    return spec;
+  }
+
+  absl::StatusOr<v1::TransferStatus> SubmitJob(const std::string& request_id = "") {
+    v1::TransferSpec spec = JobSpec();
+    spec.add_sources(dir_.Sub("src/job"));
+    return manager_->Submit(request_id, spec, caller_);
+  }
+
+  // The manager announces no state changes, so this asks Get() until `done`
+  // holds and returns the last status; the deadline only bounds a hang, the
+  // caller's assertions on the status decide.
+  v1::TransferStatus AwaitStatus(const std::string& id,
+                                 const std::function<bool(const v1::TransferStatus&)>& done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (true) {
+      absl::StatusOr<v1::TransferStatus> status = manager_->Get(id);
+      if (!status.ok()) {
+        ADD_FAILURE() << status.status();
+        return {};
+      }
+      if (done(*status) || absl::Now() > deadline) return *status;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  // Polls the destination's journal likewise; true once `chunks` chunks of
+  // transfer `id` are durable there.
+  bool AwaitChunksDurableAtDestination(const std::string& id, size_t chunks) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline) {
+      auto durable = dest_journal_->ListDurableChunks(id);
+      if (durable.ok() && durable->size() >= chunks) return durable->size() == chunks;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return false;
+  }
+  v1::TransferStatus AwaitState(const std::string& id, v1::TransferState state) {
+    return AwaitStatus(id, [state](const v1::TransferStatus& s) { return s.state() == state; });
+  }
+
+  void ExpectJobPublished(const std::string& shard_1) {
+    EXPECT_TRUE(ReadFile(dir_.Sub("dest/job/shard-0")) == AsString(Bytes(kChunk, 1)));
+    EXPECT_TRUE(ReadFile(dir_.Sub("dest/job/shard-1")) == shard_1);
+  }
+
+  // Caps site-b so that exactly one chunk goes: a new cap holds a burst of
+  // one chunk (64 KiB); taking a byte of it leaves the first chunk to put
+  // the cap in debt, and the cap's clock never moves, so that debt is never
+  // paid off. The stream waits on the cap before it reads that chunk's ack,
+  // so the destination holds the chunk before the source counts it done.
+  // Release() lifts the cap and the rest goes.
+  void HoldAfterOneChunk() {
+    one_chunk_limiter_.SetPeerLimit("site-b", Bandwidth::BitsPerSecond(8));
+    ASSERT_TRUE(one_chunk_limiter_.TryAcquire("site-b", v1::CHECKPOINT, 1).IsZero());
+  }
+  void Release() { one_chunk_limiter_.SetPeerLimit("site-b", Bandwidth::Zero()); }
+
+  // Destroyed bottom-up: the manager drains its senders first, and the
+  // transport joins its handlers (which use the router and the receiver)
+  // before those go.
+  TempDir dir_;
+  std::unique_ptr<storage::Journal> dest_journal_;
+  std::unique_ptr<peer::Receiver> receiver_;
+  peer::PeerRouter router_;
+  transport::testing::FakeTransport transport_{"site-a"};
+  const transport::TransportSet transports_{{"tcp", &transport_}};
+  DaemonConfig config_;
+  std::unique_ptr<storage::Journal> journal_;
+  peer::PriorityGate gate_;
+  const Caller caller_ = Caller::Token(ControlRole::kOperator, "ipv4:127.0.0.1:5000");
+  FakeClock frozen_clock_;
+  peer::RateLimiter one_chunk_limiter_{frozen_clock_};
+  std::unique_ptr<TransferManager> manager_;
+};
+
+TEST_F(TransferManagerTest, ASubmittedTransferCompletesAndItsBytesVerify) {
+  StartManager();
+  absl::StatusOr<v1::TransferStatus> submitted = SubmitJob("req-1");
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  EXPECT_EQ(submitted->files(), 2u);
+  EXPECT_EQ(submitted->bytes_total(), 4 * kChunk + 1000);
+
+  v1::TransferStatus done = AwaitState(submitted->id(), v1::COMPLETED);
+  ASSERT_EQ(done.state(), v1::COMPLETED) << done.error();
+  EXPECT_EQ(done.bytes_done(), done.bytes_total());
+  EXPECT_EQ(done.chunks_done(), 5u);
+  EXPECT_EQ(done.resent_bytes(), 0u);
+  ExpectJobPublished(AsString(Bytes(3 * kChunk + 1000, 2)));
+
+  absl::StatusOr<v1::VerifyResponse> verified = manager_->Verify(submitted->id());
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  EXPECT_TRUE(verified->ok()) << ::testing::PrintToString(verified->mismatches());
+  EXPECT_EQ(verified->files_checked(), 2u);
+  EXPECT_EQ(verified->bytes_checked(), 4 * kChunk + 1000);
+
+  // A retried request is answered with the same transfer, not a second one.
+  absl::StatusOr<v1::TransferStatus> retried = SubmitJob("req-1");
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(retried->id(), submitted->id());
+  EXPECT_EQ(manager_->List(/*all=*/true).size(), 1u);
+  EXPECT_TRUE(manager_->List(/*all=*/false).empty());  // ended
+}
+
+TEST_F(TransferManagerTest, ASourceOutsideTheExportsIsRefusedAndNothingIsJournaled) {
+  StartManager();
+  MakeDirs(dir_.Sub("elsewhere"));
+  WriteFile(dir_.Sub("elsewhere/secret"), std::string("secret"));
+  v1::TransferSpec spec = JobSpec();
+  spec.add_sources(dir_.Sub("elsewhere/secret"));
+  absl::StatusOr<v1::TransferStatus> refused = manager_->Submit("", spec, caller_);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("elsewhere/secret"));
+  EXPECT_TRUE(manager_->List(/*all=*/true).empty());
+  EXPECT_TRUE(journal_->ListOutgoing()->empty());
+  EXPECT_EQ(transport_.dials(), 0);
+}
+
+TEST_F(TransferManagerTest, AnUnfinishedTransferResumesAfterARestartFromWhatIsDurable) {
+  HoldAfterOneChunk();
+  StartManager(&one_chunk_limiter_);
+  absl::StatusOr<v1::TransferStatus> submitted = SubmitJob();
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string id = submitted->id();
+  ASSERT_TRUE(AwaitChunksDurableAtDestination(id, 1));
+  EXPECT_EQ(manager_->Get(id)->state(), v1::RUNNING);
+
+  // Shut down mid-transfer: the chunk in flight is drained (its ack read),
+  // and the journal keeps the transfer RUNNING with its progress.
+  manager_.reset();
+  absl::StatusOr<std::optional<v1::OutgoingTransfer>> journaled = journal_->GetOutgoing(id);
+  ASSERT_TRUE(journaled.ok() && journaled->has_value());
+  EXPECT_EQ((*journaled)->state(), v1::RUNNING);
+  EXPECT_EQ((*journaled)->bytes_done(), kChunk);
+
+  Restart();
+  v1::TransferStatus done = AwaitState(id, v1::COMPLETED);
+  ASSERT_EQ(done.state(), v1::COMPLETED) << done.error();
+  EXPECT_EQ(done.attempts(), 2u);
+  // The chunk that was durable before the restart did not go again.
+  EXPECT_EQ(done.bytes_sent(), done.bytes_total());
+  EXPECT_EQ(done.resent_bytes(), 0u);
+  ExpectJobPublished(AsString(Bytes(3 * kChunk + 1000, 2)));
+}
+
+TEST_F(TransferManagerTest, CancelStopsTheTransferAndTheDestinationDropsItsStaging) {
+  HoldAfterOneChunk();
+  StartManager(&one_chunk_limiter_);
+  absl::StatusOr<v1::TransferStatus> submitted = SubmitJob();
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string id = submitted->id();
+  ASSERT_TRUE(AwaitChunksDurableAtDestination(id, 1));
+  const std::string staging = dir_.Sub("dest/.longhaul/staging/" + id);
+  ASSERT_TRUE(Exists(staging));
+
+  absl::StatusOr<v1::TransferStatus> cancelled = manager_->Cancel(id);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_FALSE(Exists(staging));
+  EXPECT_FALSE(Exists(dir_.Sub("dest/job")));
+  absl::StatusOr<std::optional<v1::IncomingTransfer>> incoming = dest_journal_->GetIncoming(id);
+  ASSERT_TRUE(incoming.ok() && incoming->has_value());
+  EXPECT_EQ((*incoming)->state(), v1::IncomingTransfer::ABORTED);
+
+  // Ended: not listed as active, and not resumable.
+  EXPECT_TRUE(manager_->List(/*all=*/false).empty());
+  EXPECT_EQ(manager_->Resume(id).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->Get(id)->state(), v1::CANCELLED);
+}
+
+TEST_F(TransferManagerTest, AnUnreachableDestinationIsRetriedWhileTheTransferRuns) {
+  transport_.RefuseDials(absl::UnavailableError("connect to site-b: connection refused"));
+  StartManager();
+  absl::StatusOr<v1::TransferStatus> submitted = SubmitJob();
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  v1::TransferStatus retrying =
+      AwaitStatus(submitted->id(), [](const v1::TransferStatus& s) { return s.attempts() >= 2; });
+  EXPECT_EQ(retrying.state(), v1::RUNNING);
+  EXPECT_GE(retrying.attempts(), 2u);
+  EXPECT_EQ(retrying.error(), "connect to site-b: connection refused");
+
+  transport_.RefuseDials(absl::OkStatus());
+  v1::TransferStatus done = AwaitState(submitted->id(), v1::COMPLETED);
+  ASSERT_EQ(done.state(), v1::COMPLETED) << done.error();
+  EXPECT_EQ(done.error(), "");
+  ExpectJobPublished(AsString(Bytes(3 * kChunk + 1000, 2)));
+}
+
+TEST_F(TransferManagerTest, ADestinationThatFailsAuthenticationFailsTheTransferUntilResumed) {
+  const std::string why =
+      "peer at site-b.test:7700 presented a certificate for site-c, expected site-b";
+  transport_.RefuseDials(absl::PermissionDeniedError(why));
+  StartManager();
+  absl::StatusOr<v1::TransferStatus> submitted = SubmitJob();
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  v1::TransferStatus failed = AwaitState(submitted->id(), v1::FAILED);
+  ASSERT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.error(), why);
+  EXPECT_EQ(failed.attempts(), 1u);  // not retried
+  EXPECT_NE(failed.finished_unix_ms(), 0);
+
+  // Once the operator fixed the cause, a failed transfer can be resumed.
+  transport_.RefuseDials(absl::OkStatus());
+  ASSERT_TRUE(manager_->Resume(submitted->id()).ok());
+  v1::TransferStatus done = AwaitState(submitted->id(), v1::COMPLETED);
+  ASSERT_EQ(done.state(), v1::COMPLETED) << done.error();
+  ExpectJobPublished(AsString(Bytes(3 * kChunk + 1000, 2)));
+}
+
+TEST_F(TransferManagerTest, ASourceFileChangedAfterSubmitIsSentAgainWhole) {
+  HoldAfterOneChunk();
+  StartManager(&one_chunk_limiter_);
+  absl::StatusOr<v1::TransferStatus> submitted = SubmitJob();
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string id = submitted->id();
+  ASSERT_TRUE(AwaitChunksDurableAtDestination(id, 1));
+
+  // shard-0 is at the destination; shard-1 changes before any of it went.
+  const std::vector<uint8_t> rewritten = Bytes(2 * kChunk + 7, 3);
+  WriteFile(dir_.Sub("src/job/shard-1"), rewritten);
+  Release();
+  v1::TransferStatus done = AwaitState(id, v1::COMPLETED);
+  ASSERT_EQ(done.state(), v1::COMPLETED) << done.error();
+  ExpectJobPublished(AsString(rewritten));
+  EXPECT_EQ(done.bytes_total(), kChunk + rewritten.size());
+}
+
+TEST_F(TransferManagerTest, ASourceFileRemovedAfterSubmitFailsTheTransferNamingIt) {
+  HoldAfterOneChunk();
+  StartManager(&one_chunk_limiter_);
+  absl::StatusOr<v1::TransferStatus> submitted = SubmitJob();
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string id = submitted->id();
+  ASSERT_TRUE(AwaitChunksDurableAtDestination(id, 1));
+
+  const std::string removed = RealPath(dir_.Sub("src/job/shard-1"));
+  ASSERT_EQ(std::remove(removed.c_str()), 0);
+  Release();
+  v1::TransferStatus failed = AwaitState(id, v1::FAILED);
+  ASSERT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.error(), "source file " + removed + " was removed during the transfer");
+  EXPECT_FALSE(Exists(dir_.Sub("dest/job")));  // nothing published half
+}
+
+}  // namespace
+}  // namespace longhaul::daemon
