@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "absl/time/clock.h"
+
 namespace longhaul {
 
 Timestamp RealClock::Now() const {
@@ -9,6 +11,8 @@ Timestamp RealClock::Now() const {
   return Timestamp::FromNanoseconds(
       std::chrono::duration_cast<std::chrono::nanoseconds>(since_epoch).count());
 }
+
+absl::Time RealClock::WallNow() const { return absl::Now(); }
 
 const RealClock& RealClock::Get() {
   static const RealClock* const clock = new RealClock();

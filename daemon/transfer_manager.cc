@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 #include "common/checkpoints.h"
 #include "common/clock.h"
 #include "common/fmt_absl.h"
@@ -82,12 +81,14 @@ bool IsEndState(v1::TransferState state) {
 
 TransferManager::TransferManager(const DaemonConfig& config,
                                  const transport::TransportSet& transports,
-                                 storage::Journal& journal, peer::PriorityGate& gate)
+                                 storage::Journal& journal, peer::PriorityGate& gate,
+                                 const Clock& clock)
     : config_(config),
       transports_(transports),
       control_transport_(*transport::FindTransport(transports, "tcp")),
       gate_(gate),
       journal_(journal),
+      clock_(clock),
       source_access_(config.exports, DaemonSecrets(config)) {}
 
 TransferManager::~TransferManager() { Shutdown(); }
@@ -240,7 +241,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
   for (const std::string& g : spec.commit_last()) record.add_commit_last(g);
   *record.mutable_spec() = std::move(spec);
   record.set_state(v1::QUEUED);
-  record.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+  record.set_created_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
 
   absl::Status persisted = request_id.empty() ? journal_.PutOutgoing(record, /*sync=*/true)
                                               : journal_.PutOutgoingWithRequest(record, request_id);
@@ -291,7 +292,7 @@ bool TransferManager::StartLocked(Transfer& t) {
     PauseForJournalLocked(t, s);
     return false;
   }
-  t.running_since = RealClock::Get().Now();
+  t.running_since = clock_.Now();
   t.run_start_bytes = t.progress.Get().bytes_done;
   std::string site = t.record.spec().dest_site();
   transport::Transport* data = transport::FindTransport(transports_, t.record.spec().transport());
@@ -339,7 +340,7 @@ void TransferManager::RunTransfer(Transfer* t) {
     t->record.mutable_manifest()->Swap(updated.mutable_manifest());
     t->record.set_attempts(updated.attempts());
     t->record.set_active_seconds(t->record.active_seconds() +
-                                 (RealClock::Get().Now() - *t->running_since).ToSecondsF());
+                                 (clock_.Now() - *t->running_since).ToSecondsF());
     t->running_since.reset();
     if (result.ok()) {
       t->record.set_state(v1::COMPLETED);
@@ -369,7 +370,9 @@ void TransferManager::RunTransfer(Transfer* t) {
     if (t->record.state() == v1::PAUSED && !t->journal_error.empty()) {
       t->progress.Update([&](peer::TransferProgress::Snapshot& s) { s.error = t->journal_error; });
     }
-    if (IsEndState(t->record.state())) t->record.set_finished_unix_ms(absl::ToUnixMillis(absl::Now()));
+    if (IsEndState(t->record.state())) {
+      t->record.set_finished_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
+    }
     PersistLocked(*t).IgnoreError();  // logged
     t->sender.reset();
   }
@@ -415,7 +418,7 @@ v1::TransferStatus TransferManager::StatusOf(const Transfer& t) const {
   status.set_attempts(s.attempts);
   double seconds = t.record.active_seconds();
   if (t.running_since) {
-    double run = (RealClock::Get().Now() - *t.running_since).ToSecondsF();
+    double run = (clock_.Now() - *t.running_since).ToSecondsF();
     seconds += run;
     if (run > 0) status.set_rate_bytes_per_sec((s.bytes_done - t.run_start_bytes) / run);
   } else if (seconds > 0) {
@@ -510,7 +513,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Cancel(const std::string& id
   absl::StatusOr<bool> published = AbortRemote(record);
   absl::MutexLock lock(&mu_);
   t->cancelling = false;
-  t->record.set_finished_unix_ms(absl::ToUnixMillis(absl::Now()));
+  t->record.set_finished_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
   if (published.ok() && *published) {
     t->record.set_state(v1::COMPLETED);
     t->record.clear_error();
@@ -690,11 +693,11 @@ v1::PeersResponse TransferManager::Peers(bool probe) {
     if (probe) {
       v1::Hello hello;
       hello.set_role(v1::Hello::PROBE);
-      const Timestamp start = RealClock::Get().Now();
+      const Timestamp start = clock_.Now();
       auto channel = peer::DialSession(control_transport_, peer.site, peer.address, hello);
       status->set_reachable(channel.ok());
       if (channel.ok()) {
-        status->set_handshake_ms((RealClock::Get().Now() - start).ToMillisecondsF());
+        status->set_handshake_ms((clock_.Now() - start).ToMillisecondsF());
         transport::LinkStats stats = (*channel)->Stats();
         status->set_congestion_control(stats.congestion_control);
         status->set_rtt_ms(stats.rtt_ms);

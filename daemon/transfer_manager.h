@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/units.h"
 #include "daemon/config.h"
 #include "daemon/peer/sender.h"
@@ -40,8 +41,11 @@ namespace longhaul::daemon {
 class TransferManager {
  public:
   // `transports` must hold "tcp"; transfers may pick any other by name.
+  // `clock` times runs (Now) and dates records (WallNow); it must outlive
+  // the manager.
   TransferManager(const DaemonConfig& config, const transport::TransportSet& transports,
-                  storage::Journal& journal, longhaul::peer::PriorityGate& gate);
+                  storage::Journal& journal, longhaul::peer::PriorityGate& gate,
+                  const Clock& clock = RealClock::Get());
   ~TransferManager();
 
   // Operators' rate caps for every sender this manager starts (nullptr:
@@ -87,7 +91,7 @@ class TransferManager {
     // Cancel is waiting for the destination's answer: nothing else may
     // start, pause or resume the transfer meanwhile.
     bool cancelling = false;
-    // Monotonic start of the current run (RealClock); unset while not running.
+    // Monotonic start of the current run (clock_); unset while not running.
     std::optional<Timestamp> running_since;
     uint64_t run_start_bytes = 0;
     // Set when the transfer is paused because the journal cannot be written:
@@ -121,6 +125,7 @@ class TransferManager {
   transport::Transport& control_transport_;  // "tcp"
   longhaul::peer::PriorityGate& gate_;
   storage::Journal& journal_;
+  const Clock& clock_;
   longhaul::peer::RateLimiter* rate_limiter_ = nullptr;
   const SourceAccess source_access_;
 

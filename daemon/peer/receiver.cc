@@ -50,14 +50,14 @@ const ReceiverOptions::Export* ReceiverOptions::FindExport(absl::string_view nam
 }
 
 Receiver::Receiver(ReceiverOptions options, storage::Journal& journal, storage::FileSystem& fs,
-                   PeerMemoryBudget* budget, WallClock wall_clock)
+                   PeerMemoryBudget* budget, const Clock& clock)
     : options_(std::move(options)),
       journal_(journal),
       fs_(fs),
       own_budget_(budget == nullptr ? std::make_unique<PeerMemoryBudget>(options_.memory_per_peer)
                                     : nullptr),
       budget_(budget == nullptr ? own_budget_.get() : budget),
-      wall_clock_(std::move(wall_clock)),
+      clock_(clock),
       committer_(journal),
       owners_([this] { return journal_.ListIncoming(); },
               [this](const std::string& export_name, const std::string& relative) {
@@ -272,7 +272,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   record.set_keep_checkpoints(open.keep_checkpoints());
   record.set_checkpoint_marker(open.checkpoint_marker());
   record.set_state(v1::IncomingTransfer::RECEIVING);
-  const int64_t now_ms = absl::ToUnixMillis(wall_clock_());
+  const int64_t now_ms = absl::ToUnixMillis(clock_.WallNow());
   record.set_created_unix_ms(*existing ? (*existing)->created_unix_ms() : now_ms);
   record.set_active_unix_ms(now_ms);
 
@@ -458,7 +458,7 @@ v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site,
     tombstone.set_id(id);
     tombstone.set_source_site(peer_site);
     tombstone.set_state(v1::IncomingTransfer::ABORTED);
-    tombstone.set_ended_unix_ms(absl::ToUnixMillis(wall_clock_()));
+    tombstone.set_ended_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
     if (absl::Status s = journal_.PutIncoming(tombstone); !s.ok()) return fail(s);
     return answer;
   }
@@ -499,7 +499,7 @@ v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site,
   session->staging.reset();
   if (absl::Status s = journal_.DeleteChunks(id); !s.ok()) return fail(s);
   (*record)->set_state(v1::IncomingTransfer::ABORTED);
-  (*record)->set_ended_unix_ms(absl::ToUnixMillis(wall_clock_()));
+  (*record)->set_ended_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
   if (absl::Status s = journal_.PutIncoming(**record); !s.ok()) return fail(s);
   spdlog::info("transfer {} from {}: aborted ({}); staging removed", id, peer_site,
                request.abort().reason());

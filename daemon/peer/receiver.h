@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "daemon/peer/destination_owners.h"
 #include "daemon/peer/durability_committer.h"
 #include "daemon/peer/memory_budget.h"
@@ -117,24 +118,22 @@ struct ReceiverOptions {
 // records are removed one expiry after they ended; an open after that
 // starts over from nothing. A transfer past its publish's point of no
 // return is published instead of expired. Times are wall-clock
-// (`wall_clock`), persisted in the records, so a restart does not reset
+// (`clock`'s WallNow), persisted in the records, so a restart does not reset
 // them.
 //
 // Thread-safe: Serve runs on each channel's own thread; the expiry sweep
 // (StartExpirySweep) on one thread of its own.
 class Receiver {
  public:
-  using WallClock = std::function<absl::Time()>;
-
   // `fs` holds staging and destinations (storage::PosixFileSystem() in the
   // daemon); it must outlive the Receiver. `budget` is the daemon's per-peer
   // memory budget (shared with the exchange hub); it must outlive the
   // Receiver. Null: the Receiver keeps its own, of
-  // options.memory_per_peer. `wall_clock` dates records and decides expiry
-  // (tests pass a fake one).
+  // options.memory_per_peer. `clock`'s WallNow dates records and decides
+  // expiry (tests pass a FakeClock); it must outlive the Receiver.
   Receiver(ReceiverOptions options, storage::Journal& journal,
            storage::FileSystem& fs = storage::PosixFileSystem(), PeerMemoryBudget* budget = nullptr,
-           WallClock wall_clock = &absl::Now);
+           const Clock& clock = RealClock::Get());
   ~Receiver();
 
   // Serves a CONTROL or DATA channel (its hello already read) until it closes.
@@ -145,7 +144,7 @@ class Receiver {
   // sender's next commit tries again.
   void FinishInterruptedPublishes();
   // One expiry pass over the journal (see the class comment), at
-  // wall_clock() now. Returns how many records it expired or removed.
+  // the clock's WallNow. Returns how many records it expired or removed.
   // Errors are logged; the next pass tries again.
   size_t ExpireAbandoned();
   // Starts the thread that calls ExpireAbandoned at once and then every
@@ -236,7 +235,7 @@ class Receiver {
   storage::FileSystem& fs_;
   std::unique_ptr<PeerMemoryBudget> own_budget_;
   PeerMemoryBudget* budget_;
-  const WallClock wall_clock_;
+  const Clock& clock_;
   std::vector<storage::Export> exports_;
   DurabilityCommitter committer_;
   // Shared with the DATA channels, so that it outlives every lease.

@@ -38,7 +38,7 @@ void Receiver::StartExpirySweep() {
 
 size_t Receiver::ExpireAbandoned() {
   const absl::Duration expiry = options_.incoming_expiry;
-  const absl::Time now = wall_clock_();
+  const absl::Time now = clock_.WallNow();
   auto incoming = journal_.ListIncoming();
   if (!incoming.ok()) {
     spdlog::error("cannot list incoming transfers to expire abandoned ones: {}",

@@ -15,6 +15,18 @@ TEST(ClockTest, FakeClockMovesOnlyWhenAdvanced) {
   EXPECT_EQ(clock.Now() - t0, TimeDelta::Seconds(1));
 }
 
+TEST(ClockTest, FakeClockAdvanceMovesTheWallClockToo) {
+  FakeClock clock(Timestamp::FromNanoseconds(1000000000), absl::FromUnixSeconds(1800000000));
+  EXPECT_EQ(clock.WallNow(), absl::FromUnixSeconds(1800000000));
+  clock.Advance(TimeDelta::Milliseconds(1500));
+  EXPECT_EQ(clock.WallNow(), absl::FromUnixMillis(1800000001500));
+  // A stepped wall clock leaves the monotonic time alone.
+  const Timestamp before_step = clock.Now();
+  clock.SetWall(absl::FromUnixSeconds(1700000000));
+  EXPECT_EQ(clock.WallNow(), absl::FromUnixSeconds(1700000000));
+  EXPECT_EQ(clock.Now(), before_step);
+}
+
 TEST(ClockTest, RealClockIsMonotonic) {
   const Clock& clock = RealClock::Get();
   const Timestamp a = clock.Now();

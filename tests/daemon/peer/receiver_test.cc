@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 
+#include "common/clock.h"
 #include "daemon/peer/memory_budget.h"
 #include "daemon/peer/messaging.h"
 #include "gtest/gtest.h"
@@ -305,8 +306,7 @@ class ReceiverExpiryTest : public ReceiverAuthorizationTest {
     ReceiverAuthorizationTest::SetUp();
     ASSERT_TRUE(journal_->DeleteIncoming("t1").ok());
     options_.incoming_expiry = kExpiry;
-    receiver_ =
-        std::make_unique<Receiver>(options_, *journal_, *fs_, nullptr, [this] { return now_; });
+    receiver_ = std::make_unique<Receiver>(options_, *journal_, *fs_, nullptr, clock_);
   }
 
   std::optional<v1::IncomingTransfer> Record(const std::string& id) {
@@ -319,8 +319,13 @@ class ReceiverExpiryTest : public ReceiverAuthorizationTest {
     return fs_->Tree(export_ + "/.longhaul/staging/" + id).has_value();
   }
 
+  // Moves the wall clock the receiver dates records by.
+  void Pass(absl::Duration d) {
+    clock_.Advance(TimeDelta::Nanoseconds(absl::ToInt64Nanoseconds(d)));
+  }
+
   static constexpr absl::Duration kExpiry = absl::Hours(1);
-  absl::Time now_ = absl::FromUnixSeconds(1800000000);
+  FakeClock clock_;
   std::unique_ptr<Receiver> receiver_;
 };
 
@@ -331,16 +336,16 @@ TEST_F(ReceiverExpiryTest, AnAbandonedTransferExpiresOnlyAfterItsIdleTime) {
   ASSERT_TRUE(journal_->RecordDurableChunks("t-x", {chunk}).ok());
   ASSERT_TRUE(Staged("t-x"));
 
-  now_ += kExpiry - absl::Minutes(1);
+  Pass(kExpiry - absl::Minutes(1));
   EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
   // An open is activity: the expiry counts from it.
   ASSERT_EQ(OpenAs(*receiver_, "site-a", "t-x", "ckpt/new").error(), "");
-  now_ += kExpiry - absl::Minutes(1);
+  Pass(kExpiry - absl::Minutes(1));
   EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
   EXPECT_EQ(Record("t-x")->state(), v1::IncomingTransfer::RECEIVING);
   EXPECT_TRUE(Staged("t-x"));
 
-  now_ += absl::Minutes(1);
+  Pass(absl::Minutes(1));
   EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
   std::optional<v1::IncomingTransfer> expired = Record("t-x");
   ASSERT_TRUE(expired.has_value());
@@ -349,7 +354,7 @@ TEST_F(ReceiverExpiryTest, AnAbandonedTransferExpiresOnlyAfterItsIdleTime) {
   EXPECT_EQ(expired->expired_files(), 2u);
   EXPECT_EQ(expired->expired_bytes(),
             record_.manifest().files(0).size() + record_.manifest().files(1).size());
-  EXPECT_EQ(expired->ended_unix_ms(), absl::ToUnixMillis(now_));
+  EXPECT_EQ(expired->ended_unix_ms(), absl::ToUnixMillis(clock_.WallNow()));
   EXPECT_TRUE(journal_->ListDurableChunks("t-x")->empty());
   EXPECT_FALSE(Staged("t-x"));
 
@@ -360,9 +365,9 @@ TEST_F(ReceiverExpiryTest, AnAbandonedTransferExpiresOnlyAfterItsIdleTime) {
   EXPECT_FALSE(Staged("t-x"));
 
   // The EXPIRED record goes one expiry later; an open then starts over.
-  now_ += kExpiry - absl::Minutes(1);
+  Pass(kExpiry - absl::Minutes(1));
   EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
-  now_ += absl::Minutes(1);
+  Pass(absl::Minutes(1));
   EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
   EXPECT_FALSE(Record("t-x").has_value());
   v1::PeerMessage again = OpenAs(*receiver_, "site-a", "t-x", "ckpt/new");
@@ -385,17 +390,17 @@ TEST_F(ReceiverExpiryTest, ATransferWithADataChannelOpenIsActive) {
 
   // Busy for two expiries without a new open: never expired, and its
   // activity is persisted so a restart would not find it stale.
-  now_ += kExpiry;
+  Pass(kExpiry);
   EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
-  EXPECT_EQ(Record("t-busy")->active_unix_ms(), absl::ToUnixMillis(now_));
-  now_ += kExpiry;
+  EXPECT_EQ(Record("t-busy")->active_unix_ms(), absl::ToUnixMillis(clock_.WallNow()));
+  Pass(kExpiry);
   EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
   EXPECT_EQ(Record("t-busy")->state(), v1::IncomingTransfer::RECEIVING);
   EXPECT_TRUE(Staged("t-busy"));
 
   pair.a->Close();
   serve.join();
-  now_ += kExpiry;
+  Pass(kExpiry);
   EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
   EXPECT_EQ(Record("t-busy")->state(), v1::IncomingTransfer::EXPIRED);
   EXPECT_FALSE(Staged("t-busy"));
@@ -407,11 +412,11 @@ TEST_F(ReceiverExpiryTest, AbortTombstonesAgeOutAfterTheSameTime) {
   ASSERT_EQ(Call(*receiver_, "site-a", "t-gone", abort).error(), "");
   ASSERT_EQ(Record("t-gone")->state(), v1::IncomingTransfer::ABORTED);
 
-  now_ += kExpiry - absl::Minutes(1);
+  Pass(kExpiry - absl::Minutes(1));
   EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
   EXPECT_NE(OpenAs(*receiver_, "site-a", "t-gone", "ckpt/new").error().find("was cancelled"),
             std::string::npos);
-  now_ += absl::Minutes(1);
+  Pass(absl::Minutes(1));
   EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
   EXPECT_FALSE(Record("t-gone").has_value());
   EXPECT_EQ(OpenAs(*receiver_, "site-a", "t-gone", "ckpt/new").error(), "");
@@ -424,8 +429,8 @@ TEST_F(ReceiverExpiryTest, AnUndatedTombstoneAgesFromTheFirstPassThatSeesIt) {
   old.set_state(v1::IncomingTransfer::ABORTED);
   ASSERT_TRUE(journal_->PutIncoming(old).ok());
   EXPECT_EQ(receiver_->ExpireAbandoned(), 0u);
-  EXPECT_EQ(Record("t-old")->ended_unix_ms(), absl::ToUnixMillis(now_));
-  now_ += kExpiry;
+  EXPECT_EQ(Record("t-old")->ended_unix_ms(), absl::ToUnixMillis(clock_.WallNow()));
+  Pass(kExpiry);
   EXPECT_EQ(receiver_->ExpireAbandoned(), 1u);
   EXPECT_FALSE(Record("t-old").has_value());
 }
