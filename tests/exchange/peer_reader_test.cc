@@ -10,6 +10,7 @@
 
 #include "daemon/exchange/exchange_types.h"
 #include "daemon/peer/messaging.h"
+#include "daemon/wire/frames.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -82,8 +83,8 @@ class MemoryChannel final : public transport::Channel {
  public:
   void Add(const Msg& h, const std::string& payload = "") {
     std::string body = h.SerializeAsString();
-    std::array<uint8_t, peer::kFrameHeaderSize> header;
-    peer::EncodeFrameHeader({peer::FrameType::kControl, static_cast<uint32_t>(body.size()), 0},
+    std::array<uint8_t, wire::kFrameHeaderSize> header;
+    wire::EncodeFrameHeader({wire::FrameType::kControl, static_cast<uint32_t>(body.size()), 0},
                             header);
     bytes_.insert(bytes_.end(), header.begin(), header.end());
     bytes_.insert(bytes_.end(), body.begin(), body.end());

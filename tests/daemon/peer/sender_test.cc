@@ -16,6 +16,8 @@
 
 #include "absl/time/clock.h"
 #include "daemon/peer/messaging.h"
+#include "daemon/wire/frames.h"
+#include "daemon/wire/messaging.h"
 
 namespace longhaul::peer {
 namespace {
@@ -65,14 +67,17 @@ class OpenAfterDataDials : public MemoryChannel {
       sent.to_read = written;
       v1::Hello hello;
       v1::PeerMessage request;
-      if (absl::Status s = ReadProto(sent, FrameType::kHello, SessionIdFor("t-1"), &hello); !s.ok())
+      if (absl::Status s =
+              wire::ReadProto(sent, wire::FrameType::kHello, wire::SessionIdFor("t-1"), &hello);
+          !s.ok())
         return s;
-      if (absl::Status s = ReadProto(sent, FrameType::kControl, SessionIdFor("t-1"), &request);
+      if (absl::Status s =
+              wire::ReadProto(sent, wire::FrameType::kControl, wire::SessionIdFor("t-1"), &request);
           !s.ok())
         return s;
       MemoryChannel answer;
-      (void)SendProto(
-          answer, FrameType::kControl, SessionIdFor("t-1"),
+      (void)wire::SendProto(
+          answer, wire::FrameType::kControl, wire::SessionIdFor("t-1"),
           ErrorAnswer(request.request_id(), absl::FailedPreconditionError("refused by the test")));
       to_read = std::move(answer.written);
     }
@@ -174,7 +179,7 @@ TEST(SendWindowTest, ProgressSlidesTheWindowIntoTheNextChunk) {
   ASSERT_TRUE(window.Fits(4 * kMiB));
   window.Sent(4 * kMiB);
   EXPECT_FALSE(window.Fits(1));
-  auto acked = window.Ack({0, 0, 0, ChunkAck::Result::kDurable, ""});
+  auto acked = window.Ack({0, 0, 0, wire::ChunkAck::Result::kDurable, ""});
   ASSERT_TRUE(acked.ok()) << acked.status();
   EXPECT_EQ(acked->durable, 4 * kMiB);  // the ack covers the rest
   EXPECT_EQ(window.unacked_bytes(), 4 * kMiB);
@@ -192,7 +197,7 @@ TEST(SendWindowTest, AResumedChunkCountsOnlyWhatIsSentFromItsPrefix) {
   auto added = window.Progress({2, 3, 0, 12 * kMiB});
   ASSERT_TRUE(added.ok());
   EXPECT_EQ(*added, 4 * kMiB);
-  auto acked = window.Ack({2, 3, 0, ChunkAck::Result::kDurable, ""});
+  auto acked = window.Ack({2, 3, 0, wire::ChunkAck::Result::kDurable, ""});
   ASSERT_TRUE(acked.ok());
   EXPECT_EQ(acked->start, 8 * kMiB);
   EXPECT_TRUE(window.empty());
@@ -203,7 +208,7 @@ TEST(SendWindowTest, RefusesAnswersForWhatWasNotSent) {
   SendWindow window(16 * kMiB);
   // Nothing sent at all.
   EXPECT_FALSE(window.Progress({0, 0, 0, 4 * kMiB}).ok());
-  EXPECT_FALSE(window.Ack({0, 0, 0, ChunkAck::Result::kDurable, ""}).ok());
+  EXPECT_FALSE(window.Ack({0, 0, 0, wire::ChunkAck::Result::kDurable, ""}).ok());
   window.Begin(0, 0, 16 * kMiB, 0);
   window.Sent(8 * kMiB);
   // Progress on a chunk that is not the one being received.
@@ -217,10 +222,10 @@ TEST(SendWindowTest, RefusesAnswersForWhatWasNotSent) {
   ASSERT_TRUE(window.Progress({0, 0, 0, 8 * kMiB}).ok());
   EXPECT_FALSE(window.Progress({0, 0, 0, 4 * kMiB}).ok());
   // Durable before all of it was sent; a refusal may come any time.
-  EXPECT_FALSE(window.Ack({0, 0, 0, ChunkAck::Result::kDurable, ""}).ok());
-  EXPECT_FALSE(window.Ack({0, 0, 0, ChunkAck::Result::kHashMismatch, ""}).ok());
-  EXPECT_FALSE(window.Ack({0, 1, 0, ChunkAck::Result::kRefused, ""}).ok());
-  EXPECT_TRUE(window.Ack({0, 0, 0, ChunkAck::Result::kRefused, "no"}).ok());
+  EXPECT_FALSE(window.Ack({0, 0, 0, wire::ChunkAck::Result::kDurable, ""}).ok());
+  EXPECT_FALSE(window.Ack({0, 0, 0, wire::ChunkAck::Result::kHashMismatch, ""}).ok());
+  EXPECT_FALSE(window.Ack({0, 1, 0, wire::ChunkAck::Result::kRefused, ""}).ok());
+  EXPECT_TRUE(window.Ack({0, 0, 0, wire::ChunkAck::Result::kRefused, "no"}).ok());
   EXPECT_TRUE(window.empty());
 }
 
@@ -234,7 +239,7 @@ TEST(SendWindowTest, WithoutPiecesTwoWholeChunksFit) {
   window.Sent(16 * kMiB);
   window.Begin(0, 2, 16 * kMiB, 0);
   EXPECT_FALSE(window.Fits(16 * kMiB));
-  ASSERT_TRUE(window.Ack({0, 0, 0, ChunkAck::Result::kDurable, ""}).ok());
+  ASSERT_TRUE(window.Ack({0, 0, 0, wire::ChunkAck::Result::kDurable, ""}).ok());
   EXPECT_TRUE(window.Fits(16 * kMiB));
 }
 
