@@ -14,8 +14,10 @@
 #include "common/fmt_absl.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/session_options.h"
+#include "daemon/wire/messaging.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
+#include "storage/chunk_plan.h"
 #include "storage/file_io.h"
 #include "storage/file_system.h"
 #include "storage/manifest.h"
@@ -604,7 +606,7 @@ absl::StatusOr<bool> TransferManager::AbortRemote(const v1::OutgoingTransfer& re
   v1::PeerMessage request;
   request.mutable_abort()->set_transfer_id(record.id());
   request.mutable_abort()->set_reason("cancelled by the source site's operator");
-  auto answer = peer::Call(**channel, peer::SessionIdFor(record.id()), request);
+  auto answer = peer::Call(**channel, wire::SessionIdFor(record.id()), request);
   if (!answer.ok()) return answer.status();
   return answer->abort_reply().published();
 }
@@ -631,7 +633,7 @@ absl::StatusOr<v1::VerifyResponse> TransferManager::Verify(const std::string& id
   if (!channel.ok()) return channel.status();
   v1::PeerMessage request;
   request.mutable_verify()->set_transfer_id(id);
-  auto answer = peer::Call(**channel, peer::SessionIdFor(id), request);
+  auto answer = peer::Call(**channel, wire::SessionIdFor(id), request);
   if (!answer.ok()) return answer.status();
   const v1::VerifyReply& reply = answer->verify_reply();
 
@@ -660,17 +662,17 @@ absl::StatusOr<v1::VerifyResponse> TransferManager::Verify(const std::string& id
     } else if (static_cast<uint64_t>(remote.chunk_xxh128_size()) != n) {
       problem = "destination has a different number of chunks";
     }
-    for (uint64_t c = 0; c < n && problem.empty(); ++c) {
-      uint64_t size = storage::ChunkSize(file, c, manifest.chunk_size());
-      auto hash = storage::ReadChunkHashed(*io, fd, c * manifest.chunk_size(),
-                                           absl::MakeSpan(buffer.data(), size));
-      if (!hash.ok()) {
-        problem = std::string(hash.status().message());
-      } else if (auto bytes = hash->ToBytes();
-                 remote.chunk_xxh128(c) != std::string(bytes.begin(), bytes.end())) {
-        problem = absl::StrCat("chunk ", c, " differs");
-      }
-      response.set_bytes_checked(response.bytes_checked() + size);
+    if (problem.empty()) {
+      absl::Status read = storage::HashFileChunks(
+          *io, fd, file, manifest.chunk_size(), absl::MakeSpan(buffer),
+          [&](uint32_t c, uint64_t size, const storage::Xxh128& digest) {
+            response.set_bytes_checked(response.bytes_checked() + size);
+            const auto bytes = digest.ToBytes();
+            if (remote.chunk_xxh128(c) == std::string(bytes.begin(), bytes.end())) return true;
+            problem = absl::StrCat("chunk ", c, " differs");
+            return false;
+          });
+      if (!read.ok()) problem = std::string(read.message());
     }
     ::close(fd);
     if (!problem.empty()) response.add_mismatches(absl::StrCat(file.path(), ": ", problem));

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
+#include "storage/chunk_plan.h"
 #include "storage/posix_util.h"
 #include "storage/xxh3.h"
 
@@ -161,6 +162,22 @@ absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, const File& file, uint64_t of
   if (*n != buf.size()) return ShrankError(file.fd(), offset, buf.size(), *n);
   XXH128_hash_t h = XXH3_128bits_digest(&state);
   return Xxh128{h.low64, h.high64};
+}
+
+absl::Status HashFileChunks(
+    FileIo& io, int fd, const v1::ManifestFile& file, uint64_t chunk_size,
+    absl::Span<uint8_t> buffer,
+    absl::FunctionRef<bool(uint32_t chunk_index, uint64_t size, const Xxh128& digest)> on_chunk) {
+  const uint64_t n = ChunkCount(file, chunk_size);
+  for (uint64_t c = 0; c < n; ++c) {
+    const uint64_t size = ChunkSize(file, c, chunk_size);
+    LONGHAUL_CHECK(size <= buffer.size());
+    absl::StatusOr<Xxh128> digest =
+        ReadChunkHashed(io, fd, c * chunk_size, buffer.subspan(0, size));
+    if (!digest.ok()) return digest.status();
+    if (!on_chunk(static_cast<uint32_t>(c), size, *digest)) break;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace longhaul::storage

@@ -9,8 +9,11 @@
 #include <optional>
 #include <string>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "longhaul/v1/peer.pb.h"
 #include "storage/file_io.h"
 #include "storage/file_system.h"
 
@@ -44,6 +47,17 @@ Xxh128 HashBytes(absl::Span<const uint8_t> data);
 // CheckSourceUnchanged, meaning "re-read this file whole".
 absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, int fd, uint64_t offset,
                                        absl::Span<uint8_t> buf);
+
+// Reads the chunks of `file` (a manifest file cut into `chunk_size` chunks)
+// from the open descriptor `fd`, in order, with ReadChunkHashed into
+// `buffer`, which holds at least min(chunk_size, file.size()) bytes, and
+// calls on_chunk(chunk_index, size, digest) for each. Stops early when
+// on_chunk returns false. Returns the first read error (AbortedError when the
+// file ends before file.size()); no chunk is read after it.
+absl::Status HashFileChunks(
+    FileIo& io, int fd, const v1::ManifestFile& file, uint64_t chunk_size,
+    absl::Span<uint8_t> buffer,
+    absl::FunctionRef<bool(uint32_t chunk_index, uint64_t size, const Xxh128& digest)> on_chunk);
 
 // Anonymous memory for chunk data: `bytes` mapped privately, page aligned,
 // zero-filled by the kernel on first touch, asking for transparent huge pages

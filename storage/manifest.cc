@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "common/errno_status.h"
 #include "spdlog/spdlog.h"
+#include "storage/chunk_plan.h"
 #include "storage/posix_util.h"
 
 namespace longhaul::storage {
@@ -148,16 +149,6 @@ void RecordSourceIdentity(const struct stat& st, v1::ManifestFile& file) {
   file.set_mode(st.st_mode & 07777);
   file.set_inode(st.st_ino);
   file.set_device(st.st_dev);
-}
-
-uint64_t ChunkCount(const v1::ManifestFile& file, uint64_t chunk_size) {
-  return file.size() / chunk_size + (file.size() % chunk_size != 0 ? 1 : 0);
-}
-
-uint64_t ChunkSize(const v1::ManifestFile& file, uint64_t chunk_index, uint64_t chunk_size) {
-  const uint64_t begin = chunk_index * chunk_size;
-  if (begin >= file.size()) return 0;
-  return std::min(chunk_size, file.size() - begin);
 }
 
 namespace {

@@ -1,5 +1,5 @@
-// Manifests: building them from local sources, validating them when they
-// arrive from a peer, and chunk arithmetic.
+// Manifests: building them from local sources and validating them when they
+// arrive from a peer. Chunk arithmetic is in chunk_plan.h.
 #ifndef LONGHAUL_STORAGE_MANIFEST_H_
 #define LONGHAUL_STORAGE_MANIFEST_H_
 
@@ -43,11 +43,6 @@ absl::StatusOr<ManifestBuild> BuildManifest(const std::vector<std::string>& sour
 // `file` from `st`, a stat of its source. Path, generation and
 // content_xxh128 are left as they are.
 void RecordSourceIdentity(const struct stat& st, v1::ManifestFile& file);
-
-// Number of chunks of `file` (0 for an empty file). chunk_size > 0.
-uint64_t ChunkCount(const v1::ManifestFile& file, uint64_t chunk_size);
-// Size of chunk `chunk_index` of `file` (the last one may be short).
-uint64_t ChunkSize(const v1::ManifestFile& file, uint64_t chunk_index, uint64_t chunk_size);
 
 struct ManifestLimits {
   uint64_t min_chunk_size = uint64_t{64} << 10;  // 64 KiB

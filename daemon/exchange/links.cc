@@ -155,20 +155,17 @@ absl::Status Links::Send(const std::string& site, Msg header, absl::Span<const u
 
 void Links::Serve(std::unique_ptr<transport::Channel> channel, uint64_t max_message_bytes,
                   InboundSink& sink) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (shutdown_) return;
-    inbound_.insert(channel.get());
-  }
+  transport::ChannelRegistry::Registration registration = inbound_.Add(*channel);
+  if (!registration) return;  // shut down
   const std::string site = channel->peer_site();
   spdlog::debug("exchange link from {} ({}) open", site, channel->peer_address());
   absl::Status status = ReadPeerMessages(*channel, max_message_bytes, sink);
   bool shutting_down;
   {
     absl::MutexLock lock(&mu_);
-    inbound_.erase(channel.get());
     shutting_down = shutdown_;
   }
+  registration.Reset();
   if (!shutting_down) on_lost_(site, std::string(status.message()));
 }
 
@@ -272,19 +269,19 @@ void Links::Drop(const std::string& site) {
 }
 
 void Links::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  if (shutdown_) return;
-  shutdown_ = true;
-  // Abort only stops the socket, so it is safe under mu_; inbound channels
-  // stay alive while registered (their readers deregister under mu_).
-  for (auto& [site, link] : outbound_) link->channel->Abort();
-  for (auto* channel : inbound_) channel->Abort();
   {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+    // Abort only stops the socket, so it is safe under mu_.
+    for (auto& [site, link] : outbound_) link->channel->Abort();
     absl::MutexLock drain_lock(&drain_mu_);
     drain_stop_ = true;
   }
-  mu_.Await(absl::Condition(
-      +[](absl::flat_hash_set<transport::Channel*>* s) { return s->empty(); }, &inbound_));
+  // Inbound channels stay alive while registered (their readers let go
+  // once their channel fails).
+  inbound_.Close();
+  inbound_.WaitUntilEmpty();
 }
 
 }  // namespace longhaul::exchange

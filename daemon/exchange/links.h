@@ -34,7 +34,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -43,6 +42,7 @@
 #include "daemon/exchange/peer_reader.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
+#include "daemon/transport/channel_registry.h"
 #include "daemon/transport/transport.h"
 #include "longhaul/v1/exchange.pb.h"
 
@@ -148,9 +148,10 @@ class Links {
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<Outbound>> outbound_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<transport::Channel*> inbound_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Sending>> sending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, RefusalLog> refusal_log_ ABSL_GUARDED_BY(mu_);
+  // The inbound links Serve is reading (its own lock); closed by Shutdown.
+  transport::ChannelRegistry inbound_;
 
   // Holds of finished Sends whose bytes are not all sent yet.
   absl::Mutex drain_mu_;

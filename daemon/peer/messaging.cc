@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/wire/frames.h"
+#include "daemon/wire/messaging.h"
 
 namespace longhaul::peer {
 
@@ -40,11 +42,13 @@ absl::StatusOr<v1::PeerMessage> Call(transport::Channel& channel, uint64_t sessi
                                      v1::PeerMessage request) {
   static std::atomic<uint64_t> next_request_id{1};
   request.set_request_id(next_request_id.fetch_add(1));
-  if (absl::Status s = SendProto(channel, FrameType::kControl, session_id, request); !s.ok()) {
+  if (absl::Status s = wire::SendProto(channel, wire::FrameType::kControl, session_id, request);
+      !s.ok()) {
     return s;
   }
   v1::PeerMessage answer;
-  if (absl::Status s = ReadProto(channel, FrameType::kControl, session_id, &answer); !s.ok()) {
+  if (absl::Status s = wire::ReadProto(channel, wire::FrameType::kControl, session_id, &answer);
+      !s.ok()) {
     return s;
   }
   if (answer.request_id() != request.request_id()) {
@@ -63,7 +67,7 @@ absl::StatusOr<std::unique_ptr<transport::Channel>> DialSession(transport::Trans
                                                                 v1::Hello hello) {
   auto channel = transport.Dial(site, address);
   if (!channel.ok()) return channel.status();
-  if (absl::Status s = SendHello(**channel, std::move(hello)); !s.ok()) return s;
+  if (absl::Status s = wire::SendHello(**channel, std::move(hello)); !s.ok()) return s;
   return channel;
 }
 

@@ -2,9 +2,8 @@
 #define LONGHAUL_DAEMON_PEER_MESSAGING_H_
 
 // A peer session's requests and answers on a control channel, and the dial
-// that opens a session. The frames themselves are the wire's (wire/frames.h,
-// wire/messaging.h); the session code names them as peer:: through the
-// using-declarations below.
+// that opens a session. The frames themselves, and reading and writing them,
+// are the wire's (wire/frames.h, wire/messaging.h).
 
 #include <cstdint>
 #include <memory>
@@ -13,40 +12,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/transport/transport.h"
-#include "daemon/wire/frames.h"
-#include "daemon/wire/messaging.h"
 #include "longhaul/v1/peer.pb.h"
 
 namespace longhaul::peer {
-
-using wire::CheckChunkExtent;
-using wire::ChunkAck;
-using wire::ChunkHeader;
-using wire::ChunkProgress;
-using wire::EncodeChunkAck;
-using wire::EncodeChunkHeader;
-using wire::EncodeChunkProgress;
-using wire::EncodeFrameHeader;
-using wire::FrameType;
-using wire::GrowingBuffer;
-using wire::kChunkAckFixedSize;
-using wire::kChunkHeaderSize;
-using wire::kChunkProgressSize;
-using wire::kFrameHeaderSize;
-using wire::kMaxAckMessage;
-using wire::kMaxControlPayload;
-using wire::kMaxHelloPayload;
-using wire::kProtocolVersion;
-using wire::kReadPiece;
-using wire::ParseChunkAck;
-using wire::ParseChunkHeader;
-using wire::ParseChunkProgress;
-using wire::ReadFrameHeader;
-using wire::ReadProto;
-using wire::SendFrame;
-using wire::SendHello;
-using wire::SendProto;
-using wire::SessionIdFor;
 
 // Sends `request` on a control channel and waits for its answer. An answer
 // carrying an error becomes that status: Unavailable when the peer marked it

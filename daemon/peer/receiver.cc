@@ -14,14 +14,16 @@
 #include "common/fmt_absl.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/receiver_session.h"
+#include "daemon/wire/frames.h"
+#include "daemon/wire/messaging.h"
 #include "spdlog/spdlog.h"
+#include "storage/chunk_plan.h"
 #include "storage/manifest.h"
 #include "storage/staging.h"
 
 namespace longhaul::peer {
 
 using receiver_internal::CheckTransferId;
-using receiver_internal::ChunkKey;
 using receiver_internal::ParentOf;
 
 namespace {
@@ -114,7 +116,7 @@ Receiver::~Receiver() {
 void Receiver::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutting_down_ = true;
-  for (transport::Channel* c : channels_) c->Abort();
+  channels_.Close();
   piece_buffers_->Shutdown();
 }
 
@@ -133,27 +135,22 @@ ReceiverStats Receiver::stats() const {
 }
 
 void Receiver::Serve(std::unique_ptr<transport::Channel> channel, const v1::Hello& hello) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (shutting_down_) return;
-    channels_.insert(channel.get());
-  }
+  const transport::ChannelRegistry::Registration registration = channels_.Add(*channel);
+  if (!registration) return;  // shutting down
   if (hello.role() == v1::Hello::CONTROL) {
     ServeControl(*channel, hello.transfer_id());
   } else if (hello.role() == v1::Hello::DATA) {
     ServeData(*channel, hello.transfer_id());
   }
-  absl::MutexLock lock(&mu_);
-  channels_.erase(channel.get());
 }
 
 void Receiver::ServeControl(transport::Channel& channel, const std::string& transfer_id) {
-  const uint64_t session_id = SessionIdFor(transfer_id);
+  const uint64_t session_id = wire::SessionIdFor(transfer_id);
   while (true) {
     v1::PeerMessage request;
     uint64_t charged = 0;
-    absl::Status status =
-        ReadProto(channel, FrameType::kControl, session_id, &request, [&](size_t added) {
+    absl::Status status = wire::ReadProto(
+        channel, wire::FrameType::kControl, session_id, &request, [&](size_t added) {
           if (!budget_->TryReserve(channel.peer_site(), added)) {
             return absl::ResourceExhaustedError(
                 absl::StrCat("a control message from ", channel.peer_site(),
@@ -195,7 +192,7 @@ void Receiver::ServeControl(transport::Channel& channel, const std::string& tran
       spdlog::warn("refused request from {} for transfer {}: {}", channel.peer_site(), transfer_id,
                    answer.error());
     }
-    if (!SendProto(channel, FrameType::kControl, session_id, answer).ok()) return;
+    if (!wire::SendProto(channel, wire::FrameType::kControl, session_id, answer).ok()) return;
   }
 }
 
@@ -296,14 +293,11 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   if (published) {
     const v1::IncomingTransfer& old = **existing;
     for (uint32_t f : old.unchanged_files()) reply->add_unchanged_files(f);
-    for (int f = 0; f < old.manifest().files_size(); ++f) {
-      uint64_t n = storage::ChunkCount(old.manifest().files(f), old.manifest().chunk_size());
-      for (uint64_t c = 0; c < n; ++c) {
-        v1::ChunkId* id = reply->add_durable();
-        id->set_file_index(f);
-        id->set_chunk_index(static_cast<uint32_t>(c));
-      }
-    }
+    storage::ForEachChunk(old.manifest(), [&](storage::ChunkId chunk, uint64_t) {
+      v1::ChunkId* id = reply->add_durable();
+      id->set_file_index(chunk.file_index);
+      id->set_chunk_index(chunk.chunk_index);
+    });
     session->dest = *dest;
     session->record = old;
     spdlog::info("transfer {} from {}: opened again; it was published at {} already",
@@ -367,8 +361,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   for (const storage::ChunkDurability& c : *chunks) {
     const v1::ManifestFile& file = record.manifest().files(c.file_index);
     if (c.chunk.generation() != file.generation() || !held[c.file_index]) continue;
-    const uint64_t key = ChunkKey(c.file_index, c.chunk_index);
-    const uint64_t write = session->durable[key] = ++session->writes;
+    const uint64_t write = session->durable[{c.file_index, c.chunk_index}] = ++session->writes;
     QueueReadBack(session, c, write);
     v1::ChunkId* id = reply->add_durable();
     id->set_file_index(c.file_index);
@@ -384,7 +377,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
     for (const storage::ChunkDurability& c : *partials) {
       if (c.file_index >= static_cast<uint32_t>(record.manifest().files_size())) continue;
       const v1::ManifestFile& file = record.manifest().files(c.file_index);
-      const uint64_t key = ChunkKey(c.file_index, c.chunk_index);
+      const storage::ChunkId key{c.file_index, c.chunk_index};
       if (c.chunk.generation() != file.generation() || session->durable.contains(key) ||
           c.chunk_index >= storage::ChunkCount(file, chunk_size) ||
           c.prefix_bytes >= storage::ChunkSize(file, c.chunk_index, chunk_size)) {

@@ -23,6 +23,7 @@
 #include "daemon/peer/durability_committer.h"
 #include "daemon/peer/memory_budget.h"
 #include "daemon/peer/read_back_pool.h"
+#include "daemon/transport/channel_registry.h"
 #include "daemon/transport/transport.h"
 #include "storage/buffer_pool.h"
 #include "storage/exports.h"
@@ -244,7 +245,8 @@ class Receiver {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<transport::Channel*> channels_ ABSL_GUARDED_BY(mu_);
+  // Every channel Serve is serving; closed at shutdown.
+  transport::ChannelRegistry channels_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread sweep_thread_;
   ReceiverStats stats_ ABSL_GUARDED_BY(mu_);

@@ -10,15 +10,16 @@
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/receiver.h"
 #include "daemon/peer/receiver_session.h"
+#include "daemon/wire/frames.h"
+#include "daemon/wire/messaging.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
+#include "storage/chunk_plan.h"
 #include "storage/manifest.h"
 #include "storage/staging.h"
 #include "storage/xxh3.h"
 
 namespace longhaul::peer {
-
-using receiver_internal::ChunkKey;
 
 namespace {
 
@@ -29,7 +30,7 @@ namespace {
 // stream's budgeted piece buffer.
 absl::Status HashStagedRange(storage::FileIo& io, const storage::File& file, uint64_t offset,
                              uint64_t length, XXH3_state_t& state) {
-  storage::AlignedBuffer buffer(std::min<uint64_t>(length, kReadPiece));
+  storage::AlignedBuffer buffer(std::min<uint64_t>(length, wire::kReadPiece));
   for (uint64_t done = 0; done < length;) {
     const size_t n = std::min<uint64_t>(length - done, buffer.capacity());
     absl::StatusOr<size_t> got =
@@ -55,12 +56,13 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
   }
   std::shared_ptr<Session> session = *found;
   uint64_t chunk_size;
+  transport::ChannelRegistry::Registration registration;
   {
     absl::MutexLock lock(&session->mu);
-    session->data_channels.insert(&channel);
+    registration = session->data_channels.Add(channel);
     chunk_size = session->record.manifest().chunk_size();
   }
-  const uint64_t session_id = SessionIdFor(transfer_id);
+  const uint64_t session_id = wire::SessionIdFor(transfer_id);
   const std::string& peer_site = channel.peer_site();
   std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
   // One piece buffer of the shared pool, taken at the first chunk and kept
@@ -78,21 +80,23 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     absl::MutexLock lock(&mu_);
     ++stats_.frames_refused;
   };
-  auto send_progress = [&](const ChunkHeader& h, uint64_t durable_bytes) {
+  auto send_progress = [&](const wire::ChunkHeader& h, uint64_t durable_bytes) {
     std::string bytes =
-        EncodeChunkProgress({h.file_index, h.chunk_index, h.generation, durable_bytes});
+        wire::EncodeChunkProgress({h.file_index, h.chunk_index, h.generation, durable_bytes});
     absl::Span<const uint8_t> part(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-    return SendFrame(channel, FrameType::kChunkProgress, session_id, {part});
+    return wire::SendFrame(channel, wire::FrameType::kChunkProgress, session_id, {part});
   };
-  auto send_ack = [&](const ChunkHeader& h, ChunkAck::Result result, std::string message) {
-    ChunkAck ack{h.file_index, h.chunk_index, h.generation, result, std::move(message)};
-    std::string bytes = EncodeChunkAck(ack);
+  auto send_ack = [&](const wire::ChunkHeader& h, wire::ChunkAck::Result result,
+                      std::string message) {
+    wire::ChunkAck ack{h.file_index, h.chunk_index, h.generation, result, std::move(message)};
+    std::string bytes = wire::EncodeChunkAck(ack);
     absl::Span<const uint8_t> part(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-    return SendFrame(channel, FrameType::kChunkAck, session_id, {part});
+    return wire::SendFrame(channel, wire::FrameType::kChunkAck, session_id, {part});
   };
 
   while (true) {
-    auto header = ReadFrameHeader(channel, static_cast<uint32_t>(kChunkHeaderSize + chunk_size));
+    auto header =
+        wire::ReadFrameHeader(channel, static_cast<uint32_t>(wire::kChunkHeaderSize + chunk_size));
     if (!header.ok()) {
       const absl::Status& s = header.status();
       if (s.code() == absl::StatusCode::kInvalidArgument) {
@@ -104,20 +108,20 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       }
       break;
     }
-    if (header->type != FrameType::kChunk || header->session_id != session_id ||
-        header->payload_length < kChunkHeaderSize) {
+    if (header->type != wire::FrameType::kChunk || header->session_id != session_id ||
+        header->payload_length < wire::kChunkHeaderSize) {
       refuse("expected a chunk frame of this session");
       break;
     }
-    std::array<uint8_t, kChunkHeaderSize> chunk_header_bytes;
+    std::array<uint8_t, wire::kChunkHeaderSize> chunk_header_bytes;
     if (!channel.ReadExactly(absl::MakeSpan(chunk_header_bytes)).ok()) break;
-    auto chunk = ParseChunkHeader(chunk_header_bytes);
+    auto chunk = wire::ParseChunkHeader(chunk_header_bytes);
     if (!chunk.ok()) {
       refuse(std::string(chunk.status().message()));
       break;
     }
-    const uint64_t data_length = header->payload_length - kChunkHeaderSize;
-    const uint64_t key = ChunkKey(chunk->file_index, chunk->chunk_index);
+    const uint64_t data_length = header->payload_length - wire::kChunkHeaderSize;
+    const storage::ChunkId key{chunk->file_index, chunk->chunk_index};
 
     v1::ManifestFile file;
     uint64_t chunk_bytes = 0;
@@ -139,8 +143,8 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
         } else {
           chunk_bytes = storage::ChunkSize(file, chunk->chunk_index, chunk_size);
           auto prefix = session->partial.find(key);
-          valid = CheckChunkExtent(chunk->offset, data_length, chunk_bytes,
-                                   prefix == session->partial.end() ? 0 : prefix->second);
+          valid = wire::CheckChunkExtent(chunk->offset, data_length, chunk_bytes,
+                                         prefix == session->partial.end() ? 0 : prefix->second);
           if (!valid.ok()) {
             valid = absl::InvalidArgumentError(absl::StrCat("chunk ", chunk->chunk_index, " of ",
                                                             file.path(), ": ", valid.message()));
@@ -150,7 +154,8 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     }
     if (!valid.ok()) {
       refuse(std::string(valid.message()));
-      send_ack(*chunk, ChunkAck::Result::kRefused, std::string(valid.message())).IgnoreError();
+      send_ack(*chunk, wire::ChunkAck::Result::kRefused, std::string(valid.message()))
+          .IgnoreError();
       break;
     }
     // One piece is held at a time.
@@ -182,7 +187,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     if (!why.empty()) {
       spdlog::warn("transfer {}: chunk {} of {}: {}", transfer_id, chunk->chunk_index, file.path(),
                    why);
-      std::array<uint8_t, kReadPiece> scratch;
+      std::array<uint8_t, wire::kReadPiece> scratch;
       absl::Status skipped = absl::OkStatus();
       for (uint64_t left = data_length; left > 0 && skipped.ok();) {
         const size_t piece = std::min<uint64_t>(left, scratch.size());
@@ -190,7 +195,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
         left -= piece;
       }
       if (!skipped.ok()) break;
-      if (!send_ack(*chunk, ChunkAck::Result::kRetryLater, why).ok()) break;
+      if (!send_ack(*chunk, wire::ChunkAck::Result::kRetryLater, why).ok()) break;
       continue;
     }
 
@@ -277,7 +282,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
                        transfer_id, chunk->chunk_index, file.path(), s.message());
         }
       }
-      if (!send_ack(*chunk, ChunkAck::Result::kHashMismatch, "digest mismatch").ok()) break;
+      if (!send_ack(*chunk, wire::ChunkAck::Result::kHashMismatch, "digest mismatch").ok()) break;
       continue;
     }
 
@@ -292,7 +297,8 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     if (!stored.ok()) {
       spdlog::warn("transfer {}: cannot store chunk {} of {}: {}", transfer_id, chunk->chunk_index,
                    file.path(), stored.message());
-      if (!send_ack(*chunk, ChunkAck::Result::kRetryLater, std::string(stored.message())).ok()) {
+      if (!send_ack(*chunk, wire::ChunkAck::Result::kRetryLater, std::string(stored.message()))
+               .ok()) {
         break;
       }
       continue;
@@ -308,11 +314,9 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       ++stats_.chunks_durable;
       stats_.bytes_durable += data_length;
     }
-    if (!send_ack(*chunk, ChunkAck::Result::kDurable, "").ok()) break;
+    if (!send_ack(*chunk, wire::ChunkAck::Result::kDurable, "").ok()) break;
     QueueReadBack(session, record, write);
   }
-  absl::MutexLock lock(&session->mu);
-  session->data_channels.erase(&channel);
 }
 
 bool Receiver::WaitForBudget(const std::string& site, uint64_t bytes) {

@@ -20,6 +20,7 @@
 #include "daemon/peer/receiver_session.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
+#include "storage/chunk_plan.h"
 #include "storage/manifest.h"
 #include "storage/retention.h"
 #include "storage/staging.h"
@@ -28,7 +29,6 @@
 namespace longhaul::peer {
 
 using receiver_internal::CheckTransferId;
-using receiver_internal::ChunkKey;
 using receiver_internal::ParentOf;
 
 namespace {
@@ -96,7 +96,7 @@ void Receiver::QueueReadBack(const std::shared_ptr<Session>& session,
   const uint32_t chunk_index = chunk.chunk_index;
   const uint64_t generation = chunk.chunk.generation();
   const uint64_t size = chunk.chunk.size();
-  const uint64_t key = ChunkKey(file_index, chunk_index);
+  const storage::ChunkId key{file_index, chunk_index};
   // Still receiving, and the chunk's last write is the one being checked.
   // AssertHeld rather than ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu): clang 14 checks
   // a lambda's lock requirement against the closure object, not its argument.
@@ -160,7 +160,7 @@ absl::Status Receiver::VerifyStaged(Session& session,
   for (storage::ChunkDurability& c : *listed) {
     if (skip_files.contains(c.file_index)) continue;
     if (c.chunk.generation() != manifest.files(c.file_index).generation()) continue;
-    const uint64_t key = ChunkKey(c.file_index, c.chunk_index);
+    const storage::ChunkId key{c.file_index, c.chunk_index};
     auto durable = session.durable.find(key);
     auto checked = session.read_back.find(key);
     if (durable != session.durable.end() && checked != session.read_back.end() &&
@@ -231,8 +231,10 @@ absl::Status Receiver::VerifyStaged(Session& session,
   for (uint32_t f : bad_files) {
     if (absl::Status s = journal_.DeleteFileChunks(id, f); !s.ok()) return s;
     if (absl::Status s = session.staging->DiscardFile(f); !s.ok()) return s;
-    uint64_t n = storage::ChunkCount(manifest.files(f), manifest.chunk_size());
-    for (uint64_t c = 0; c < n; ++c) session.durable.erase(ChunkKey(f, c));
+    storage::ForEachChunkOfFile(manifest, f, [&](storage::ChunkId id, uint64_t) {
+      session.mu.AssertHeld();  // held here; clang 14 does not carry it into a lambda
+      session.durable.erase(id);
+    });
     // Not under mu_: the session lock is held, and mu_ is taken before it elsewhere.
     staged_corruptions_.fetch_add(1);
   }
@@ -288,8 +290,10 @@ absl::Status Receiver::PublishLocked(Session& session) {
     for (uint32_t f : resend) {
       if (absl::Status s = journal_.DeleteFileChunks(id, f); !s.ok()) return s;
       if (absl::Status s = session.staging->DiscardFile(f); !s.ok()) return s;
-      uint64_t n = storage::ChunkCount(record.manifest().files(f), record.manifest().chunk_size());
-      for (uint64_t c = 0; c < n; ++c) session.durable.erase(ChunkKey(f, c));
+      storage::ForEachChunkOfFile(record.manifest(), f, [&](storage::ChunkId id, uint64_t) {
+        session.mu.AssertHeld();  // held here; clang 14 does not carry it into a lambda
+        session.durable.erase(id);
+      });
     }
     if (absl::Status s = journal_.PutIncoming(record); !s.ok()) return s;
     return published;
@@ -366,11 +370,10 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site,
   const v1::Manifest& manifest = record.manifest();
   const storage::PublishOptions options = PublishOptionsOf(record);
   uint64_t missing = 0;
-  for (int f = 0; f < manifest.files_size(); ++f) {
-    if (options.skip_files.contains(f)) continue;
-    uint64_t n = storage::ChunkCount(manifest.files(f), manifest.chunk_size());
-    for (uint64_t c = 0; c < n; ++c) missing += !session->durable.contains(ChunkKey(f, c));
-  }
+  storage::ForEachChunk(manifest, [&](storage::ChunkId id, uint64_t) {
+    session->mu.AssertHeld();  // held here; clang 14 does not carry it into a lambda
+    missing += !options.skip_files.contains(id.file_index) && !session->durable.contains(id);
+  });
   if (missing > 0) {
     return fail(absl::UnavailableError(
         absl::StrCat("cannot publish ", id, ": ", missing, " chunks are not durable yet")));
@@ -453,18 +456,14 @@ v1::PeerMessage Receiver::HandleVerify(const std::string& peer_site,
       ::close(fd);
       continue;
     }
-    uint64_t n = storage::ChunkCount(file, manifest.chunk_size());
-    for (uint64_t c = 0; c < n; ++c) {
-      uint64_t size = storage::ChunkSize(file, c, manifest.chunk_size());
-      auto hash = storage::ReadChunkHashed(*io, fd, c * manifest.chunk_size(),
-                                           absl::MakeSpan(buffer.get(), size));
-      if (!hash.ok()) {
-        digest->set_error(std::string(hash.status().message()));
-        break;
-      }
-      auto bytes = hash->ToBytes();
-      digest->add_chunk_xxh128(bytes.data(), bytes.size());
-    }
+    absl::Status read = storage::HashFileChunks(
+        *io, fd, file, manifest.chunk_size(), absl::MakeSpan(buffer.get(), buffer_size),
+        [&](uint32_t, uint64_t, const storage::Xxh128& chunk_digest) {
+          const auto bytes = chunk_digest.ToBytes();
+          digest->add_chunk_xxh128(bytes.data(), bytes.size());
+          return true;
+        });
+    if (!read.ok()) digest->set_error(std::string(read.message()));
     ::close(fd);
   }
   return answer;

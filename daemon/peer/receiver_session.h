@@ -9,21 +9,16 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/peer/receiver.h"
-#include "daemon/transport/transport.h"
+#include "daemon/transport/channel_registry.h"
+#include "storage/chunk_plan.h"
 #include "storage/journal.h"
 #include "storage/staging.h"
 
 namespace longhaul::peer {
 namespace receiver_internal {
-
-// The key of a chunk in Session::durable, read_back and partial.
-inline uint64_t ChunkKey(uint32_t file_index, uint32_t chunk_index) {
-  return (static_cast<uint64_t>(file_index) << 32) | chunk_index;
-}
 
 // InvalidArgument unless `id` can name a staging directory: one short path
 // component.
@@ -50,27 +45,35 @@ struct Receiver::Session {
   v1::IncomingTransfer record ABSL_GUARDED_BY(mu);
   storage::ResolvedDestination dest ABSL_GUARDED_BY(mu);
   std::optional<storage::Staging> staging ABSL_GUARDED_BY(mu);
-  // Chunks journaled durable (ChunkKey), each with the number of the write
-  // that made it so: a chunk written again gets a new number.
-  absl::flat_hash_map<uint64_t, uint64_t> durable ABSL_GUARDED_BY(mu);
+  // Chunks journaled durable, each with the number of the write that made
+  // it so: a chunk written again gets a new number.
+  absl::flat_hash_map<storage::ChunkId, uint64_t> durable ABSL_GUARDED_BY(mu);
   uint64_t writes ABSL_GUARDED_BY(mu) = 0;
   // Chunks read back and found matching since, with the number of the write
   // they were read back after. A chunk counts as checked only while that is
   // still its number in `durable`.
-  absl::flat_hash_map<uint64_t, uint64_t> read_back ABSL_GUARDED_BY(mu);
-  // Chunks of which a prefix is durable: its length, by chunk key.
-  absl::flat_hash_map<uint64_t, uint64_t> partial ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<storage::ChunkId, uint64_t> read_back ABSL_GUARDED_BY(mu);
+  // Chunks of which a prefix is durable: its length.
+  absl::flat_hash_map<storage::ChunkId, uint64_t> partial ABSL_GUARDED_BY(mu);
   // The sender takes CHUNK_PROGRESS and resumes inside chunks
   // (OpenRequest.durable_pieces).
   bool durable_pieces ABSL_GUARDED_BY(mu) = false;
-  absl::flat_hash_set<transport::Channel*> data_channels ABSL_GUARDED_BY(mu);
+  // The DATA channels serving this transfer. Added to only with mu held.
+  transport::ChannelRegistry data_channels;
 
   // Stops the data channels of an older attempt and waits until they are
   // gone, so staging fds are not in use while files change underneath.
+  // Waits with mu released (a channel's thread may need it before it lets
+  // go) and returns with mu held and no data channel registered; one that
+  // registered while mu was released is aborted too.
   void DrainDataChannels() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    for (transport::Channel* c : data_channels) c->Abort();
-    mu.Await(absl::Condition(
-        +[](Session* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return s->data_channels.empty(); }, this));
+    while (true) {
+      data_channels.AbortAll();
+      if (data_channels.empty()) return;
+      mu.Unlock();
+      data_channels.WaitUntilEmpty();
+      mu.Lock();
+    }
   }
 };
 

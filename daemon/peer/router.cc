@@ -2,6 +2,8 @@
 
 #include "common/fmt_absl.h"
 #include "daemon/peer/messaging.h"
+#include "daemon/wire/frames.h"
+#include "daemon/wire/messaging.h"
 #include "spdlog/spdlog.h"
 
 namespace longhaul::peer {
@@ -12,7 +14,7 @@ void PeerRouter::Register(v1::Hello::Role role, Handler handler) {
 
 void PeerRouter::Serve(std::unique_ptr<transport::Channel> channel) const {
   v1::Hello hello;
-  absl::Status status = ReadProto(*channel, FrameType::kHello, 0, &hello);
+  absl::Status status = wire::ReadProto(*channel, wire::FrameType::kHello, 0, &hello);
   if (absl::IsUnavailable(status)) {
     // Closed before a word, so nothing was lost: usually a sender's spare data channel, dialed
     // ahead of a session that needed fewer streams (TransferSender::RunAttempt).
@@ -28,9 +30,9 @@ void PeerRouter::Serve(std::unique_ptr<transport::Channel> channel) const {
   // The HELLO is in: from here the idle timeout applies, not the handshake deadline.
   channel->EndHandshake();
   if (hello.role() == v1::Hello::EXCHANGE) channel->KeepWhenIdle();
-  if (hello.protocol_version() != kProtocolVersion) {
+  if (hello.protocol_version() != wire::kProtocolVersion) {
     spdlog::warn("closing connection from {}: protocol version {} (we speak {})",
-                 channel->peer_site(), hello.protocol_version(), kProtocolVersion);
+                 channel->peer_site(), hello.protocol_version(), wire::kProtocolVersion);
     return;
   }
   auto it = handlers_.find(static_cast<int>(hello.role()));

@@ -9,13 +9,17 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "common/fmt_absl.h"
 #include "daemon/peer/messaging.h"
+#include "daemon/wire/frames.h"
+#include "daemon/wire/messaging.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
+#include "storage/chunk_plan.h"
 #include "storage/content_check.h"
 #include "storage/file_io.h"
 #include "storage/file_system.h"
@@ -53,10 +57,6 @@ bool IsRetryable(const absl::Status& s) {
   }
 }
 
-uint64_t ChunkKey(uint32_t file_index, uint32_t chunk_index) {
-  return (static_cast<uint64_t>(file_index) << 32) | chunk_index;
-}
-
 }  // namespace
 
 bool SendWindow::Fits(uint64_t bytes) const {
@@ -72,7 +72,7 @@ void SendWindow::Sent(uint64_t bytes) {
   unacked_ += bytes;
 }
 
-absl::StatusOr<uint64_t> SendWindow::Progress(const ChunkProgress& progress) {
+absl::StatusOr<uint64_t> SendWindow::Progress(const wire::ChunkProgress& progress) {
   if (entries_.empty() || entries_.front().file_index != progress.file_index ||
       entries_.front().chunk_index != progress.chunk_index) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -93,7 +93,7 @@ absl::StatusOr<uint64_t> SendWindow::Progress(const ChunkProgress& progress) {
   return added;
 }
 
-absl::StatusOr<SendWindow::Entry> SendWindow::Ack(const ChunkAck& ack) {
+absl::StatusOr<SendWindow::Entry> SendWindow::Ack(const wire::ChunkAck& ack) {
   if (entries_.empty() || entries_.front().file_index != ack.file_index ||
       entries_.front().chunk_index != ack.chunk_index) {
     return absl::InvalidArgumentError(
@@ -101,8 +101,8 @@ absl::StatusOr<SendWindow::Entry> SendWindow::Ack(const ChunkAck& ack) {
                      ", which was not sent"));
   }
   const Entry e = entries_.front();
-  const bool whole = ack.result == ChunkAck::Result::kDurable ||
-                     ack.result == ChunkAck::Result::kHashMismatch;
+  const bool whole = ack.result == wire::ChunkAck::Result::kDurable ||
+                     ack.result == wire::ChunkAck::Result::kHashMismatch;
   if (whole && e.sent != e.size) {
     return absl::InvalidArgumentError(
         absl::StrCat("acknowledged chunk ", e.chunk_index, " of file ", e.file_index, " after ",
@@ -149,10 +149,7 @@ void TransferSender::Stop() {
   AbortChannels();
 }
 
-void TransferSender::AbortChannels() {
-  absl::MutexLock lock(&mu_);
-  for (transport::Channel* c : channels_) c->Abort();
-}
+void TransferSender::AbortChannels() { channels_.AbortAll(); }
 
 absl::Status TransferSender::Run() {
   int failures = 0;
@@ -224,7 +221,7 @@ absl::Status TransferSender::RunAttempt() {
     return absl::FailedPreconditionError(absl::StrCat(
         "site ", spec.dest_site(), " is not a configured peer of ", options_.local_site));
   }
-  const uint64_t session_id = SessionIdFor(record.id());
+  const uint64_t session_id = wire::SessionIdFor(record.id());
   const v1::Manifest& manifest = record.manifest();
   const uint64_t chunk_size = manifest.chunk_size();
 
@@ -253,18 +250,7 @@ absl::Status TransferSender::RunAttempt() {
   hello.set_transfer_id(record.id());
   auto control = DialSession(control_transport_, peer->site, peer->address, hello);
   if (!control.ok()) return control.status();
-  {
-    absl::MutexLock lock(&mu_);
-    channels_.insert(control->get());
-  }
-  struct Unregister {
-    TransferSender* self;
-    transport::Channel* channel;
-    ~Unregister() {
-      absl::MutexLock lock(&self->mu_);
-      self->channels_.erase(channel);
-    }
-  } unregister{this, control->get()};
+  const transport::ChannelRegistry::Registration control_registration = channels_.Add(**control);
   if (stop_.load()) return absl::CancelledError("stopped");
 
   v1::PeerMessage request;
@@ -287,9 +273,8 @@ absl::Status TransferSender::RunAttempt() {
 
   absl::flat_hash_set<uint32_t> unchanged(reply.unchanged_files().begin(),
                                           reply.unchanged_files().end());
-  absl::flat_hash_set<uint64_t> durable;
-  for (const v1::ChunkId& id : reply.durable())
-    durable.insert(ChunkKey(id.file_index(), id.chunk_index()));
+  absl::flat_hash_set<storage::ChunkId> durable;
+  for (const v1::ChunkId& id : reply.durable()) durable.insert({id.file_index(), id.chunk_index()});
   // A piece is at most a chunk. One below kMinDurablePiece is the peer's
   // mistake; pieces then are whole chunks, which every destination accepts.
   uint64_t durable_piece = std::min<uint64_t>(reply.durable_piece(), chunk_size);
@@ -300,7 +285,7 @@ absl::Status TransferSender::RunAttempt() {
   }
   // Durable prefixes: a chunk is sent from there on. One the manifest does
   // not allow is ignored (the chunk is sent whole).
-  absl::flat_hash_map<uint64_t, uint64_t> prefixes;
+  absl::flat_hash_map<storage::ChunkId, uint64_t> prefixes;
   for (const v1::PartialChunk& p : reply.partial()) {
     if (durable_piece == 0 || p.file_index() >= static_cast<uint32_t>(manifest.files_size())) {
       continue;
@@ -310,7 +295,7 @@ absl::Status TransferSender::RunAttempt() {
         p.durable_bytes() >= storage::ChunkSize(file, p.chunk_index(), chunk_size)) {
       continue;
     }
-    prefixes[ChunkKey(p.file_index(), p.chunk_index())] = p.durable_bytes();
+    prefixes[{p.file_index(), p.chunk_index()}] = p.durable_bytes();
   }
 
   TransferProgress::Snapshot totals;
@@ -320,22 +305,19 @@ absl::Status TransferSender::RunAttempt() {
       ++totals.files_unchanged;
       continue;
     }
-    const v1::ManifestFile& file = manifest.files(f);
-    totals.bytes_total += file.size();
-    uint64_t n = storage::ChunkCount(file, chunk_size);
-    totals.chunks_total += n;
-    for (uint64_t c = 0; c < n; ++c) {
-      uint64_t size = storage::ChunkSize(file, c, chunk_size);
-      if (durable.contains(ChunkKey(f, c))) {
+    totals.bytes_total += manifest.files(f).size();
+    storage::ForEachChunkOfFile(manifest, f, [&](storage::ChunkId id, uint64_t size) {
+      ++totals.chunks_total;
+      if (durable.contains(id)) {
         totals.bytes_done += size;
         ++totals.chunks_done;
-      } else {
-        auto prefix = prefixes.find(ChunkKey(f, c));
-        const uint64_t start = prefix == prefixes.end() ? 0 : prefix->second;
-        totals.bytes_done += start;
-        queue.push_back({static_cast<uint32_t>(f), static_cast<uint32_t>(c), size, start});
+        return;
       }
-    }
+      auto prefix = prefixes.find(id);
+      const uint64_t start = prefix == prefixes.end() ? 0 : prefix->second;
+      totals.bytes_done += start;
+      queue.push_back({id.file_index, id.chunk_index, size, start});
+    });
   }
   uint64_t bytes_sent;
   {
@@ -373,7 +355,7 @@ absl::Status TransferSender::RunAttempt() {
         auto channel = data_dials[i].get();
         if (!channel.ok()) {
           results[i] = channel.status();
-        } else if (absl::Status s = SendHello(**channel, data_hello); !s.ok()) {
+        } else if (absl::Status s = wire::SendHello(**channel, data_hello); !s.ok()) {
           results[i] = s;
         } else {
           results[i] = StreamLoop(i, session_id, durable_piece, std::move(*channel));
@@ -416,7 +398,7 @@ void TransferSender::ChangeSendingStreams(int delta) {
   absl::MutexLock lock(&mu_);
   sending_streams_ += delta;
   const Bandwidth each = StreamPacingLimit(options_.link_bandwidth, sending_streams_);
-  for (transport::Channel* channel : channels_) channel->LimitPacingRate(each);
+  channels_.ForEach([each](transport::Channel& channel) { channel.LimitPacingRate(each); });
 }
 
 void TransferSender::AddBytesSent(uint64_t bytes) {
@@ -437,27 +419,19 @@ void TransferSender::AddBytesSent(uint64_t bytes) {
 absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_id,
                                         uint64_t durable_piece,
                                         std::unique_ptr<transport::Channel> channel) {
-  {
-    absl::MutexLock lock(&mu_);
-    channels_.insert(channel.get());
-  }
+  const transport::ChannelRegistry::Registration registration = channels_.Add(*channel);
   // While this stream may still send chunks it counts among the streams that
   // share the pacing cap; the rest speed up as streams run out of chunks.
-  struct Unregister {
+  struct SendingStream {
     TransferSender* self;
-    transport::Channel* channel;
     bool sending = true;
     void StopSending() {
       if (!sending) return;
       sending = false;
       self->ChangeSendingStreams(-1);
     }
-    ~Unregister() {
-      StopSending();
-      absl::MutexLock lock(&self->mu_);
-      self->channels_.erase(channel);
-    }
-  } unregister{this, channel.get()};
+    ~SendingStream() { StopSending(); }
+  } sending_stream{this};
   ChangeSendingStreams(+1);
   if (stop_.load()) return absl::CancelledError("stopped");
   // Hashing and encrypting chunks must not hold the CPU from an exchange,
@@ -518,12 +492,12 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
   // Reads one answer (a progress report or the ack of the oldest chunk)
   // and applies it.
   auto await_answer = [&]() -> absl::Status {
-    auto frame = ReadFrameHeader(
-        *channel, static_cast<uint32_t>(std::max(kChunkAckFixedSize + kMaxAckMessage,
-                                                 kChunkProgressSize)));
+    auto frame = wire::ReadFrameHeader(
+        *channel, static_cast<uint32_t>(std::max(wire::kChunkAckFixedSize + wire::kMaxAckMessage,
+                                                 wire::kChunkProgressSize)));
     if (!frame.ok()) return frame.status();
-    const bool progress_frame = frame->type == FrameType::kChunkProgress && durable_piece > 0;
-    if ((frame->type != FrameType::kChunkAck && !progress_frame) ||
+    const bool progress_frame = frame->type == wire::FrameType::kChunkProgress && durable_piece > 0;
+    if ((frame->type != wire::FrameType::kChunkAck && !progress_frame) ||
         frame->session_id != session_id) {
       return absl::InvalidArgumentError(
           absl::StrCat(channel->peer_site(), " answered a chunk with an unexpected frame"));
@@ -531,7 +505,7 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     std::vector<uint8_t> bytes(frame->payload_length);
     if (absl::Status s = channel->ReadExactly(absl::MakeSpan(bytes)); !s.ok()) return s;
     if (progress_frame) {
-      auto progress = ParseChunkProgress(bytes);
+      auto progress = wire::ParseChunkProgress(bytes);
       if (!progress.ok()) return progress.status();
       absl::StatusOr<uint64_t> added = window.Progress(*progress);
       if (!added.ok()) {
@@ -546,7 +520,7 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
       update_resent();
       return absl::OkStatus();
     }
-    auto ack = ParseChunkAck(bytes);
+    auto ack = wire::ParseChunkAck(bytes);
     if (!ack.ok()) return ack.status();
     absl::StatusOr<SendWindow::Entry> acked = window.Ack(*ack);
     if (!acked.ok()) {
@@ -557,10 +531,10 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     {
       absl::MutexLock lock(&mu_);
       in_flight_bytes_ -= acked->size - acked->durable;
-      if (ack->result == ChunkAck::Result::kHashMismatch) queue_.push_front(chunk);
+      if (ack->result == wire::ChunkAck::Result::kHashMismatch) queue_.push_front(chunk);
     }
     switch (ack->result) {
-      case ChunkAck::Result::kDurable: {
+      case wire::ChunkAck::Result::kDurable: {
         progress_.Update([&](TransferProgress::Snapshot& s) {
           s.bytes_done += acked->size - acked->durable;
           ++s.chunks_done;
@@ -568,17 +542,17 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
         if (observer_) observer_(channel->peer_site(), channel->Stats());
         break;
       }
-      case ChunkAck::Result::kHashMismatch:
+      case wire::ChunkAck::Result::kHashMismatch:
         // Sent again from its first byte: what was durable of it no longer counts.
         progress_.Update([&](TransferProgress::Snapshot& s) { s.bytes_done -= acked->durable; });
         spdlog::warn("transfer {}: {} reports a corrupted chunk {} of {}; sending it again",
                      record.id(), channel->peer_site(), chunk.chunk_index,
                      manifest.files(chunk.file_index).path());
         break;
-      case ChunkAck::Result::kRetryLater:
+      case wire::ChunkAck::Result::kRetryLater:
         return absl::ResourceExhaustedError(
             absl::StrCat(channel->peer_site(), " cannot store data: ", ack->message));
-      case ChunkAck::Result::kRefused:
+      case wire::ChunkAck::Result::kRefused:
         return absl::FailedPreconditionError(
             absl::StrCat(channel->peer_site(), " refused a chunk: ", ack->message));
     }
@@ -593,7 +567,7 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
       queue_empty = queue_.empty();
     }
     if (queue_empty) {
-      unregister.StopSending();
+      sending_stream.StopSending();
       // Done once everything sent here is acknowledged; an ack may requeue
       // a chunk (hash mismatch), which is then sent again.
       if (window.empty()) break;
@@ -658,15 +632,16 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
       return s.code() == absl::StatusCode::kAborted ? source_changed(chunk.file_index, s) : s;
     }
 
-    ChunkHeader header{chunk.file_index, chunk.chunk_index, file.generation(), hash->low,
-                       hash->high, static_cast<uint32_t>(chunk.start)};
-    std::array<uint8_t, kChunkHeaderSize> header_bytes;
-    EncodeChunkHeader(header, header_bytes);
-    std::array<uint8_t, kFrameHeaderSize> frame_header;
-    EncodeFrameHeader({FrameType::kChunk,
-                       static_cast<uint32_t>(kChunkHeaderSize + chunk.size - chunk.start),
-                       session_id},
-                      frame_header);
+    wire::ChunkHeader header{chunk.file_index,  chunk.chunk_index,
+                             file.generation(), hash->low,
+                             hash->high,        static_cast<uint32_t>(chunk.start)};
+    std::array<uint8_t, wire::kChunkHeaderSize> header_bytes;
+    wire::EncodeChunkHeader(header, header_bytes);
+    std::array<uint8_t, wire::kFrameHeaderSize> frame_header;
+    wire::EncodeFrameHeader(
+        {wire::FrameType::kChunk,
+         static_cast<uint32_t>(wire::kChunkHeaderSize + chunk.size - chunk.start), session_id},
+        frame_header);
     window.Begin(chunk.file_index, chunk.chunk_index, chunk.size, chunk.start);
     // A slice ends where the receiver's durable pieces do.
     for (uint64_t pos = chunk.start; pos < chunk.size;) {

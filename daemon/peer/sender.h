@@ -9,7 +9,6 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -18,7 +17,9 @@
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
+#include "daemon/transport/channel_registry.h"
 #include "daemon/transport/transport.h"
+#include "daemon/wire/frames.h"
 #include "longhaul/v1/journal.pb.h"
 #include "storage/journal.h"
 
@@ -89,11 +90,11 @@ class SendWindow {
   // InvalidArgument when it is not about the oldest open chunk, does not
   // move forward, reaches the chunk's end (that is an ack's) or covers
   // bytes not sent.
-  absl::StatusOr<uint64_t> Progress(const ChunkProgress& progress);
+  absl::StatusOr<uint64_t> Progress(const wire::ChunkProgress& progress);
   // Closes the oldest open chunk with its ack and returns it. InvalidArgument
   // when the ack is about another chunk, or reports it durable or corrupted
   // before all of it was sent.
-  absl::StatusOr<Entry> Ack(const ChunkAck& ack);
+  absl::StatusOr<Entry> Ack(const wire::ChunkAck& ack);
 
   uint64_t unacked_bytes() const { return unacked_; }
   bool empty() const { return entries_.empty(); }
@@ -220,8 +221,9 @@ class TransferSender {
   std::deque<Chunk> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<uint32_t> changed_file_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<transport::Channel*> channels_ ABSL_GUARDED_BY(mu_);
   uint32_t sending_streams_ ABSL_GUARDED_BY(mu_) = 0;
+  // The control and data channels of the running attempt.
+  transport::ChannelRegistry channels_;
 
   RateLimiter* rate_limiter_ = nullptr;
 

@@ -22,6 +22,8 @@
 #include "daemon/exchange/reduce.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/rate_limiter.h"
+#include "daemon/wire/frames.h"
+#include "daemon/wire/messaging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -458,7 +460,7 @@ TEST(ExchangeHubGroupTest, OversizedSegmentClosesTheLink) {
   h.set_msg_id(1);
   h.set_total_bytes(1ull << 40);  // far over the message limit
   h.set_payload_bytes(kSegmentBytes);
-  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, h).ok());
+  ASSERT_TRUE(wire::SendProto(*raw, wire::FrameType::kControl, 0, h).ok());
   uint8_t byte;
   // site-b closes the link (and counts site-a as lost) instead of allocating.
   EXPECT_FALSE(raw->ReadExactly({&byte, 1}).ok());
@@ -627,7 +629,7 @@ absl::Status SendSegmentHeader(transport::Channel& raw, uint64_t msg_id, const s
   h.set_total_bytes(total_bytes);
   h.set_offset(offset);
   h.set_payload_bytes(bytes);
-  return peer::SendProto(raw, peer::FrameType::kControl, 0, h);
+  return wire::SendProto(raw, wire::FrameType::kControl, 0, h);
 }
 
 // Writes one whole segment (header and payload) of `message`.
@@ -844,7 +846,7 @@ TEST(ExchangeHubInPlaceTest, DiscardMidMessageLeavesTheRecvWaitingAndALostLinkFa
   v1::ExchangePeerMessage discard;
   discard.set_kind(v1::ExchangePeerMessage::DISCARD);
   discard.set_msg_id(1);
-  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, discard).ok());
+  ASSERT_TRUE(wire::SendProto(*raw, wire::FrameType::kControl, 0, discard).ok());
   ASSERT_TRUE(SendSegment(*raw, 2, "t", second, 0, second.size()).ok());
   OpResult r = got.get();
   ASSERT_TRUE(r.status.ok()) << r.status;
@@ -1005,7 +1007,7 @@ TEST(ExchangeHubStreamedTest, RecvStartsANewEpochWhenAnotherMessageRewritesTheBu
   v1::ExchangePeerMessage discard;
   discard.set_kind(v1::ExchangePeerMessage::DISCARD);
   discard.set_msg_id(1);
-  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, discard).ok());
+  ASSERT_TRUE(wire::SendProto(*raw, wire::FrameType::kControl, 0, discard).ok());
   ASSERT_TRUE(Eventually([&] { return word.view().LoadLanded().epoch != stale; }));
   EXPECT_EQ(word.view().LoadLanded().bytes, 0u);
   ASSERT_TRUE(SendSegment(*raw, 2, "t", second, 0, 4 * kMiB).ok());
@@ -1058,7 +1060,7 @@ absl::Status Plant(transport::Channel& raw, v1::ExchangePeerMessage h,
   h.set_total_bytes(payload.size());
   h.set_payload_bytes(payload.size());
   h.set_offset(0);
-  if (absl::Status s = peer::SendProto(raw, peer::FrameType::kControl, 0, h); !s.ok()) return s;
+  if (absl::Status s = wire::SendProto(raw, wire::FrameType::kControl, 0, h); !s.ok()) return s;
   if (payload.empty()) return absl::OkStatus();
   return raw.Write({payload});
 }
@@ -1206,7 +1208,7 @@ TEST(ExchangeHubLimitsTest, ZeroByteFloodStopsAtTheMessageLimit) {
   bad.set_group("x");
   bad.set_total_bytes(1ull << 40);
   bad.set_payload_bytes(kSegmentBytes);
-  ASSERT_TRUE(peer::SendProto(*raw, peer::FrameType::kControl, 0, bad).ok());
+  ASSERT_TRUE(wire::SendProto(*raw, wire::FrameType::kControl, 0, bad).ok());
   EXPECT_FALSE(raw->ReadExactly({&byte, 1}).ok());
   EXPECT_EQ(net.hub("site-a").unclaimed_messages("site-c"), 32u);
 }

@@ -9,6 +9,7 @@
 
 #include "daemon/exchange/exchange_types.h"
 #include "daemon/peer/messaging.h"
+#include "daemon/wire/frames.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/test_tools/fake_channel.h"
@@ -83,8 +84,8 @@ class InboundLink {
  public:
   void Add(const Msg& h, const std::string& payload = "") {
     std::string body = h.SerializeAsString();
-    std::array<uint8_t, peer::kFrameHeaderSize> header;
-    peer::EncodeFrameHeader({peer::FrameType::kControl, static_cast<uint32_t>(body.size()), 0},
+    std::array<uint8_t, wire::kFrameHeaderSize> header;
+    wire::EncodeFrameHeader({wire::FrameType::kControl, static_cast<uint32_t>(body.size()), 0},
                             header);
     auto bytes = [](const std::string& s) {
       return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size());

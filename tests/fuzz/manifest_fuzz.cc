@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "longhaul/v1/peer.pb.h"
+#include "storage/chunk_plan.h"
 #include "storage/manifest.h"
 
 namespace {

@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/storage/test_util.h"
@@ -70,6 +73,87 @@ TEST_P(ChunkIoTest, ShrunkSourceIsAbortedNamingTheFile) {
   EXPECT_NE(h.status().message().find("shrank"), absl::string_view::npos) << h.status();
   EXPECT_NE(h.status().message().find(path), absl::string_view::npos) << h.status();
   close(fd);
+}
+
+TEST_P(ChunkIoTest, HashFileChunksGivesEachChunkItsDigestInOrder) {
+  constexpr uint64_t kChunk = 4096;
+  const auto data = Bytes(kChunk * 2 + 100, 7);  // two whole chunks and a short one
+  const std::string path = dir_.Sub("chunks");
+  WriteFile(path, data);
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  v1::ManifestFile file;
+  file.set_size(data.size());
+  std::vector<uint8_t> buf(kChunk);
+  std::vector<std::tuple<uint32_t, uint64_t, Xxh128>> seen;
+  absl::Status s = HashFileChunks(*io_, fd, file, kChunk, absl::MakeSpan(buf),
+                                  [&](uint32_t c, uint64_t size, const Xxh128& digest) {
+                                    seen.emplace_back(c, size, digest);
+                                    return true;
+                                  });
+  close(fd);
+  ASSERT_TRUE(s.ok()) << s;
+  const auto bytes = absl::MakeConstSpan(data);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0], std::make_tuple(0u, kChunk, HashBytes(bytes.subspan(0, kChunk))));
+  EXPECT_EQ(seen[1], std::make_tuple(1u, kChunk, HashBytes(bytes.subspan(kChunk, kChunk))));
+  EXPECT_EQ(seen[2], std::make_tuple(2u, uint64_t{100}, HashBytes(bytes.subspan(2 * kChunk))));
+}
+
+TEST_P(ChunkIoTest, HashFileChunksStopsWhenTheCallerSaysSo) {
+  constexpr uint64_t kChunk = 4096;
+  const std::string path = dir_.Sub("chunks");
+  WriteFile(path, Bytes(kChunk * 3, 8));
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  v1::ManifestFile file;
+  file.set_size(kChunk * 3);
+  std::vector<uint8_t> buf(kChunk);
+  std::vector<uint32_t> seen;
+  absl::Status s = HashFileChunks(*io_, fd, file, kChunk, absl::MakeSpan(buf),
+                                  [&](uint32_t c, uint64_t, const Xxh128&) {
+                                    seen.push_back(c);
+                                    return c < 1;
+                                  });
+  close(fd);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(seen, (std::vector<uint32_t>{0, 1}));
+}
+
+TEST_P(ChunkIoTest, HashFileChunksOfAnEmptyFileCallsNothing) {
+  const std::string path = dir_.Sub("empty");
+  WriteFile(path, std::string());
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  v1::ManifestFile file;  // size 0
+  int calls = 0;
+  absl::Status s = HashFileChunks(*io_, fd, file, 4096, {}, [&](uint32_t, uint64_t, const Xxh128&) {
+    ++calls;
+    return true;
+  });
+  close(fd);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(calls, 0);
+}
+
+TEST_P(ChunkIoTest, HashFileChunksOfAShorterFileStopsAtTheShortChunk) {
+  constexpr uint64_t kChunk = 4096;
+  const std::string path = dir_.Sub("short");
+  WriteFile(path, Bytes(kChunk + 10, 9));
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  v1::ManifestFile file;
+  file.set_size(kChunk * 3);  // what the manifest says; the file has less
+  std::vector<uint8_t> buf(kChunk);
+  std::vector<uint32_t> seen;
+  absl::Status s = HashFileChunks(*io_, fd, file, kChunk, absl::MakeSpan(buf),
+                                  [&](uint32_t c, uint64_t, const Xxh128&) {
+                                    seen.push_back(c);
+                                    return true;
+                                  });
+  close(fd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_EQ(seen, (std::vector<uint32_t>{0}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Implementations, ChunkIoTest, ::testing::Bool(),

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "storage/chunk_plan.h"
 #include "tests/storage/test_util.h"
 
 namespace longhaul::storage {

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "daemon/wire/frames.h"
+#include "daemon/wire/messaging.h"
 #include "gtest/gtest.h"
 #include "tests/test_tools/fake_channel.h"
 
@@ -28,35 +30,36 @@ std::vector<uint8_t> Pattern(size_t n) {
   return out;
 }
 
-std::vector<uint8_t> Header(FrameType type, uint32_t payload_length, uint64_t session_id = 0) {
-  std::array<uint8_t, kFrameHeaderSize> header;
-  EncodeFrameHeader({type, payload_length, session_id}, header);
+std::vector<uint8_t> Header(wire::FrameType type, uint32_t payload_length,
+                            uint64_t session_id = 0) {
+  std::array<uint8_t, wire::kFrameHeaderSize> header;
+  wire::EncodeFrameHeader({type, payload_length, session_id}, header);
   return {header.begin(), header.end()};
 }
 
 TEST(GrowingBufferTest, ReadsInPiecesAndGrowsOnlyWithWhatArrived) {
-  const size_t length = 5 * kReadPiece + 123;
+  const size_t length = 5 * wire::kReadPiece + 123;
   const std::vector<uint8_t> bytes = Pattern(length);
   std::unique_ptr<FakeChannel> channel = Serving(bytes);
-  GrowingBuffer buffer;
+  wire::GrowingBuffer buffer;
   size_t capacity = 0;
   absl::Status s = buffer.Read(*channel, length, [&](size_t added) {
     // Grows only once what arrived fills it: at most twice that, or a piece.
     EXPECT_EQ(channel->bytes_read(), capacity);
     capacity += added;
-    EXPECT_LE(capacity, std::max(kReadPiece, 2 * channel->bytes_read()));
+    EXPECT_LE(capacity, std::max(wire::kReadPiece, 2 * channel->bytes_read()));
     EXPECT_LE(capacity, length);
     return absl::OkStatus();
   });
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(buffer.capacity(), capacity);
   EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), buffer.data().begin(), buffer.data().end()));
-  for (size_t n : channel->read_sizes()) EXPECT_LE(n, kReadPiece);
+  for (size_t n : channel->read_sizes()) EXPECT_LE(n, wire::kReadPiece);
 }
 
 TEST(GrowingBufferTest, AHugeDeclaredLengthWithLittleSentHoldsLittle) {
   std::unique_ptr<FakeChannel> channel = Serving(Pattern(100 << 10));
-  GrowingBuffer buffer;
+  wire::GrowingBuffer buffer;
   absl::Status s = buffer.Read(*channel, size_t{200} << 20);
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_LE(buffer.capacity(), size_t{256} << 10);
@@ -64,23 +67,23 @@ TEST(GrowingBufferTest, AHugeDeclaredLengthWithLittleSentHoldsLittle) {
 }
 
 TEST(GrowingBufferTest, ARefusedGrowthEndsTheReadWithItsError) {
-  std::unique_ptr<FakeChannel> channel = Serving(Pattern(4 * kReadPiece));
-  GrowingBuffer buffer;
-  absl::Status s = buffer.Read(*channel, 4 * kReadPiece, [&](size_t added) {
-    if (buffer.capacity() + added > 2 * kReadPiece) return absl::ResourceExhaustedError("budget");
+  std::unique_ptr<FakeChannel> channel = Serving(Pattern(4 * wire::kReadPiece));
+  wire::GrowingBuffer buffer;
+  absl::Status s = buffer.Read(*channel, 4 * wire::kReadPiece, [&](size_t added) {
+    if (buffer.capacity() + added > 2 * wire::kReadPiece) return absl::ResourceExhaustedError("budget");
     return absl::OkStatus();
   });
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
-  EXPECT_EQ(buffer.capacity(), 2 * kReadPiece);
-  EXPECT_EQ(channel->bytes_read(), 2 * kReadPiece);
+  EXPECT_EQ(buffer.capacity(), 2 * wire::kReadPiece);
+  EXPECT_EQ(channel->bytes_read(), 2 * wire::kReadPiece);
 }
 
 TEST(GrowingBufferTest, KeepsItsStorageForTheNextReadOfNoMore) {
-  const std::vector<uint8_t> first = Pattern(3 * kReadPiece);
+  const std::vector<uint8_t> first = Pattern(3 * wire::kReadPiece);
   std::vector<uint8_t> both = first;
   both.insert(both.end(), first.rbegin(), first.rend());
   std::unique_ptr<FakeChannel> channel = Serving(both);
-  GrowingBuffer buffer;
+  wire::GrowingBuffer buffer;
   ASSERT_TRUE(buffer.Read(*channel, first.size()).ok());
   const size_t capacity = buffer.capacity();
   int growths = 0;
@@ -99,40 +102,40 @@ TEST(GrowingBufferTest, KeepsItsStorageForTheNextReadOfNoMore) {
 }
 
 TEST(ReadProtoTest, AHelloOverItsCeilingIsRefusedBeforeAnyPayloadIsRead) {
-  std::vector<uint8_t> bytes = Header(FrameType::kHello, kMaxHelloPayload + 1);
+  std::vector<uint8_t> bytes = Header(wire::FrameType::kHello, wire::kMaxHelloPayload + 1);
   const std::vector<uint8_t> payload = Pattern(64 << 10);
   bytes.insert(bytes.end(), payload.begin(), payload.end());
   std::unique_ptr<FakeChannel> channel = Serving(bytes);
   v1::Hello hello;
-  absl::Status s = ReadProto(*channel, FrameType::kHello, 0, &hello);
+  absl::Status s = wire::ReadProto(*channel, wire::FrameType::kHello, 0, &hello);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("HELLO"), std::string::npos) << s;
-  EXPECT_NE(s.message().find(std::to_string(kMaxHelloPayload)), std::string::npos) << s;
-  EXPECT_EQ(channel->bytes_read(), kFrameHeaderSize);
+  EXPECT_NE(s.message().find(std::to_string(wire::kMaxHelloPayload)), std::string::npos) << s;
+  EXPECT_EQ(channel->bytes_read(), wire::kFrameHeaderSize);
 }
 
 TEST(ReadProtoTest, AControlMessageOverItsCeilingIsRefused) {
   std::unique_ptr<FakeChannel> channel =
-      Serving(Header(FrameType::kControl, kMaxControlPayload + 1));
+      Serving(Header(wire::FrameType::kControl, wire::kMaxControlPayload + 1));
   v1::PeerMessage message;
-  absl::Status s = ReadProto(*channel, FrameType::kControl, 0, &message);
+  absl::Status s = wire::ReadProto(*channel, wire::FrameType::kControl, 0, &message);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-  EXPECT_NE(s.message().find(std::to_string(kMaxControlPayload)), std::string::npos) << s;
+  EXPECT_NE(s.message().find(std::to_string(wire::kMaxControlPayload)), std::string::npos) << s;
 }
 
 TEST(ReadProtoTest, AHeaderDeclaringMoreThanIsSentHoldsOnlyWhatArrived) {
-  std::vector<uint8_t> bytes = Header(FrameType::kControl, 100u << 20);
+  std::vector<uint8_t> bytes = Header(wire::FrameType::kControl, 100u << 20);
   const std::vector<uint8_t> payload = Pattern(96 << 10);
   bytes.insert(bytes.end(), payload.begin(), payload.end());
   std::unique_ptr<FakeChannel> channel = Serving(bytes);
   v1::PeerMessage message;
   size_t charged = 0;
-  absl::Status s = ReadProto(*channel, FrameType::kControl, 0, &message, [&](size_t added) {
+  absl::Status s = wire::ReadProto(*channel, wire::FrameType::kControl, 0, &message, [&](size_t added) {
     charged += added;
     return absl::OkStatus();
   });
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
-  EXPECT_LE(charged, size_t{2} * kReadPiece);
+  EXPECT_LE(charged, size_t{2} * wire::kReadPiece);
 }
 
 TEST(ReadProtoTest, ReadsWhatSendProtoWrote) {
@@ -141,11 +144,11 @@ TEST(ReadProtoTest, ReadsWhatSendProtoWrote) {
   sent.set_request_id(42);
   v1::Manifest* manifest = sent.mutable_open()->mutable_manifest();
   for (int i = 0; i < 20000; ++i) manifest->add_files()->set_path("shard-" + std::to_string(i));
-  ASSERT_GT(sent.ByteSizeLong(), 2 * kReadPiece);
-  ASSERT_TRUE(SendProto(*pair.a, FrameType::kControl, 9, sent).ok());
+  ASSERT_GT(sent.ByteSizeLong(), 2 * wire::kReadPiece);
+  ASSERT_TRUE(wire::SendProto(*pair.a, wire::FrameType::kControl, 9, sent).ok());
   v1::PeerMessage received;
   size_t charged = 0;
-  ASSERT_TRUE(ReadProto(*pair.b, FrameType::kControl, 9, &received, [&](size_t added) {
+  ASSERT_TRUE(wire::ReadProto(*pair.b, wire::FrameType::kControl, 9, &received, [&](size_t added) {
                 charged += added;
                 return absl::OkStatus();
               }).ok());

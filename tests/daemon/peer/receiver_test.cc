@@ -9,6 +9,8 @@
 #include "common/clock.h"
 #include "daemon/peer/memory_budget.h"
 #include "daemon/peer/messaging.h"
+#include "daemon/wire/frames.h"
+#include "daemon/wire/messaging.h"
 #include "gtest/gtest.h"
 #include "storage/chunk_io.h"
 #include "storage/staging.h"
@@ -154,14 +156,14 @@ class ReceiverAuthorizationTest : public ReceiverRestartTest {
                        v1::PeerMessage request) {
     request.set_request_id(7);
     ChannelPair pair = MakeChannelPair("site-b", site);
-    EXPECT_TRUE(SendProto(*pair.a, FrameType::kControl, SessionIdFor(id), request).ok());
+    EXPECT_TRUE(wire::SendProto(*pair.a, wire::FrameType::kControl, wire::SessionIdFor(id), request).ok());
     pair.a->Close();
     v1::Hello hello;
     hello.set_role(v1::Hello::CONTROL);
     hello.set_transfer_id(id);
     receiver.Serve(std::move(pair.b), hello);
     v1::PeerMessage answer;
-    EXPECT_TRUE(ReadProto(*pair.a, FrameType::kControl, SessionIdFor(id), &answer).ok());
+    EXPECT_TRUE(wire::ReadProto(*pair.a, wire::FrameType::kControl, wire::SessionIdFor(id), &answer).ok());
     return answer;
   }
 
@@ -245,17 +247,17 @@ TEST_F(ReceiverAuthorizationTest, AnAbortFromASiteThatMayWriteNowhereLeavesNoRec
 
 // Sends chunk 0 of file 0 ("shard-0") of `id` as `site` on a DATA channel;
 // returns the receiver's ack.
-absl::StatusOr<ChunkAck> SendShard0(Receiver& receiver, const std::string& site,
-                                    const std::string& id) {
+absl::StatusOr<wire::ChunkAck> SendShard0(Receiver& receiver, const std::string& site,
+                                          const std::string& id) {
   const std::string data = "new shard-0";
   absl::Span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(data.data()), data.size());
   storage::Xxh128 digest = storage::HashBytes(bytes);
-  std::array<uint8_t, kChunkHeaderSize> header;
-  EncodeChunkHeader({0, 0, 0, digest.low, digest.high}, header);
+  std::array<uint8_t, wire::kChunkHeaderSize> header;
+  wire::EncodeChunkHeader({0, 0, 0, digest.low, digest.high}, header);
   ChannelPair pair = MakeChannelPair("site-b", site);
   absl::Span<const uint8_t> header_part(header);
   if (absl::Status s =
-          SendFrame(*pair.a, FrameType::kChunk, SessionIdFor(id), {header_part, bytes});
+          wire::SendFrame(*pair.a, wire::FrameType::kChunk, wire::SessionIdFor(id), {header_part, bytes});
       !s.ok()) {
     return s;
   }
@@ -264,11 +266,11 @@ absl::StatusOr<ChunkAck> SendShard0(Receiver& receiver, const std::string& site,
   hello.set_role(v1::Hello::DATA);
   hello.set_transfer_id(id);
   receiver.Serve(std::move(pair.b), hello);
-  auto frame = ReadFrameHeader(*pair.a, kChunkAckFixedSize + kMaxAckMessage);
+  auto frame = wire::ReadFrameHeader(*pair.a, wire::kChunkAckFixedSize + wire::kMaxAckMessage);
   if (!frame.ok()) return frame.status();
   std::vector<uint8_t> payload(frame->payload_length);
   if (absl::Status s = pair.a->ReadExactly(absl::MakeSpan(payload)); !s.ok()) return s;
-  return ParseChunkAck(payload);
+  return wire::ParseChunkAck(payload);
 }
 
 TEST_F(ReceiverAuthorizationTest, AChunkPastThePeersMemoryBudgetIsAnsweredRetryLater) {
@@ -281,7 +283,7 @@ TEST_F(ReceiverAuthorizationTest, AChunkPastThePeersMemoryBudgetIsAnsweredRetryL
 
   auto ack = SendShard0(receiver, "site-a", "t-mem");
   ASSERT_TRUE(ack.ok()) << ack.status();
-  EXPECT_EQ(ack->result, ChunkAck::Result::kRetryLater);
+  EXPECT_EQ(ack->result, wire::ChunkAck::Result::kRetryLater);
   EXPECT_NE(ack->message.find("peer_limits.memory_per_peer"), std::string::npos) << ack->message;
   EXPECT_EQ(budget.used("site-a"), (1u << 20) - 4);
   // Another site's budget is its own.
@@ -482,11 +484,11 @@ class ReceiverPiecesTest : public ReceiverAuthorizationTest {
   // One chunk frame of chunk 0 from byte `offset` with the whole chunk's
   // digest, of which only `sent` payload bytes arrive before the stream ends.
   std::vector<uint8_t> ChunkFrame(uint64_t offset, uint64_t sent) {
-    std::array<uint8_t, kChunkHeaderSize> header;
-    EncodeChunkHeader({0, 0, 0, digest_.low, digest_.high, static_cast<uint32_t>(offset)}, header);
-    std::array<uint8_t, kFrameHeaderSize> frame;
-    EncodeFrameHeader({FrameType::kChunk, static_cast<uint32_t>(kChunkHeaderSize + kChunk - offset),
-                       SessionIdFor(kId)},
+    std::array<uint8_t, wire::kChunkHeaderSize> header;
+    wire::EncodeChunkHeader({0, 0, 0, digest_.low, digest_.high, static_cast<uint32_t>(offset)}, header);
+    std::array<uint8_t, wire::kFrameHeaderSize> frame;
+    wire::EncodeFrameHeader({wire::FrameType::kChunk, static_cast<uint32_t>(wire::kChunkHeaderSize + kChunk - offset),
+                       wire::SessionIdFor(kId)},
                       frame);
     std::vector<uint8_t> bytes(frame.size() + header.size() + sent);
     auto end = std::copy(frame.begin(), frame.end(), bytes.begin());
@@ -499,7 +501,7 @@ class ReceiverPiecesTest : public ReceiverAuthorizationTest {
   // durable byte counts) and acks, in order.
   struct Answers {
     std::vector<uint64_t> progress;
-    std::vector<ChunkAck> acks;
+    std::vector<wire::ChunkAck> acks;
   };
   Answers Serve(Receiver& receiver, std::vector<uint8_t> script) {
     v1::Hello hello;
@@ -508,16 +510,16 @@ class ReceiverPiecesTest : public ReceiverAuthorizationTest {
     std::unique_ptr<FakeChannel> answered = ServeBytes(receiver, "site-a", hello, script);
     Answers answers;
     while (true) {
-      auto frame = ReadFrameHeader(*answered, kChunkAckFixedSize + kMaxAckMessage);
+      auto frame = wire::ReadFrameHeader(*answered, wire::kChunkAckFixedSize + wire::kMaxAckMessage);
       if (!frame.ok()) break;
       std::vector<uint8_t> payload(frame->payload_length);
       EXPECT_TRUE(answered->ReadExactly(absl::MakeSpan(payload)).ok());
-      if (frame->type == FrameType::kChunkProgress) {
-        auto progress = ParseChunkProgress(payload);
+      if (frame->type == wire::FrameType::kChunkProgress) {
+        auto progress = wire::ParseChunkProgress(payload);
         EXPECT_TRUE(progress.ok()) << progress.status();
         if (progress.ok()) answers.progress.push_back(progress->durable_bytes);
       } else {
-        auto ack = ParseChunkAck(payload);
+        auto ack = wire::ParseChunkAck(payload);
         EXPECT_TRUE(ack.ok()) << ack.status();
         if (ack.ok()) answers.acks.push_back(*ack);
       }
@@ -563,7 +565,7 @@ TEST_F(ReceiverPiecesTest, AChunkCutAfterTwoPiecesResumesFromItsDurablePrefix) {
   Answers answers = Serve(*receiver, ChunkFrame(2 * kPiece, kChunk - 2 * kPiece));
   EXPECT_EQ(answers.progress, (std::vector<uint64_t>{3 * kPiece}));
   ASSERT_EQ(answers.acks.size(), 1u);
-  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kDurable) << answers.acks[0].message;
+  EXPECT_EQ(answers.acks[0].result, wire::ChunkAck::Result::kDurable) << answers.acks[0].message;
 
   whole = journal_->ListDurableChunks(kId);
   ASSERT_TRUE(whole.ok());
@@ -594,7 +596,7 @@ TEST_F(ReceiverPiecesTest, ATamperedPrefixFailsTheDigestAndTheChunkIsSentAgainWh
   ASSERT_EQ(reply.partial_size(), 1);
   Answers answers = Serve(*receiver, ChunkFrame(2 * kPiece, kChunk - 2 * kPiece));
   ASSERT_EQ(answers.acks.size(), 1u);
-  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kHashMismatch);
+  EXPECT_EQ(answers.acks[0].result, wire::ChunkAck::Result::kHashMismatch);
   EXPECT_EQ(receiver->stats().hash_mismatches, 1u);
   auto partial = journal_->ListPartialChunks(kId);
   ASSERT_TRUE(partial.ok());
@@ -611,10 +613,10 @@ TEST_F(ReceiverPiecesTest, ATamperedPrefixFailsTheDigestAndTheChunkIsSentAgainWh
   // The prefix is gone: resuming from it is refused, sending from 0 is not.
   answers = Serve(*receiver, ChunkFrame(2 * kPiece, kChunk - 2 * kPiece));
   ASSERT_EQ(answers.acks.size(), 1u);
-  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kRefused);
+  EXPECT_EQ(answers.acks[0].result, wire::ChunkAck::Result::kRefused);
   answers = Serve(*receiver, ChunkFrame(0, kChunk));
   ASSERT_EQ(answers.acks.size(), 1u);
-  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kDurable) << answers.acks[0].message;
+  EXPECT_EQ(answers.acks[0].result, wire::ChunkAck::Result::kDurable) << answers.acks[0].message;
   EXPECT_EQ(Call(*receiver, "site-a", kId, commit).error(), "");
   EXPECT_TRUE(storage::testing::ReadFile(export_ + "/pieces/shard-0") ==
               std::string(data_.begin(), data_.end()));
@@ -626,7 +628,7 @@ TEST_F(ReceiverPiecesTest, AFrameStartingElsewhereThanTheDurablePrefixIsRefused)
   Open(*receiver);
   Answers answers = Serve(*receiver, ChunkFrame(kPiece, kChunk - kPiece));
   ASSERT_EQ(answers.acks.size(), 1u);
-  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kRefused);
+  EXPECT_EQ(answers.acks[0].result, wire::ChunkAck::Result::kRefused);
   EXPECT_NE(answers.acks[0].message.find("must start at 0 or there"), std::string::npos)
       << answers.acks[0].message;
   EXPECT_TRUE(answers.progress.empty());
@@ -646,11 +648,11 @@ TEST_F(ReceiverPiecesTest, ASenderWithoutPiecesGetsWholeChunkAcksOnly) {
   // Resuming is not offered, so a frame from the prefix is refused.
   Answers answers = Serve(*receiver, ChunkFrame(2 * kPiece, kChunk - 2 * kPiece));
   ASSERT_EQ(answers.acks.size(), 1u);
-  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kRefused);
+  EXPECT_EQ(answers.acks[0].result, wire::ChunkAck::Result::kRefused);
   answers = Serve(*receiver, ChunkFrame(0, kChunk));
   EXPECT_TRUE(answers.progress.empty());
   ASSERT_EQ(answers.acks.size(), 1u);
-  EXPECT_EQ(answers.acks[0].result, ChunkAck::Result::kDurable) << answers.acks[0].message;
+  EXPECT_EQ(answers.acks[0].result, wire::ChunkAck::Result::kDurable) << answers.acks[0].message;
 }
 
 TEST(ReceiverExpirySweepTest, SweepsTenTimesPerExpiryWithinBounds) {

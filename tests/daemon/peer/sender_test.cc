@@ -106,7 +106,7 @@ TEST(SendWindowTest, ProgressSlidesTheWindowIntoTheNextChunk) {
   ASSERT_TRUE(window.Fits(4 * kMiB));
   window.Sent(4 * kMiB);
   EXPECT_FALSE(window.Fits(1));
-  auto acked = window.Ack({0, 0, 0, ChunkAck::Result::kDurable, ""});
+  auto acked = window.Ack({0, 0, 0, wire::ChunkAck::Result::kDurable, ""});
   ASSERT_TRUE(acked.ok()) << acked.status();
   EXPECT_EQ(acked->durable, 4 * kMiB);  // the ack covers the rest
   EXPECT_EQ(window.unacked_bytes(), 4 * kMiB);
@@ -124,7 +124,7 @@ TEST(SendWindowTest, AResumedChunkCountsOnlyWhatIsSentFromItsPrefix) {
   auto added = window.Progress({2, 3, 0, 12 * kMiB});
   ASSERT_TRUE(added.ok());
   EXPECT_EQ(*added, 4 * kMiB);
-  auto acked = window.Ack({2, 3, 0, ChunkAck::Result::kDurable, ""});
+  auto acked = window.Ack({2, 3, 0, wire::ChunkAck::Result::kDurable, ""});
   ASSERT_TRUE(acked.ok());
   EXPECT_EQ(acked->start, 8 * kMiB);
   EXPECT_TRUE(window.empty());
@@ -135,7 +135,7 @@ TEST(SendWindowTest, RefusesAnswersForWhatWasNotSent) {
   SendWindow window(16 * kMiB);
   // Nothing sent at all.
   EXPECT_FALSE(window.Progress({0, 0, 0, 4 * kMiB}).ok());
-  EXPECT_FALSE(window.Ack({0, 0, 0, ChunkAck::Result::kDurable, ""}).ok());
+  EXPECT_FALSE(window.Ack({0, 0, 0, wire::ChunkAck::Result::kDurable, ""}).ok());
   window.Begin(0, 0, 16 * kMiB, 0);
   window.Sent(8 * kMiB);
   // Progress on a chunk that is not the one being received.
@@ -149,10 +149,10 @@ TEST(SendWindowTest, RefusesAnswersForWhatWasNotSent) {
   ASSERT_TRUE(window.Progress({0, 0, 0, 8 * kMiB}).ok());
   EXPECT_FALSE(window.Progress({0, 0, 0, 4 * kMiB}).ok());
   // Durable before all of it was sent; a refusal may come any time.
-  EXPECT_FALSE(window.Ack({0, 0, 0, ChunkAck::Result::kDurable, ""}).ok());
-  EXPECT_FALSE(window.Ack({0, 0, 0, ChunkAck::Result::kHashMismatch, ""}).ok());
-  EXPECT_FALSE(window.Ack({0, 1, 0, ChunkAck::Result::kRefused, ""}).ok());
-  EXPECT_TRUE(window.Ack({0, 0, 0, ChunkAck::Result::kRefused, "no"}).ok());
+  EXPECT_FALSE(window.Ack({0, 0, 0, wire::ChunkAck::Result::kDurable, ""}).ok());
+  EXPECT_FALSE(window.Ack({0, 0, 0, wire::ChunkAck::Result::kHashMismatch, ""}).ok());
+  EXPECT_FALSE(window.Ack({0, 1, 0, wire::ChunkAck::Result::kRefused, ""}).ok());
+  EXPECT_TRUE(window.Ack({0, 0, 0, wire::ChunkAck::Result::kRefused, "no"}).ok());
   EXPECT_TRUE(window.empty());
 }
 
@@ -166,7 +166,7 @@ TEST(SendWindowTest, WithoutPiecesTwoWholeChunksFit) {
   window.Sent(16 * kMiB);
   window.Begin(0, 2, 16 * kMiB, 0);
   EXPECT_FALSE(window.Fits(16 * kMiB));
-  ASSERT_TRUE(window.Ack({0, 0, 0, ChunkAck::Result::kDurable, ""}).ok());
+  ASSERT_TRUE(window.Ack({0, 0, 0, wire::ChunkAck::Result::kDurable, ""}).ok());
   EXPECT_TRUE(window.Fits(16 * kMiB));
 }
 
