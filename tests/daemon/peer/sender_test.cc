@@ -51,12 +51,12 @@ TEST(TransferSenderTest, DialsTheDataChannelsWhileTheSessionOpens) {
     auto answer_open = [&](std::unique_ptr<transport::Channel> channel) {
       v1::Hello hello;
       v1::PeerMessage request;
-      ASSERT_TRUE(ReadProto(*channel, FrameType::kHello, 0, &hello).ok());
-      ASSERT_TRUE(ReadProto(*channel, FrameType::kControl, SessionIdFor("t-1"), &request).ok());
+      ASSERT_TRUE(wire::ReadProto(*channel, wire::FrameType::kHello, 0, &hello).ok());
+      ASSERT_TRUE(wire::ReadProto(*channel, wire::FrameType::kControl, wire::SessionIdFor("t-1"), &request).ok());
       data.WaitForDials(4, absl::Seconds(10));
       seen_at_open.store(data.dials());
       const absl::Status refusal = absl::FailedPreconditionError("refused by the test");
-      EXPECT_TRUE(SendProto(*channel, FrameType::kControl, SessionIdFor("t-1"),
+      EXPECT_TRUE(wire::SendProto(*channel, wire::FrameType::kControl, wire::SessionIdFor("t-1"),
                             ErrorAnswer(request.request_id(), refusal))
                       .ok());
     };
