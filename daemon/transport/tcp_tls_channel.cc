@@ -56,7 +56,7 @@ void TcpTlsChannel::EndHandshake() {
   if (!pending_) return;
   ReleasePendingLocked();
   if (!counted_site_.empty()) {
-    registry_->SiteLocked(counted_site_).active = std::chrono::steady_clock::now();
+    registry_->SiteLocked(counted_site_).active = registry_->clock.Now();
   }
 }
 

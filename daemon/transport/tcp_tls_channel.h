@@ -11,7 +11,6 @@
 
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -30,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "daemon/transport/tls_trust.h"
 #include "daemon/transport/transport.h"
 
@@ -52,12 +52,17 @@ struct SiteActivity {
 // transport and its channels, so that a channel may outlive the transport.
 // Thread-safe.
 struct ChannelRegistry {
+  // `clock` times the sites' activity and the handshake deadlines; it must outlive the registry.
+  explicit ChannelRegistry(const Clock& clock) : clock(clock) {}
+
   struct Site {
     std::shared_ptr<SiteActivity> activity = std::make_shared<SiteActivity>();
     uint32_t accepted = 0;                         // authenticated accepted channels open
     uint64_t seen = 0;                             // activity->operations at the last sweep
-    std::chrono::steady_clock::time_point active;  // when they last changed
+    Timestamp active;                              // when they last changed
   };
+
+  const Clock& clock;
 
   absl::Mutex mu;
   std::shared_ptr<TrustContext> trust ABSL_GUARDED_BY(mu);
@@ -69,7 +74,7 @@ struct ChannelRegistry {
 
   Site& SiteLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto [it, inserted] = sites.try_emplace(name);
-    if (inserted) it->second.active = std::chrono::steady_clock::now();
+    if (inserted) it->second.active = clock.Now();
     return it->second;
   }
 };
@@ -186,14 +191,14 @@ class TcpTlsChannel final : public Channel {
   // counted for `ip` (in registry_->pending and pending_per_address) and
   // gives it back at EndHandshake or destruction. Before anyone else can
   // see the channel.
-  void TakePendingSlot(std::string ip, std::chrono::steady_clock::time_point deadline) {
+  void TakePendingSlot(std::string ip, Timestamp deadline) {
     pending_ = true;
     source_ip_ = std::move(ip);
     deadline_ = deadline;
   }
   // The three below under registry_->mu.
   bool pending() const { return pending_; }
-  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
+  Timestamp deadline() const { return deadline_; }
   // True the first time only: a channel is closed (and counted) once,
   // whether by the sweep or by its handshake timer.
   bool MarkClosing() { return !std::exchange(closing_, true); }
@@ -268,7 +273,7 @@ class TcpTlsChannel final : public Channel {
   bool closing_ = false;
   bool keep_when_idle_ = false;
   std::string source_ip_;
-  std::chrono::steady_clock::time_point deadline_;
+  Timestamp deadline_;  // on registry_->clock
   std::string counted_site_;
 };
 

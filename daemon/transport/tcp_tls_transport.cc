@@ -59,7 +59,9 @@ namespace longhaul::transport {
 namespace {
 
 // How often the io thread looks for accepted channels past their HELLO
-// deadline or idle timeout.
+// deadline or idle timeout. An asio timer, so real time: the sweep judges
+// deadlines and idleness on the injected clock, and a test that moves that
+// clock sees the result within one interval.
 constexpr auto kSweepInterval = std::chrono::milliseconds(200);
 // Pause before accepting again after an accept error that is not ours to fix.
 constexpr auto kAcceptRetry = std::chrono::milliseconds(50);
@@ -74,12 +76,14 @@ class LogLimiter {
  public:
   static constexpr int kLinesPerSecond = 20;
 
+  explicit LogLimiter(const Clock& clock) : clock_(clock), window_start_(clock.Now()) {}
+
   // True if a line may be logged now; then `*dropped` is the number of lines
   // dropped since the last one.
   bool Allow(uint64_t* dropped) {
     std::lock_guard lock(mu_);
-    auto now = std::chrono::steady_clock::now();
-    if (now - window_start_ >= std::chrono::seconds(1)) {
+    const Timestamp now = clock_.Now();
+    if (now - window_start_ >= TimeDelta::Seconds(1)) {
       window_start_ = now;
       lines_ = 0;
     }
@@ -93,17 +97,23 @@ class LogLimiter {
   }
 
  private:
+  const Clock& clock_;
   std::mutex mu_;
-  std::chrono::steady_clock::time_point window_start_;
+  Timestamp window_start_;
   int lines_ = 0;
   uint64_t dropped_ = 0;
 };
 
 // Runs callbacks at deadlines on one thread; used to abort handshakes that
-// take too long. Thread-safe.
+// take too long. Deadlines are on `clock`; the thread sleeps on the real
+// clock (a condition variable can wait for nothing else) for the time
+// left, at most kMaxSleep while a deadline is armed, so a test clock moved
+// forward is noticed within that. Thread-safe.
 class Watchdog {
  public:
-  Watchdog() : thread_([this] { Run(); }) {}
+  static constexpr TimeDelta kMaxSleep = TimeDelta::Milliseconds(100);
+
+  explicit Watchdog(const Clock& clock) : clock_(clock), thread_([this] { Run(); }) {}
   ~Watchdog() {
     {
       std::lock_guard lock(mu_);
@@ -113,11 +123,11 @@ class Watchdog {
     thread_.join();
   }
 
-  using Handle = std::list<std::pair<std::chrono::steady_clock::time_point, std::function<void()>>>::iterator;
+  using Handle = std::list<std::pair<Timestamp, std::function<void()>>>::iterator;
 
-  Handle Arm(std::chrono::steady_clock::duration after, std::function<void()> fn) {
+  Handle Arm(TimeDelta after, std::function<void()> fn) {
     std::lock_guard lock(mu_);
-    auto it = entries_.emplace(entries_.end(), std::chrono::steady_clock::now() + after, std::move(fn));
+    auto it = entries_.emplace(entries_.end(), clock_.Now() + after, std::move(fn));
     cv_.notify_all();
     return it;
   }
@@ -130,8 +140,12 @@ class Watchdog {
   void Run() {
     std::unique_lock lock(mu_);
     while (!stop_) {
-      auto now = std::chrono::steady_clock::now();
-      auto next = now + std::chrono::seconds(1);
+      const Timestamp now = clock_.Now();
+      Timestamp next = now + kMaxSleep;
+      if (entries_.empty()) {
+        cv_.wait(lock);  // Arm and the destructor notify
+        continue;
+      }
       for (auto it = entries_.begin(); it != entries_.end();) {
         if (it->first <= now) {
           it->second();
@@ -141,14 +155,15 @@ class Watchdog {
           ++it;
         }
       }
-      cv_.wait_until(lock, next);
+      cv_.wait_for(lock, ToChrono(next - now));
     }
   }
 
+  const Clock& clock_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  std::list<std::pair<std::chrono::steady_clock::time_point, std::function<void()>>> entries_;
+  std::list<std::pair<Timestamp, std::function<void()>>> entries_;
   std::thread thread_;
 };
 
@@ -158,8 +173,12 @@ class TcpTlsTransport final : public Transport {
       : identity_(std::move(identity)),
         tuning_(tuning),
         limits_(limits),
-        registry_(std::make_shared<ChannelRegistry>()),
-        reserve_fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
+        clock_(limits.clock != nullptr ? *limits.clock : RealClock::Get()),
+        registry_(std::make_shared<ChannelRegistry>(clock_)),
+        refusal_log_(clock_),
+        handshake_log_(clock_),
+        reserve_fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)),
+        watchdog_(clock_) {}
 
   ~TcpTlsTransport() override {
     Shutdown();
@@ -386,11 +405,12 @@ class TcpTlsTransport final : public Transport {
     }
     auto channel = std::make_unique<TcpTlsChannel>(std::move(socket), CurrentTrust(), registry_,
                                                    /*dialed=*/false);
-    channel->TakePendingSlot(
-        ip, std::chrono::steady_clock::now() + ToChrono(limits_.handshake_timeout));
+    channel->TakePendingSlot(ip, clock_.Now() + limits_.handshake_timeout);
     channel->set_congestion_control(TuneSocket(channel->stream().lowest_layer()));
     channel->set_identity("(unauthenticated)", address);
     auto pending = std::make_shared<PendingConnection>(std::move(channel), io_);
+    // Real time (an asio timer), so that a stalled TLS handshake is cancelled even though
+    // the sweep cannot interrupt it; the sweep enforces the same deadline on the injected clock.
     pending->timer.expires_after(ToChrono(limits_.handshake_timeout));
     pending->timer.async_wait([pending](const boost::system::error_code& ec) {
       if (ec || pending->done) return;
@@ -542,7 +562,7 @@ class TcpTlsTransport final : public Transport {
   }
 
   void Sweep() {
-    const auto now = std::chrono::steady_clock::now();
+    const Timestamp now = clock_.Now();
     // Before registry_->mu: a source takes its own transport's lock.
     std::vector<std::string> active_elsewhere;
     {
@@ -577,8 +597,8 @@ class TcpTlsTransport final : public Transport {
         }
         if (!idle_applies || channel->keep_when_idle()) continue;
         auto site = registry_->sites.find(channel->peer_site());
-        if (site == registry_->sites.end() ||
-            now - site->second.active < ToChrono(limits_.idle_timeout) || !channel->MarkClosing()) {
+        if (site == registry_->sites.end() || now - site->second.active < limits_.idle_timeout ||
+            !channel->MarkClosing()) {
           continue;
         }
         counters_.idle_closed.fetch_add(1);
@@ -645,8 +665,7 @@ class TcpTlsTransport final : public Transport {
 
   // Runs the TLS handshake with a deadline and explains certificate failures.
   absl::Status Handshake(TcpTlsChannel& channel, ssl::stream_base::handshake_type type) {
-    auto handle =
-        watchdog_.Arm(ToChrono(limits_.handshake_timeout), [&channel] { channel.Abort(); });
+    auto handle = watchdog_.Arm(limits_.handshake_timeout, [&channel] { channel.Abort(); });
     boost::system::error_code ec;
     channel.stream().handshake(type, ec);
     watchdog_.Disarm(handle);
@@ -736,6 +755,7 @@ class TcpTlsTransport final : public Transport {
   const TlsIdentity identity_;  // the files of the first load; site and peers never change
   const TcpTuning tuning_;
   const ConnectionLimits limits_;
+  const Clock& clock_;
   const std::shared_ptr<ChannelRegistry> registry_;
   Counters counters_;
   LogLimiter refusal_log_;

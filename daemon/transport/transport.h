@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "common/units.h"
 #include "daemon/wire/byte_stream.h"
 
@@ -213,6 +214,9 @@ struct ConnectionLimits {
   // or from its peer site has carried a byte for this long (so the quiet
   // control connection of a busy transfer stays). Zero: never.
   TimeDelta idle_timeout = TimeDelta::Seconds(15 * 60);
+  // Times the handshake deadlines, the idle timeout and the refusal log's rate limit; it must
+  // outlive the transport and its channels. nullptr: RealClock::Get().
+  const Clock* clock = nullptr;
 };
 
 // N TLS 1.3 connections over kernel TCP (AES-256-GCM).

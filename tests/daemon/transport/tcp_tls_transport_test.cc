@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "daemon/transport/transport.h"
 
 namespace longhaul::transport {
@@ -189,15 +191,35 @@ class TcpTlsLimitsTest : public ::testing::Test {
     return server;
   }
 
-  // Starts b with a 1 s idle timeout and connects past the HELLO: the
-  // channel the idle sweep judges (b's end) and a's end in *dialed.
+  // Starts b with a 1 s idle timeout on `clock` and connects past the
+  // HELLO: the channel the idle sweep judges (b's end) and a's end in
+  // *dialed. An activity source that names no site counts b's sweeps.
   std::unique_ptr<Channel> ConnectWithOneSecondIdleTimeout(std::unique_ptr<Channel>* dialed) {
     ConnectionLimits limits;
     limits.idle_timeout = TimeDelta::Seconds(1);
+    limits.clock = &clock;
     Start(limits);
+    b->AddActivitySource([this] {
+      sweeps.fetch_add(1);
+      return std::vector<std::string>{};
+    });
     auto server = Connect(dialed);
     if (server != nullptr) server->EndHandshake();
     return server;
+  }
+
+  // Moves the clock forward by `d` between two sweeps. A sweep reads the
+  // clock, calls the sources, then reads the sites' activity and judges.
+  // Before the advance: the sweep that makes the second call from now on
+  // has read the clock before the advance and sees what the test did up to
+  // here. After it: the sweep that makes the second call has read the
+  // advanced clock, and the third call comes after its judgments.
+  void AdvanceAndSweep(TimeDelta d) {
+    uint64_t seen = sweeps.load();
+    ASSERT_TRUE(Eventually([&] { return sweeps.load() >= seen + 2; }));
+    clock.Advance(d);
+    seen = sweeps.load();
+    ASSERT_TRUE(Eventually([&] { return sweeps.load() >= seen + 3; }));
   }
 
   void TearDown() override {
@@ -205,6 +227,8 @@ class TcpTlsLimitsTest : public ::testing::Test {
     if (b) b->Shutdown();
   }
 
+  FakeClock clock;  // before a and b, which read it until they are destroyed
+  std::atomic<uint64_t> sweeps{0};
   AcceptedChannels accepted;
   std::unique_ptr<Transport> a, b;
 };
@@ -296,15 +320,16 @@ TEST_F(TcpTlsLimitsTest, IdleChannelIsClosedAndABusyOneIsNot) {
   std::unique_ptr<Channel> dialed;
   auto server = ConnectWithOneSecondIdleTimeout(&dialed);
   ASSERT_NE(server, nullptr);
-  // Traffic in either direction keeps it: 40 round trips 50 ms apart span
-  // twice the idle timeout.
-  for (int i = 0; i < 40; ++i) {
+  // Traffic in either direction keeps it: a round trip every half idle
+  // timeout, four times, spans twice the idle timeout.
+  for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(WriteByte(*dialed).ok());
     ASSERT_TRUE(ReadByte(*server).ok()) << "round trip " << i;
-    absl::SleepFor(absl::Milliseconds(50));
+    AdvanceAndSweep(TimeDelta::Milliseconds(500));
   }
   EXPECT_EQ(b->connection_counters().idle_closed, 0u);
-  // Then nothing: closed.
+  // Then nothing for the idle timeout: closed.
+  AdvanceAndSweep(TimeDelta::Seconds(1));
   EXPECT_FALSE(ReadByte(*server).ok());
   EXPECT_EQ(b->connection_counters().idle_closed, 1u);
   EXPECT_FALSE(ReadByte(*dialed).ok());
@@ -315,8 +340,8 @@ TEST_F(TcpTlsLimitsTest, AChannelKeptWhenIdleOutlivesTheIdleTimeout) {
   auto server = ConnectWithOneSecondIdleTimeout(&dialed);
   ASSERT_NE(server, nullptr);
   server->KeepWhenIdle();
-  // Silent for three idle timeouts (the sweep runs many times meanwhile).
-  absl::SleepFor(absl::Seconds(3));
+  // Silent for three idle timeouts, judged by a sweep after each.
+  for (int i = 0; i < 3; ++i) AdvanceAndSweep(TimeDelta::Seconds(1));
   ASSERT_TRUE(WriteByte(*dialed).ok());
   EXPECT_TRUE(ReadByte(*server).ok());
   EXPECT_EQ(b->connection_counters().idle_closed, 0u);
@@ -330,12 +355,13 @@ TEST_F(TcpTlsLimitsTest, ASiteAnotherTransportIsActiveWithIsNotIdle) {
   const uint64_t source =
       b->AddActivitySource([site] { return std::vector<std::string>{site}; });
   // Silent on this transport for three idle timeouts, busy on the other.
-  absl::SleepFor(absl::Seconds(3));
+  for (int i = 0; i < 3; ++i) AdvanceAndSweep(TimeDelta::Seconds(1));
   ASSERT_TRUE(WriteByte(*dialed).ok());
   EXPECT_TRUE(ReadByte(*server).ok());
   EXPECT_EQ(b->connection_counters().idle_closed, 0u);
   // Once the other transport lets go, the idle timeout applies again.
   b->RemoveActivitySource(source);
+  AdvanceAndSweep(TimeDelta::Seconds(1));
   EXPECT_FALSE(ReadByte(*server).ok());
   EXPECT_EQ(b->connection_counters().idle_closed, 1u);
 }
