@@ -16,6 +16,7 @@
 
 #include "absl/time/clock.h"
 #include "daemon/peer/messaging.h"
+#include "daemon/wire/messaging.h"
 #include "tests/test_tools/fake_transport.h"
 
 namespace longhaul::peer {
