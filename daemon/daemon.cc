@@ -144,6 +144,7 @@ absl::Status Daemon::StartPeerTransports() {
       config_.peer_limits.max_pending_handshakes_per_address;
   connection_limits.max_connections_per_peer = config_.peer_limits.max_connections_per_peer;
   connection_limits.idle_timeout = TimeDelta::Microseconds(config_.peer_limits.idle_timeout_us);
+  connection_limits.clock = &clock_;
   auto tcp = transport::MakeTcpTlsTransport(identity, tuning, connection_limits);
   if (!tcp.ok()) return Failed("cannot set up TLS", tcp.status());
   tcp_ = *std::move(tcp);
@@ -162,6 +163,7 @@ absl::Status Daemon::StartPeerTransports() {
   udp_options.socket_buffer_bytes =
       std::clamp<uint64_t>(udp_options.window_bytes, 4u << 20, 32u << 20);
   udp_options.coupled = config_.udp.coupled;
+  udp_options.clock = &clock_;
   auto udp = transport::MakeUdpTransport(*tcp_, udp_options);
   if (!udp.ok()) return Failed("cannot set up the udp transport", udp.status());
   udp_ = *std::move(udp);

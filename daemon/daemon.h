@@ -41,8 +41,9 @@ struct DaemonOptions {
   // The file `config` came from: ReloadTrust reads its tls section again.
   // Empty: ReloadTrust refuses.
   std::string config_path;
-  // Times runs and dates records; nullptr: RealClock::Get(). Must outlive
-  // the Daemon.
+  // Every time the daemon reads: transfer runs and records, rate caps,
+  // expiry, both transports' deadlines and the udp plane's congestion
+  // control. nullptr: RealClock::Get(). Must outlive the Daemon.
   const Clock* clock = nullptr;
   // Holds staging and destinations of incoming transfers; nullptr:
   // storage::PosixFileSystem(). Must outlive the Daemon.
