@@ -57,9 +57,9 @@ struct ChannelRegistry {
 
   struct Site {
     std::shared_ptr<SiteActivity> activity = std::make_shared<SiteActivity>();
-    uint32_t accepted = 0;                         // authenticated accepted channels open
-    uint64_t seen = 0;                             // activity->operations at the last sweep
-    Timestamp active;                              // when they last changed
+    uint32_t accepted = 0;  // authenticated accepted channels open
+    uint64_t seen = 0;      // activity->operations at the last sweep
+    Timestamp active;       // when they last changed
   };
 
   const Clock& clock;

@@ -387,8 +387,10 @@ absl::StatusOr<std::unique_ptr<File>> FaultInjectionFileSystem::OpenFile(Directo
   } else {
     if (mode == OpenMode::kCreateExclusive) return absl::AlreadyExistsError(path + " exists");
     ino = it->second;
-    if (nodes_[ino].kind == Kind::kSymlink) return absl::PermissionDeniedError(path + " is a symlink");
-    if (nodes_[ino].kind != Kind::kFile) return absl::FailedPreconditionError(path + " is a directory");
+    if (nodes_[ino].kind == Kind::kSymlink)
+      return absl::PermissionDeniedError(path + " is a symlink");
+    if (nodes_[ino].kind != Kind::kFile)
+      return absl::FailedPreconditionError(path + " is a directory");
   }
   return std::make_unique<MemFile>(this, ino, path, epoch_, mode != OpenMode::kRead);
 }
@@ -423,7 +425,8 @@ absl::Status FaultInjectionFileSystem::Rename(Directory& from_dir, const std::st
     if ((t.kind == Kind::kDir) != moving_dir) {
       return absl::FailedPreconditionError(to_path + " is of another type");
     }
-    if (t.kind == Kind::kDir && !t.entries.empty()) return absl::AlreadyExistsError(to_path + " is not empty");
+    if (t.kind == Kind::kDir && !t.entries.empty())
+      return absl::AlreadyExistsError(to_path + " is not empty");
   }
   const char* how = mode == RenameMode::kExchange    ? "exchange"
                     : mode == RenameMode::kNoReplace ? "rename-noreplace"
@@ -460,8 +463,8 @@ absl::Status FaultInjectionFileSystem::Link(Directory& from_dir, const std::stri
   if ((*dst_dir)->entries.contains(to)) {
     return absl::AlreadyExistsError(Join(to_dir.path(), to) + " exists");
   }
-  if (absl::Status s = Step(absl::StrCat("link ", Join(from_dir.path(), from), " -> ",
-                                         Join(to_dir.path(), to)));
+  if (absl::Status s =
+          Step(absl::StrCat("link ", Join(from_dir.path(), from), " -> ", Join(to_dir.path(), to)));
       !s.ok()) {
     return s;
   }
@@ -487,7 +490,8 @@ absl::Status FaultInjectionFileSystem::Remove(Directory& dir, const std::string&
   if (it == (*parent)->entries.end()) return absl::NotFoundError(path + " does not exist");
   const Node& n = nodes_[it->second];
   if ((n.kind == Kind::kDir) != directory) {
-    return absl::FailedPreconditionError(path + (directory ? " is not a directory" : " is a directory"));
+    return absl::FailedPreconditionError(path +
+                                         (directory ? " is not a directory" : " is a directory"));
   }
   if (directory && !n.entries.empty()) return absl::FailedPreconditionError(path + " is not empty");
   if (absl::Status s = Step((directory ? "rmdir " : "unlink ") + path); !s.ok()) return s;

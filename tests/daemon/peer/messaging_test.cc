@@ -70,7 +70,8 @@ TEST(GrowingBufferTest, ARefusedGrowthEndsTheReadWithItsError) {
   std::unique_ptr<FakeChannel> channel = Serving(Pattern(4 * wire::kReadPiece));
   wire::GrowingBuffer buffer;
   absl::Status s = buffer.Read(*channel, 4 * wire::kReadPiece, [&](size_t added) {
-    if (buffer.capacity() + added > 2 * wire::kReadPiece) return absl::ResourceExhaustedError("budget");
+    if (buffer.capacity() + added > 2 * wire::kReadPiece)
+      return absl::ResourceExhaustedError("budget");
     return absl::OkStatus();
   });
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
@@ -130,10 +131,11 @@ TEST(ReadProtoTest, AHeaderDeclaringMoreThanIsSentHoldsOnlyWhatArrived) {
   std::unique_ptr<FakeChannel> channel = Serving(bytes);
   v1::PeerMessage message;
   size_t charged = 0;
-  absl::Status s = wire::ReadProto(*channel, wire::FrameType::kControl, 0, &message, [&](size_t added) {
-    charged += added;
-    return absl::OkStatus();
-  });
+  absl::Status s =
+      wire::ReadProto(*channel, wire::FrameType::kControl, 0, &message, [&](size_t added) {
+        charged += added;
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_LE(charged, size_t{2} * wire::kReadPiece);
 }

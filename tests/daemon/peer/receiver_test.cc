@@ -156,14 +156,16 @@ class ReceiverAuthorizationTest : public ReceiverRestartTest {
                        v1::PeerMessage request) {
     request.set_request_id(7);
     ChannelPair pair = MakeChannelPair("site-b", site);
-    EXPECT_TRUE(wire::SendProto(*pair.a, wire::FrameType::kControl, wire::SessionIdFor(id), request).ok());
+    EXPECT_TRUE(
+        wire::SendProto(*pair.a, wire::FrameType::kControl, wire::SessionIdFor(id), request).ok());
     pair.a->Close();
     v1::Hello hello;
     hello.set_role(v1::Hello::CONTROL);
     hello.set_transfer_id(id);
     receiver.Serve(std::move(pair.b), hello);
     v1::PeerMessage answer;
-    EXPECT_TRUE(wire::ReadProto(*pair.a, wire::FrameType::kControl, wire::SessionIdFor(id), &answer).ok());
+    EXPECT_TRUE(
+        wire::ReadProto(*pair.a, wire::FrameType::kControl, wire::SessionIdFor(id), &answer).ok());
     return answer;
   }
 
@@ -256,8 +258,8 @@ absl::StatusOr<wire::ChunkAck> SendShard0(Receiver& receiver, const std::string&
   wire::EncodeChunkHeader({0, 0, 0, digest.low, digest.high}, header);
   ChannelPair pair = MakeChannelPair("site-b", site);
   absl::Span<const uint8_t> header_part(header);
-  if (absl::Status s =
-          wire::SendFrame(*pair.a, wire::FrameType::kChunk, wire::SessionIdFor(id), {header_part, bytes});
+  if (absl::Status s = wire::SendFrame(*pair.a, wire::FrameType::kChunk, wire::SessionIdFor(id),
+                                       {header_part, bytes});
       !s.ok()) {
     return s;
   }
@@ -485,11 +487,13 @@ class ReceiverPiecesTest : public ReceiverAuthorizationTest {
   // digest, of which only `sent` payload bytes arrive before the stream ends.
   std::vector<uint8_t> ChunkFrame(uint64_t offset, uint64_t sent) {
     std::array<uint8_t, wire::kChunkHeaderSize> header;
-    wire::EncodeChunkHeader({0, 0, 0, digest_.low, digest_.high, static_cast<uint32_t>(offset)}, header);
+    wire::EncodeChunkHeader({0, 0, 0, digest_.low, digest_.high, static_cast<uint32_t>(offset)},
+                            header);
     std::array<uint8_t, wire::kFrameHeaderSize> frame;
-    wire::EncodeFrameHeader({wire::FrameType::kChunk, static_cast<uint32_t>(wire::kChunkHeaderSize + kChunk - offset),
-                       wire::SessionIdFor(kId)},
-                      frame);
+    wire::EncodeFrameHeader(
+        {wire::FrameType::kChunk, static_cast<uint32_t>(wire::kChunkHeaderSize + kChunk - offset),
+         wire::SessionIdFor(kId)},
+        frame);
     std::vector<uint8_t> bytes(frame.size() + header.size() + sent);
     auto end = std::copy(frame.begin(), frame.end(), bytes.begin());
     end = std::copy(header.begin(), header.end(), end);
@@ -510,7 +514,8 @@ class ReceiverPiecesTest : public ReceiverAuthorizationTest {
     std::unique_ptr<FakeChannel> answered = ServeBytes(receiver, "site-a", hello, script);
     Answers answers;
     while (true) {
-      auto frame = wire::ReadFrameHeader(*answered, wire::kChunkAckFixedSize + wire::kMaxAckMessage);
+      auto frame =
+          wire::ReadFrameHeader(*answered, wire::kChunkAckFixedSize + wire::kMaxAckMessage);
       if (!frame.ok()) break;
       std::vector<uint8_t> payload(frame->payload_length);
       EXPECT_TRUE(answered->ReadExactly(absl::MakeSpan(payload)).ok());

@@ -53,12 +53,14 @@ TEST(TransferSenderTest, DialsTheDataChannelsWhileTheSessionOpens) {
       v1::Hello hello;
       v1::PeerMessage request;
       ASSERT_TRUE(wire::ReadProto(*channel, wire::FrameType::kHello, 0, &hello).ok());
-      ASSERT_TRUE(wire::ReadProto(*channel, wire::FrameType::kControl, wire::SessionIdFor("t-1"), &request).ok());
+      ASSERT_TRUE(
+          wire::ReadProto(*channel, wire::FrameType::kControl, wire::SessionIdFor("t-1"), &request)
+              .ok());
       data.WaitForDials(4, absl::Seconds(10));
       seen_at_open.store(data.dials());
       const absl::Status refusal = absl::FailedPreconditionError("refused by the test");
       EXPECT_TRUE(wire::SendProto(*channel, wire::FrameType::kControl, wire::SessionIdFor("t-1"),
-                            ErrorAnswer(request.request_id(), refusal))
+                                  ErrorAnswer(request.request_id(), refusal))
                       .ok());
     };
     ASSERT_TRUE(control.Listen("198.18.0.2:7700", answer_open).ok());
