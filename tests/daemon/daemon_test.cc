@@ -5,6 +5,7 @@
 #include "daemon/daemon.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -219,6 +220,47 @@ TEST_F(DaemonTest, StartFailsWhenTheStateDirectoryIsAFile) {
       << daemon.status();
   // Nothing was left listening on the control socket.
   EXPECT_FALSE(std::filesystem::exists(dir_.Sub("site-b/control.sock")));
+}
+
+// A hostile local user who can read a control token can act as its role:
+// the daemon refuses to serve a token that everyone can read, one too short
+// to resist guessing, and one shared by two roles, each with what to fix.
+TEST_F(DaemonTest, RefusesControlTokensThatAreReadableByEveryoneShortOrShared) {
+  const std::string operator_token = dir_.Sub("site-b/operator.token");
+  const std::string viewer_token = dir_.Sub("site-b/viewer.token");
+  const std::string tcp_control = absl::StrCat("control_listen: 127.0.0.1:0\n",
+                                               "control_tokens:\n  operator: ", operator_token,
+                                               "\n  viewer: ", viewer_token, "\n");
+  auto start_with_tokens = [&](const std::string& op, mode_t op_mode, const std::string& viewer) {
+    WriteFile(operator_token, op + "\n");
+    chmod(operator_token.c_str(), op_mode);
+    WriteFile(viewer_token, viewer + "\n");
+    chmod(viewer_token.c_str(), 0600);
+    return Daemon::Start(OptionsFor("site-b", 0, tcp_control));
+  };
+  const std::string good = "0123456789abcdef0123456789abcdef";
+  const std::string other = "fedcba9876543210fedcba9876543210";
+
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = start_with_tokens(good, 0644, other);
+  ASSERT_FALSE(daemon.ok());
+  EXPECT_NE(daemon.status().message().find("is readable by everyone; chmod 600"),
+            std::string::npos)
+      << daemon.status();
+
+  daemon = start_with_tokens("short", 0600, other);
+  ASSERT_FALSE(daemon.ok());
+  EXPECT_NE(daemon.status().message().find("at least 16 characters"), std::string::npos)
+      << daemon.status();
+
+  daemon = start_with_tokens(good, 0600, good);
+  ASSERT_FALSE(daemon.ok());
+  EXPECT_NE(daemon.status().message().find("each role needs its own"), std::string::npos)
+      << daemon.status();
+
+  // Fixed as the messages say, the same configuration serves.
+  daemon = start_with_tokens(good, 0600, other);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  (*daemon)->Shutdown();
 }
 
 }  // namespace
