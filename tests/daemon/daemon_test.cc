@@ -228,9 +228,9 @@ TEST_F(DaemonTest, StartFailsWhenTheStateDirectoryIsAFile) {
 TEST_F(DaemonTest, RefusesControlTokensThatAreReadableByEveryoneShortOrShared) {
   const std::string operator_token = dir_.Sub("site-b/operator.token");
   const std::string viewer_token = dir_.Sub("site-b/viewer.token");
-  const std::string tcp_control = absl::StrCat("control_listen: 127.0.0.1:0\n",
-                                               "control_tokens:\n  operator: ", operator_token,
-                                               "\n  viewer: ", viewer_token, "\n");
+  const std::string tcp_control =
+      absl::StrCat("control_listen: 127.0.0.1:0\n", "control_tokens:\n  operator: ", operator_token,
+                   "\n  viewer: ", viewer_token, "\n");
   auto start_with_tokens = [&](const std::string& op, mode_t op_mode, const std::string& viewer) {
     WriteFile(operator_token, op + "\n");
     chmod(operator_token.c_str(), op_mode);
@@ -243,8 +243,7 @@ TEST_F(DaemonTest, RefusesControlTokensThatAreReadableByEveryoneShortOrShared) {
 
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = start_with_tokens(good, 0644, other);
   ASSERT_FALSE(daemon.ok());
-  EXPECT_NE(daemon.status().message().find("is readable by everyone; chmod 600"),
-            std::string::npos)
+  EXPECT_NE(daemon.status().message().find("is readable by everyone; chmod 600"), std::string::npos)
       << daemon.status();
 
   daemon = start_with_tokens("short", 0600, other);
