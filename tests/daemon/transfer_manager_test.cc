@@ -165,6 +165,17 @@ class TransferManagerTest : public ::testing::Test {
   }
   void Release() { one_chunk_limiter_.SetPeerLimit("site-b", Bandwidth::Zero()); }
 
+  // Starts the manager under HoldAfterOneChunk, submits the job and returns
+  // its id in `id` once its first chunk is durable at the destination.
+  void SubmitHeldAfterOneChunk(std::string* id) {
+    HoldAfterOneChunk();
+    StartManager(&one_chunk_limiter_);
+    absl::StatusOr<v1::TransferStatus> submitted = SubmitJob();
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    *id = submitted->id();
+    ASSERT_TRUE(AwaitChunksDurableAtDestination(*id, 1));
+  }
+
   // Destroyed bottom-up: the manager drains its senders first, and the
   // transport joins its handlers (which use the router and the receiver)
   // before those go.
@@ -226,12 +237,8 @@ TEST_F(TransferManagerTest, ASourceOutsideTheExportsIsRefusedAndNothingIsJournal
 }
 
 TEST_F(TransferManagerTest, AnUnfinishedTransferResumesAfterARestartFromWhatIsDurable) {
-  HoldAfterOneChunk();
-  StartManager(&one_chunk_limiter_);
-  absl::StatusOr<v1::TransferStatus> submitted = SubmitJob();
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  const std::string id = submitted->id();
-  ASSERT_TRUE(AwaitChunksDurableAtDestination(id, 1));
+  std::string id;
+  ASSERT_NO_FATAL_FAILURE(SubmitHeldAfterOneChunk(&id));
   EXPECT_EQ(manager_->Get(id)->state(), v1::RUNNING);
 
   // Shut down mid-transfer: the chunk in flight is drained (its ack read),
@@ -253,12 +260,8 @@ TEST_F(TransferManagerTest, AnUnfinishedTransferResumesAfterARestartFromWhatIsDu
 }
 
 TEST_F(TransferManagerTest, CancelStopsTheTransferAndTheDestinationDropsItsStaging) {
-  HoldAfterOneChunk();
-  StartManager(&one_chunk_limiter_);
-  absl::StatusOr<v1::TransferStatus> submitted = SubmitJob();
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  const std::string id = submitted->id();
-  ASSERT_TRUE(AwaitChunksDurableAtDestination(id, 1));
+  std::string id;
+  ASSERT_NO_FATAL_FAILURE(SubmitHeldAfterOneChunk(&id));
   const std::string staging = dir_.Sub("dest/.longhaul/staging/" + id);
   ASSERT_TRUE(Exists(staging));
 
@@ -317,12 +320,8 @@ TEST_F(TransferManagerTest, ADestinationThatFailsAuthenticationFailsTheTransferU
 }
 
 TEST_F(TransferManagerTest, ASourceFileChangedAfterSubmitIsSentAgainWhole) {
-  HoldAfterOneChunk();
-  StartManager(&one_chunk_limiter_);
-  absl::StatusOr<v1::TransferStatus> submitted = SubmitJob();
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  const std::string id = submitted->id();
-  ASSERT_TRUE(AwaitChunksDurableAtDestination(id, 1));
+  std::string id;
+  ASSERT_NO_FATAL_FAILURE(SubmitHeldAfterOneChunk(&id));
 
   // shard-0 is at the destination; shard-1 changes before any of it went.
   const std::vector<uint8_t> rewritten = Bytes(2 * kChunk + 7, 3);
@@ -335,12 +334,8 @@ TEST_F(TransferManagerTest, ASourceFileChangedAfterSubmitIsSentAgainWhole) {
 }
 
 TEST_F(TransferManagerTest, ASourceFileRemovedAfterSubmitFailsTheTransferNamingIt) {
-  HoldAfterOneChunk();
-  StartManager(&one_chunk_limiter_);
-  absl::StatusOr<v1::TransferStatus> submitted = SubmitJob();
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  const std::string id = submitted->id();
-  ASSERT_TRUE(AwaitChunksDurableAtDestination(id, 1));
+  std::string id;
+  ASSERT_NO_FATAL_FAILURE(SubmitHeldAfterOneChunk(&id));
 
   const std::string removed = RealPath(dir_.Sub("src/job/shard-1"));
   ASSERT_EQ(std::remove(removed.c_str()), 0);
