@@ -21,9 +21,12 @@
 #include "gtest/gtest.h"
 #include "longhaul/client.h"
 #include "tests/storage/test_util.h"
+#include "tests/test_tools/eventually.h"
 
 namespace longhaul::daemon {
 namespace {
+
+using ::longhaul::testing::Eventually;
 
 using storage::testing::Bytes;
 using storage::testing::MakeDirs;
@@ -44,18 +47,6 @@ std::optional<Tree> ReadTree(const std::string& root) {
     }
   }
   return tree;
-}
-
-// Polls (real time, bounded) until `done`; the deadline only ends a test
-// that would otherwise hang, it judges no speed.
-template <typename F>
-bool Eventually(F done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
 }
 
 class DaemonTest : public ::testing::Test {
@@ -193,10 +184,12 @@ TEST_F(DaemonTest, ShutdownDuringATransferLeavesTheDestinationAbsentOrWhole) {
   const Tree sent = WriteCheckpoint("step-200", 16 << 20);
   absl::StatusOr<v1::TransferStatus> submitted = SubmitCheckpoint("step-200");
   ASSERT_TRUE(submitted.ok()) << submitted.status();
-  ASSERT_TRUE(Eventually([&] {
-    absl::StatusOr<v1::TransferStatus> status = client_->Get(submitted->id());
-    return status.ok() && status->state() == v1::RUNNING && status->bytes_done() > 0;
-  }));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<v1::TransferStatus> status = client_->Get(submitted->id());
+        return status.ok() && status->state() == v1::RUNNING && status->bytes_done() > 0;
+      },
+      absl::Seconds(60)));
 
   client_.reset();
   a_->Shutdown();

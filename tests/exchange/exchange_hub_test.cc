@@ -26,9 +26,12 @@
 #include "daemon/wire/messaging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/test_tools/eventually.h"
 
 namespace longhaul::exchange {
 namespace {
+
+using ::longhaul::testing::Eventually;
 
 using ::testing::HasSubstr;
 
@@ -188,14 +191,6 @@ std::map<std::string, OpResult> RunAll(Net& net, const std::vector<std::string>&
 }
 
 constexpr uint64_t kMiB = 1 << 20;
-
-// Polls (real time, bounded) until `done`; for handing off between threads,
-// never to judge how fast something went.
-template <typename F>
-bool Eventually(F done) {
-  for (int i = 0; i < 2000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(5));
-  return done();
-}
 
 class ExchangeHubTest : public ::testing::TestWithParam<v1::ExchangeDType> {};
 

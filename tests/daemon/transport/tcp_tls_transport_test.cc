@@ -19,9 +19,12 @@
 #include "absl/time/clock.h"
 #include "common/clock.h"
 #include "daemon/transport/transport.h"
+#include "tests/test_tools/eventually.h"
 
 namespace longhaul::transport {
 namespace {
+
+using ::longhaul::testing::Eventually;
 
 std::string PkiDir() {
   static const std::string dir = [] {
@@ -43,13 +46,6 @@ std::unique_ptr<Transport> MakeSite(const std::string& name, const std::string& 
   tuning.socket_buffer_bytes = 1 << 20;
   tuning.congestion_control = "";
   return *MakeTcpTlsTransport(identity, tuning, limits);
-}
-
-// Polls (real time, bounded) until `done`; never to judge a speed.
-template <typename F>
-bool Eventually(F done) {
-  for (int i = 0; i < 2000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(5));
-  return done();
 }
 
 // Two sites on loopback and one channel between them: `dialed` (site-a's end)

@@ -28,23 +28,18 @@
 #include "congestion/controller.h"
 #include "daemon/transport/udp_crypto.h"
 #include "daemon/transport/udp_packet.h"
+#include "tests/test_tools/eventually.h"
 
 namespace longhaul::transport::udp {
 namespace {
+
+using ::longhaul::testing::Eventually;
 
 using Datagram = std::vector<uint8_t>;
 
 constexpr uint64_t kIdA = 0xA1A1;
 constexpr uint64_t kIdB = 0xB2B2;
 constexpr size_t kMaxDatagram = 1200;
-
-// Polls `done` on the real clock (the I/O threads run on their own); true
-// once it holds, false after about ten seconds.
-template <typename F>
-bool Eventually(F done) {
-  for (int i = 0; i < 2000 && !done(); ++i) absl::SleepFor(absl::Milliseconds(5));
-  return done();
-}
 
 // A fixed window, unpaced, that counts what the connection reports to it.
 // Thread-safe: the counts are read by the test thread.
