@@ -79,18 +79,18 @@ BufferPool::~BufferPool() {
   UnmapChunkMemory(base_, region_size());
 }
 
-absl::StatusOr<BufferPool::Lease> BufferPool::Acquire(absl::Time deadline) {
+absl::StatusOr<BufferPool::Lease> BufferPool::Acquire(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_ || !free_.empty(); };
   if (!ready()) {
     ++waiting_;
-    mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+    mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
     --waiting_;
   }
   if (shut_down_) return absl::CancelledError("buffer pool is shut down");
   if (free_.empty()) {
     return absl::DeadlineExceededError(
-        absl::StrCat("no free buffer among ", count_, " before the deadline"));
+        absl::StrCat("no free buffer among ", count_, " within the timeout"));
   }
   const size_t index = free_.back();
   free_.pop_back();

@@ -87,10 +87,10 @@ class BufferPool {
   BufferPool& operator=(const BufferPool&) = delete;
 
   // Lends a free buffer, waiting until one is returned if none is free.
-  // DeadlineExceeded when `deadline` passes first; Cancelled once Shutdown()
-  // was called (also for callers already waiting). A deadline in the past
-  // still takes a buffer that is free now.
-  absl::StatusOr<Lease> Acquire(absl::Time deadline);
+  // DeadlineExceeded when `timeout` passes first (a real-time mutex wait);
+  // Cancelled once Shutdown() was called (also for callers already waiting).
+  // A zero timeout still takes a buffer that is free now.
+  absl::StatusOr<Lease> Acquire(absl::Duration timeout);
   // Lends a free buffer if there is one now; std::nullopt otherwise or after
   // Shutdown().
   std::optional<Lease> TryAcquire();

@@ -62,9 +62,10 @@ absl::StatusOr<size_t> ReadHashing(FileIo& io, int fd, uint64_t offset, absl::Sp
   });
 }
 
-absl::Status ShrankError(int fd, uint64_t offset, size_t wanted, size_t found) {
-  return absl::AbortedError(absl::StrCat("source file ", internal::FdPath(fd), " shrank: expected ",
-                                         wanted, " bytes at offset ", offset, ", found ", found));
+// `what` names the file: "source file /x/y".
+absl::Status ShrankError(const std::string& what, uint64_t offset, size_t wanted, size_t found) {
+  return absl::AbortedError(absl::StrCat(what, " shrank: expected ", wanted, " bytes at offset ",
+                                         offset, ", found ", found));
 }
 
 }  // namespace
@@ -76,7 +77,9 @@ absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, int fd, uint64_t offset,
   XXH3_128bits_reset(&state);
   absl::StatusOr<size_t> n = ReadHashing(io, fd, offset, buf, state);
   if (!n.ok()) return n.status();
-  if (*n != buf.size()) return ShrankError(fd, offset, buf.size(), *n);
+  if (*n != buf.size()) {
+    return ShrankError(absl::StrCat("source file ", internal::FdPath(fd)), offset, buf.size(), *n);
+  }
   XXH128_hash_t h = XXH3_128bits_digest(&state);
   return Xxh128{h.low64, h.high64};
 }
@@ -114,8 +117,8 @@ void AlignedBuffer::Free::operator()(uint8_t* p) const {
   }
 }
 
-absl::Status WriteChunk(FileIo& io, const File& file, uint64_t offset,
-                        absl::Span<const uint8_t> data) {
+absl::Status WriteChunk(FileIo& io, File& file, uint64_t offset, absl::Span<const uint8_t> data) {
+  if (file.fd() < 0) return file.WriteAt(offset, data);
   const int direct = file.direct_fd();
   const size_t whole = data.size() - data.size() % kDirectIoAlignment;
   if (direct < 0 || !IsAligned(offset) || whole == 0) return io.WriteAt(file.fd(), offset, data);
@@ -132,8 +135,13 @@ absl::Status WriteChunk(FileIo& io, const File& file, uint64_t offset,
   return io.WriteAt(file.fd(), offset + whole, data.subspan(whole));
 }
 
-absl::StatusOr<size_t> ReadStagedHashing(FileIo& io, const File& file, uint64_t offset,
+absl::StatusOr<size_t> ReadStagedHashing(FileIo& io, File& file, uint64_t offset,
                                          absl::Span<uint8_t> buf, XXH3_state_t& state) {
+  if (file.fd() < 0) {
+    absl::StatusOr<size_t> n = file.ReadAt(offset, buf);
+    if (n.ok()) XXH3_128bits_update(&state, buf.data(), *n);
+    return n;
+  }
   const int direct = file.direct_fd();
   const size_t whole = buf.size() - buf.size() % kDirectIoAlignment;
   if (direct < 0 || !IsAligned(offset) || !IsAligned(buf.data()) || whole == 0) {
@@ -152,14 +160,16 @@ absl::StatusOr<size_t> ReadStagedHashing(FileIo& io, const File& file, uint64_t 
   return whole + *tail;
 }
 
-absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, const File& file, uint64_t offset,
+absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, File& file, uint64_t offset,
                                        absl::Span<uint8_t> buf) {
   XXH3_state_t state;
   XXH3_INITSTATE(&state);
   XXH3_128bits_reset(&state);
   absl::StatusOr<size_t> n = ReadStagedHashing(io, file, offset, buf, state);
   if (!n.ok()) return n.status();
-  if (*n != buf.size()) return ShrankError(file.fd(), offset, buf.size(), *n);
+  if (*n != buf.size()) {
+    return ShrankError(absl::StrCat("staged file ", file.path()), offset, buf.size(), *n);
+  }
   XXH128_hash_t h = XXH3_128bits_digest(&state);
   return Xxh128{h.low64, h.high64};
 }

@@ -88,24 +88,25 @@ class AlignedBuffer {
   size_t capacity_ = 0;
 };
 
-// Writes all of `data` at `offset` of a staged `file` (one with an fd())
-// through `io`. Where the file has a direct_fd() and `offset` is aligned,
+// Writes all of `data` at `offset` of a staged `file` through `io`; a file
+// with no OS descriptor (fd() < 0: a test's in-memory FileSystem) is written
+// through File::WriteAt instead. Where the file has a direct_fd() and `offset` is aligned,
 // the whole blocks go there, bypassing the page cache (from `data` itself
 // when its address is aligned, else from an aligned copy), and a last
 // partial block goes through fd(): padding it would make the file longer
 // than its declared size until a truncate, and would be a file-extending
 // direct write, which takes the inode lock exclusively. A direct write the
 // device refuses (EINVAL: alignment) is done through fd() instead.
-// Not durable by itself: SyncData(file.fd()) covers both descriptors.
-absl::Status WriteChunk(FileIo& io, const File& file, uint64_t offset,
-                        absl::Span<const uint8_t> data);
+// Not durable by itself: file.SyncData() covers both descriptors.
+absl::Status WriteChunk(FileIo& io, File& file, uint64_t offset, absl::Span<const uint8_t> data);
 
 // Reads buf.size() bytes of a staged `file` at `offset` into `buf` and feeds
 // them, in order, to `state` (an XXH3-128 state: xxhash.h with
 // XXH_STATIC_LINKING_ONLY), the way ReadChunkHashed below reads them. Returns
 // the bytes read: fewer only where the file ends. A range the device refuses
-// direct is read again buffered, with `state` as it was before.
-absl::StatusOr<size_t> ReadStagedHashing(FileIo& io, const File& file, uint64_t offset,
+// direct is read again buffered, with `state` as it was before. A file with
+// no OS descriptor (fd() < 0) is read through File::ReadAt.
+absl::StatusOr<size_t> ReadStagedHashing(FileIo& io, File& file, uint64_t offset,
                                          absl::Span<uint8_t> buf, XXH3_state_s& state);
 
 // ReadChunkHashed of a staged `file`: the whole blocks are read from its
@@ -113,7 +114,7 @@ absl::StatusOr<size_t> ReadStagedHashing(FileIo& io, const File& file, uint64_t 
 // aligned address (an AlignedBuffer), so the bytes hashed are the ones on
 // the device and not a cached copy; a last partial block, and everything
 // otherwise, is read through fd().
-absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, const File& file, uint64_t offset,
+absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, File& file, uint64_t offset,
                                        absl::Span<uint8_t> buf);
 
 }  // namespace longhaul::storage

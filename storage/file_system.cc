@@ -86,6 +86,13 @@ class PosixFile : public File {
 
   absl::Status Sync() override { return internal::FsyncFd(fd_.get(), path_); }
 
+  absl::Status SyncData() override {
+    while (fdatasync(fd_.get()) != 0) {
+      if (errno != EINTR) return ErrnoError(errno, "cannot fdatasync", path_);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Reserve(uint64_t size) override {
     struct stat st;
     if (fstat(fd_.get(), &st) != 0) return ErrnoError(errno, "cannot stat", path_);

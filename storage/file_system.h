@@ -56,6 +56,10 @@ class File {
   virtual absl::StatusOr<size_t> ReadAt(uint64_t offset, absl::Span<uint8_t> data) = 0;
   // fsync(2): the data and the file's own metadata are durable on return.
   virtual absl::Status Sync() = 0;
+  // fdatasync(2): the data, and the size it needs to be read back, are
+  // durable on return; other metadata (mtime) may not be. The chunk data
+  // path's sync; it covers direct_fd() too.
+  virtual absl::Status SyncData() { return Sync(); }
   // Makes the file `size` bytes long, reserving the space where the file
   // system can (fallocate), so a full disk shows up here and not mid-write.
   virtual absl::Status Reserve(uint64_t size) = 0;

@@ -6,7 +6,7 @@
 namespace longhaul::peer {
 
 DurabilityCommitter::DurabilityCommitter(storage::Journal& journal)
-    : journal_(journal), io_(storage::MakeFileIo()), thread_([this] { Run(); }) {}
+    : journal_(journal), thread_([this] { Run(); }) {}
 
 DurabilityCommitter::~DurabilityCommitter() {
   {
@@ -16,9 +16,9 @@ DurabilityCommitter::~DurabilityCommitter() {
   thread_.join();
 }
 
-absl::Status DurabilityCommitter::MakeDurable(int fd, const std::string& transfer_id,
+absl::Status DurabilityCommitter::MakeDurable(storage::File& file, const std::string& transfer_id,
                                               const storage::ChunkDurability& chunk) {
-  Request request{fd, &transfer_id, &chunk, absl::OkStatus(), false};
+  Request request{&file, &transfer_id, &chunk, absl::OkStatus(), false};
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError("daemon is shutting down");
   pending_.push_back(&request);
@@ -41,13 +41,13 @@ void DurabilityCommitter::Run() {
     }
 
     // Data first: a journal entry must never claim bytes that are not on disk.
-    std::map<int, absl::Status> synced;
+    std::map<storage::File*, absl::Status> synced;
     for (Request* r : group) {
-      if (!synced.count(r->fd)) synced[r->fd] = io_->SyncData(r->fd);
+      if (!synced.count(r->file)) synced[r->file] = r->file->SyncData();
     }
     std::map<std::string, std::vector<Request*>> by_transfer;
     for (Request* r : group) {
-      r->result = synced[r->fd];
+      r->result = synced[r->file];
       if (r->result.ok()) by_transfer[*r->transfer_id].push_back(r);
     }
     for (auto& [transfer_id, requests] : by_transfer) {

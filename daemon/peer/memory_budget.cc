@@ -16,6 +16,15 @@ bool PeerMemoryBudget::TryReserve(absl::string_view site, uint64_t bytes) {
   return true;
 }
 
+bool PeerMemoryBudget::Reserve(absl::string_view site, uint64_t bytes, absl::Duration wait) {
+  absl::MutexLock lock(&mu_);
+  uint64_t& used = used_[site];
+  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return bytes <= bytes_per_peer_ - used; };
+  if (!fits() && !mu_.AwaitWithTimeout(absl::Condition(&fits), wait)) return false;
+  used += bytes;
+  return true;
+}
+
 void PeerMemoryBudget::Release(absl::string_view site, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   auto it = used_.find(site);

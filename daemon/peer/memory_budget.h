@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace longhaul::peer {
 
@@ -25,6 +26,9 @@ class PeerMemoryBudget {
   // Reserves `bytes` for `site`. False, and nothing reserved, when that would
   // take the site past its budget.
   bool TryReserve(absl::string_view site, uint64_t bytes);
+  // TryReserve that waits up to `wait` (a real-time mutex wait) for
+  // Releases to make room.
+  bool Reserve(absl::string_view site, uint64_t bytes, absl::Duration wait);
   // Returns what TryReserve reserved. Releasing more than is held is a bug.
   void Release(absl::string_view site, uint64_t bytes);
 

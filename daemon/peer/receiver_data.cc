@@ -28,7 +28,7 @@ namespace {
 // kReadPiece bytes at a time (as much as a stream's scratch for skipped
 // payload): it runs once per resumed chunk, and holds nothing beside the
 // stream's budgeted piece buffer.
-absl::Status HashStagedRange(storage::FileIo& io, const storage::File& file, uint64_t offset,
+absl::Status HashStagedRange(storage::FileIo& io, storage::File& file, uint64_t offset,
                              uint64_t length, XXH3_state_t& state) {
   storage::AlignedBuffer buffer(std::min<uint64_t>(length, wire::kReadPiece));
   for (uint64_t done = 0; done < length;) {
@@ -176,7 +176,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       }
     }
     if (why.empty() && !piece_buffer) {
-      absl::StatusOr<storage::BufferPool::Lease> lease = pool->Acquire(absl::Now() + kBudgetWait);
+      absl::StatusOr<storage::BufferPool::Lease> lease = pool->Acquire(kBudgetWait);
       if (lease.ok()) {
         piece_buffer = std::move(*lease);
       } else {
@@ -244,7 +244,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
       piece.chunk_index = chunk->chunk_index;
       piece.chunk.set_generation(chunk->generation);
       piece.prefix_bytes = pos;
-      stored = committer_.MakeDurable((*staged)->fd(), transfer_id, piece);
+      stored = committer_.MakeDurable(**staged, transfer_id, piece);
       if (!stored.ok()) continue;
       {
         absl::MutexLock lock(&session->mu);
@@ -293,7 +293,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     record.chunk.set_xxh128(digest_bytes.data(), digest_bytes.size());
     record.chunk.set_size(chunk_bytes);
     record.chunk.set_generation(chunk->generation);
-    if (stored.ok()) stored = committer_.MakeDurable((*staged)->fd(), transfer_id, record);
+    if (stored.ok()) stored = committer_.MakeDurable(**staged, transfer_id, record);
     if (!stored.ok()) {
       spdlog::warn("transfer {}: cannot store chunk {} of {}: {}", transfer_id, chunk->chunk_index,
                    file.path(), stored.message());
@@ -320,16 +320,14 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
 }
 
 bool Receiver::WaitForBudget(const std::string& site, uint64_t bytes) {
-  const absl::Time deadline = absl::Now() + kBudgetWait;
-  while (!budget_->TryReserve(site, bytes)) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (shutting_down_) return false;
-    }
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
+  // Waited in slices, so that a shutdown is noticed within one.
+  constexpr absl::Duration kSlice = absl::Milliseconds(50);
+  for (int64_t slice = 0; slice < kBudgetWait / kSlice; ++slice) {
+    if (budget_->Reserve(site, bytes, kSlice)) return true;
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return false;
   }
-  return true;
+  return false;
 }
 
 }  // namespace longhaul::peer

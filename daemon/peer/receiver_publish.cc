@@ -150,7 +150,7 @@ absl::Status Receiver::VerifyStaged(Session& session,
   // the read-back pool checked since their last write are not read again;
   // the rest sit between the last byte arriving and the publish, so they are
   // split across a few threads (each with its own reader).
-  const absl::Time start = absl::Now();
+  const Timestamp start = clock_.Now();
   const std::string& id = session.record.id();
   const v1::Manifest& manifest = session.record.manifest();
   auto listed = journal_.ListDurableChunks(id);
@@ -227,7 +227,7 @@ absl::Status Receiver::VerifyStaged(Session& session,
   spdlog::info(
       "transfer {}: read back {} staged bytes against their digests in {:.2f} s "
       "({} more were read back while receiving)",
-      id, bytes_read.load(), absl::ToDoubleSeconds(absl::Now() - start), bytes_checked_early);
+      id, bytes_read.load(), (clock_.Now() - start).ToSecondsF(), bytes_checked_early);
   for (uint32_t f : bad_files) {
     if (absl::Status s = journal_.DeleteFileChunks(id, f); !s.ok()) return s;
     if (absl::Status s = session.staging->DiscardFile(f); !s.ok()) return s;

@@ -117,7 +117,7 @@ void WriteShare(const Options& o, BufferPool& pool, bool registered, int t, size
     absl::Status s = (*io)->RegisterBuffers(pool);
     if (!s.ok()) Die("registering the pool", s);
   }
-  auto lease = pool.Acquire(absl::InfiniteFuture());
+  auto lease = pool.Acquire(absl::InfiniteDuration());
   if (!lease.ok()) Die("lease", lease.status());
   const std::string path =
       o.dir + "/storage_buffer_bench." + std::to_string(getpid()) + "." + std::to_string(t);

@@ -273,8 +273,8 @@ TEST_P(RegisteredBuffersTest, OnePoolRegisteredWithARingPerThread) {
         failures[t] = registered.ToString();
         return;
       }
-      auto out = (*pool)->Acquire(absl::InfiniteFuture());
-      auto in = (*pool)->Acquire(absl::InfiniteFuture());
+      auto out = (*pool)->Acquire(absl::InfiniteDuration());
+      auto in = (*pool)->Acquire(absl::InfiniteDuration());
       if (!out.ok() || !in.ok()) {
         failures[t] = "no lease";
         return;
