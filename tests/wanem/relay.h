@@ -36,8 +36,8 @@ class Relay {
  public:
   // `in_fd`, `out_fd`: non-blocking TUN descriptors; `stop_fd`: an eventfd
   // that becomes readable when Run() must return.
-  Relay(std::string name, int in_fd, int out_fd, int stop_fd,
-        const DirectionParams& params, uint64_t seed, int mtu);
+  Relay(std::string name, int in_fd, int out_fd, int stop_fd, const DirectionParams& params,
+        uint64_t seed, int mtu);
 
   void Run();
 

@@ -164,8 +164,7 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   return o;
 }
 
-absl::Status WriteFileAtomically(const std::string& path,
-                                 const std::string& text) {
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   {
     std::ofstream f(tmp);
@@ -174,8 +173,7 @@ absl::Status WriteFileAtomically(const std::string& path,
     if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
   }
   if (rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(
-        absl::StrCat("rename ", tmp, ": ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("rename ", tmp, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -186,10 +184,8 @@ class Emulator {
  public:
   explicit Emulator(Options options) : options_(std::move(options)) {
     const std::string base = absl::StrCat(kNamespacePrefix, getpid());
-    sites_[0] = {absl::StrCat(base, "-a"), "lhw0", "198.18.0.1", 30,
-                 options_.mtu};
-    sites_[1] = {absl::StrCat(base, "-b"), "lhw0", "198.18.0.2", 30,
-                 options_.mtu};
+    sites_[0] = {absl::StrCat(base, "-a"), "lhw0", "198.18.0.1", 30, options_.mtu};
+    sites_[1] = {absl::StrCat(base, "-b"), "lhw0", "198.18.0.2", 30, options_.mtu};
   }
   ~Emulator() { Stop(); }
 
@@ -205,12 +201,10 @@ class Emulator {
     }
     stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (stop_fd_ < 0) return absl::InternalError("eventfd failed");
-    relays_[0] = std::make_unique<Relay>("a2b", tun_fds_[0], tun_fds_[1],
-                                         stop_fd_, *a2b, options_.seed,
-                                         options_.mtu);
-    relays_[1] = std::make_unique<Relay>("b2a", tun_fds_[1], tun_fds_[0],
-                                         stop_fd_, *b2a, options_.seed + 1,
-                                         options_.mtu);
+    relays_[0] = std::make_unique<Relay>("a2b", tun_fds_[0], tun_fds_[1], stop_fd_, *a2b,
+                                         options_.seed, options_.mtu);
+    relays_[1] = std::make_unique<Relay>("b2a", tun_fds_[1], tun_fds_[0], stop_fd_, *b2a,
+                                         options_.seed + 1, options_.mtu);
     for (int i = 0; i < 2; ++i) {
       threads_[i] = std::thread([r = relays_[i].get()] { r->Run(); });
     }
@@ -258,11 +252,9 @@ class Emulator {
   }
 
   std::string InfoJson() const {
-    return absl::StrCat(
-        "\"pid\":", getpid(), ",\"ns_a\":\"", sites_[0].ns, "\",\"ns_b\":\"",
-        sites_[1].ns, "\",\"addr_a\":\"", sites_[0].address,
-        "\",\"addr_b\":\"", sites_[1].address, "\",\"dev\":\"lhw0\",\"mtu\":",
-        options_.mtu);
+    return absl::StrCat("\"pid\":", getpid(), ",\"ns_a\":\"", sites_[0].ns, "\",\"ns_b\":\"",
+                        sites_[1].ns, "\",\"addr_a\":\"", sites_[0].address, "\",\"addr_b\":\"",
+                        sites_[1].address, "\",\"dev\":\"lhw0\",\"mtu\":", options_.mtu);
   }
 
   std::string StatsJson() const {
@@ -272,22 +264,20 @@ class Emulator {
 
   std::string ReadyFileText() const {
     return absl::StrCat(
-        "LHW_PID=", getpid(), "\nLHW_NS_A=", sites_[0].ns,
-        "\nLHW_NS_B=", sites_[1].ns, "\nLHW_ADDR_A=", sites_[0].address,
-        "\nLHW_ADDR_B=", sites_[1].address, "\nLHW_DEV=lhw0\nLHW_MTU=",
-        options_.mtu, "\nLHW_CONTROL=", options_.control, "\n");
+        "LHW_PID=", getpid(), "\nLHW_NS_A=", sites_[0].ns, "\nLHW_NS_B=", sites_[1].ns,
+        "\nLHW_ADDR_A=", sites_[0].address, "\nLHW_ADDR_B=", sites_[1].address,
+        "\nLHW_DEV=lhw0\nLHW_MTU=", options_.mtu, "\nLHW_CONTROL=", options_.control, "\n");
   }
 
   std::string Summary() const {
     std::string out;
     for (const auto& r : relays_) {
       const DirectionCounters& c = r->counters();
-      absl::StrAppend(
-          &out, "longhaul-wanem ", r->name(), ": forwarded ",
-          c.forwarded_packets.load(), " packets (", c.forwarded_bytes.load(),
-          " bytes), dropped by queue ", c.dropped_queue.load(), ", by loss ",
-          c.dropped_loss.load(), ", by cut ", c.dropped_cut.load(),
-          ", by overflow ", c.dropped_overflow.load(), "\n");
+      absl::StrAppend(&out, "longhaul-wanem ", r->name(), ": forwarded ",
+                      c.forwarded_packets.load(), " packets (", c.forwarded_bytes.load(),
+                      " bytes), dropped by queue ", c.dropped_queue.load(), ", by loss ",
+                      c.dropped_loss.load(), ", by cut ", c.dropped_cut.load(), ", by overflow ",
+                      c.dropped_overflow.load(), "\n");
     }
     return out;
   }
@@ -320,8 +310,7 @@ std::string HandleCommand(Emulator& emu, absl::string_view line, bool& quit) {
     quit = true;
     return "ok";
   }
-  return absl::StrCat("error: unknown command '", words[0],
-                      "' (cut, restore, stats, info, quit)");
+  return absl::StrCat("error: unknown command '", words[0], "' (cut, restore, stats, info, quit)");
 }
 
 int ListenUnix(const std::string& path) {
@@ -333,8 +322,7 @@ int ListenUnix(const std::string& path) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   unlink(path.c_str());
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(fd, 16) != 0) {
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0) {
     close(fd);
     return -1;
   }
@@ -372,10 +360,9 @@ int CtlMain(int argc, char** argv) {
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, argv[2], sizeof(addr.sun_path) - 1);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 ||
-      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    std::cerr << "longhaul-wanem ctl: cannot connect to " << argv[2] << ": "
-              << std::strerror(errno) << "\n";
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    std::cerr << "longhaul-wanem ctl: cannot connect to " << argv[2] << ": " << std::strerror(errno)
+              << "\n";
     return 1;
   }
   if (write(fd, cmd.data(), cmd.size()) != static_cast<ssize_t>(cmd.size())) {
@@ -394,14 +381,12 @@ int CtlMain(int argc, char** argv) {
 int RunMain(int argc, char** argv) {
   absl::StatusOr<Options> options = ParseOptions(argc, argv);
   if (!options.ok()) {
-    std::cerr << "longhaul-wanem: " << options.status().message() << "\n\n"
-              << kUsage;
+    std::cerr << "longhaul-wanem: " << options.status().message() << "\n\n" << kUsage;
     return 2;
   }
   absl::StatusOr<std::vector<std::string>> stale = CleanupStaleNamespaces();
   if (!stale.ok()) {
-    std::cerr << "longhaul-wanem: cleanup: " << stale.status().message()
-              << "\n";
+    std::cerr << "longhaul-wanem: cleanup: " << stale.status().message() << "\n";
   } else {
     for (const std::string& ns : *stale) {
       std::cerr << "longhaul-wanem: removed stale namespace " << ns << "\n";
@@ -436,16 +421,14 @@ int RunMain(int argc, char** argv) {
   if (!options->control.empty()) {
     listen_fd = ListenUnix(options->control);
     if (listen_fd < 0) {
-      std::cerr << "longhaul-wanem: cannot listen on " << options->control
-                << ": " << std::strerror(errno) << "\n";
+      std::cerr << "longhaul-wanem: cannot listen on " << options->control << ": "
+                << std::strerror(errno) << "\n";
       emu.Stop();
       return 1;
     }
   }
   if (!options->ready_file.empty()) {
-    if (absl::Status s =
-            WriteFileAtomically(options->ready_file, emu.ReadyFileText());
-        !s.ok()) {
+    if (absl::Status s = WriteFileAtomically(options->ready_file, emu.ReadyFileText()); !s.ok()) {
       std::cerr << "longhaul-wanem: " << s.message() << "\n";
       emu.Stop();
       return 1;
@@ -481,8 +464,7 @@ int RunMain(int argc, char** argv) {
   const std::string stats = emu.StatsJson();
   std::cout << emu.Summary() << std::flush;
   if (!options->stats_json.empty()) {
-    if (absl::Status s = WriteFileAtomically(options->stats_json, stats + "\n");
-        !s.ok()) {
+    if (absl::Status s = WriteFileAtomically(options->stats_json, stats + "\n"); !s.ok()) {
       std::cerr << "longhaul-wanem: " << s.message() << "\n";
     }
   }
