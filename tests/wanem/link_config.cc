@@ -119,7 +119,7 @@ absl::Status ApplyOverrides(absl::string_view overrides, DirectionSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<DirectionParams> Resolve(const DirectionSpec& spec) {
+absl::StatusOr<DirectionParams> Resolve(const DirectionSpec& spec, int delays_per_round_trip) {
   DirectionParams p;
   absl::StatusOr<int64_t> rate = ParseRate(spec.rate);
   if (!rate.ok()) return rate.status();
@@ -136,7 +136,8 @@ absl::StatusOr<DirectionParams> Resolve(const DirectionSpec& spec) {
   if (absl::AsciiStrToLower(spec.queue) == "bdp") {
     // One BDP of the round trip, but never less than a few jumbo frames so a
     // zero-delay link still has a usable queue.
-    const double bdp = static_cast<double>(p.rate_bps) / 8 * absl::ToDoubleSeconds(2 * p.delay);
+    const double bdp = static_cast<double>(p.rate_bps) / 8 *
+                       absl::ToDoubleSeconds(delays_per_round_trip * p.delay);
     p.queue_bytes = std::max<int64_t>(static_cast<int64_t>(bdp), 64 * 1024);
   } else {
     absl::StatusOr<int64_t> q = ParseBytes(spec.queue);
