@@ -17,9 +17,8 @@ namespace {
 bool SplitNumber(absl::string_view text, double& value, std::string& suffix) {
   text = absl::StripAsciiWhitespace(text);
   size_t i = 0;
-  while (i < text.size() &&
-         (absl::ascii_isdigit(text[i]) || text[i] == '.' || text[i] == 'e' ||
-          text[i] == 'E' || text[i] == '+' || text[i] == '-')) {
+  while (i < text.size() && (absl::ascii_isdigit(text[i]) || text[i] == '.' || text[i] == 'e' ||
+                             text[i] == 'E' || text[i] == '+' || text[i] == '-')) {
     // An 'e' that starts a unit rather than an exponent is not expected in
     // these units, so treat it as part of the number.
     ++i;
@@ -76,8 +75,7 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
   } else if (unit == "gib" || unit == "g") {
     mult = 1024.0 * 1024 * 1024;
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad size unit in '", text, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("bad size unit in '", text, "'"));
   }
   return static_cast<int64_t>(std::llround(v * mult));
 }
@@ -98,8 +96,7 @@ absl::StatusOr<double> ParseLoss(absl::string_view text) {
 }
 
 absl::Status ApplyOverrides(absl::string_view overrides, DirectionSpec& spec) {
-  for (absl::string_view item :
-       absl::StrSplit(overrides, ',', absl::SkipWhitespace())) {
+  for (absl::string_view item : absl::StrSplit(overrides, ',', absl::SkipWhitespace())) {
     std::pair<absl::string_view, absl::string_view> kv =
         absl::StrSplit(item, absl::MaxSplits('=', 1));
     const absl::string_view key = absl::StripAsciiWhitespace(kv.first);
@@ -116,27 +113,22 @@ absl::Status ApplyOverrides(absl::string_view overrides, DirectionSpec& spec) {
       spec.queue = value;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "unknown link parameter '", key,
-          "' (known: rate, delay, jitter, loss, queue)"));
+          "unknown link parameter '", key, "' (known: rate, delay, jitter, loss, queue)"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<DirectionParams> Resolve(const DirectionSpec& spec) {
+absl::StatusOr<DirectionParams> Resolve(const DirectionSpec& spec, int delays_per_round_trip) {
   DirectionParams p;
   absl::StatusOr<int64_t> rate = ParseRate(spec.rate);
   if (!rate.ok()) return rate.status();
   p.rate_bps = *rate;
-  if (!absl::ParseDuration(spec.delay, &p.delay) ||
-      p.delay < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad delay '", spec.delay, "' (e.g. 20ms)"));
+  if (!absl::ParseDuration(spec.delay, &p.delay) || p.delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("bad delay '", spec.delay, "' (e.g. 20ms)"));
   }
-  if (!absl::ParseDuration(spec.jitter, &p.jitter) ||
-      p.jitter < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad jitter '", spec.jitter, "' (e.g. 1ms)"));
+  if (!absl::ParseDuration(spec.jitter, &p.jitter) || p.jitter < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("bad jitter '", spec.jitter, "' (e.g. 1ms)"));
   }
   absl::StatusOr<double> loss = ParseLoss(spec.loss);
   if (!loss.ok()) return loss.status();
@@ -145,7 +137,7 @@ absl::StatusOr<DirectionParams> Resolve(const DirectionSpec& spec) {
     // One BDP of the round trip, but never less than a few jumbo frames so a
     // zero-delay link still has a usable queue.
     const double bdp = static_cast<double>(p.rate_bps) / 8 *
-                       absl::ToDoubleSeconds(2 * p.delay);
+                       absl::ToDoubleSeconds(delays_per_round_trip * p.delay);
     p.queue_bytes = std::max<int64_t>(static_cast<int64_t>(bdp), 64 * 1024);
   } else {
     absl::StatusOr<int64_t> q = ParseBytes(spec.queue);

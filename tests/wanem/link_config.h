@@ -19,7 +19,8 @@ absl::StatusOr<double> ParseLoss(absl::string_view text);
 
 // A direction's parameters as text, before the queue size can be resolved
 // against the rate and delay ("bdp" means one bandwidth-delay product of the
-// round trip, i.e. rate x 2 x delay).
+// round trip: rate x 2 x delay on the two-site link, whose round trip crosses
+// the delay twice).
 struct DirectionSpec {
   std::string rate = "0";
   std::string delay = "0ms";
@@ -32,7 +33,10 @@ struct DirectionSpec {
 // jitter=1ms".
 absl::Status ApplyOverrides(absl::string_view overrides, DirectionSpec& spec);
 
-absl::StatusOr<DirectionParams> Resolve(const DirectionSpec& spec);
+// `delays_per_round_trip` is how many times a round trip crosses this
+// direction's delay, for "bdp": 2 on the two-site link, 4 on a star access
+// link (site -> core -> site and back).
+absl::StatusOr<DirectionParams> Resolve(const DirectionSpec& spec, int delays_per_round_trip = 2);
 
 std::string FormatRate(int64_t bps);
 

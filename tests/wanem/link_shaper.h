@@ -28,10 +28,10 @@ struct DirectionParams {
 
 // Why a packet did not make it through.
 enum class Verdict {
-  kForward,     // Deliver at `deliver_at`.
-  kDropQueue,   // The drop-tail queue was full.
-  kDropLoss,    // Lost at random.
-  kDropCut,     // The link is cut (black hole).
+  kForward,    // Deliver at `deliver_at`.
+  kDropQueue,  // The drop-tail queue was full.
+  kDropLoss,   // Lost at random.
+  kDropCut,    // The link is cut (black hole).
 };
 
 struct Decision {

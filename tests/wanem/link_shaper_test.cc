@@ -10,8 +10,8 @@ namespace {
 
 const absl::Time kStart = absl::FromUnixSeconds(1000);
 
-DirectionParams Params(int64_t rate_bps, absl::Duration delay,
-                       int64_t queue_bytes = 0, double loss = 0) {
+DirectionParams Params(int64_t rate_bps, absl::Duration delay, int64_t queue_bytes = 0,
+                       double loss = 0) {
   DirectionParams p;
   p.rate_bps = rate_bps;
   p.delay = delay;
@@ -32,8 +32,7 @@ TEST(LinkShaperTest, SerializesAtTheRate) {
   LinkShaper s(Params(1'000'000'000, absl::Milliseconds(10)), 1);
   Decision first = s.Offer(kStart, 9000);
   Decision second = s.Offer(kStart, 9000);
-  EXPECT_EQ(first.deliver_at,
-            kStart + absl::Microseconds(72) + absl::Milliseconds(10));
+  EXPECT_EQ(first.deliver_at, kStart + absl::Microseconds(72) + absl::Milliseconds(10));
   EXPECT_EQ(second.deliver_at - first.deliver_at, absl::Microseconds(72));
 }
 

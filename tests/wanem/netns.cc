@@ -33,9 +33,7 @@ extern char** environ;
 namespace longhaul::wanem {
 namespace {
 
-std::string NamespacePath(const std::string& ns) {
-  return absl::StrCat("/run/netns/", ns);
-}
+std::string NamespacePath(const std::string& ns) { return absl::StrCat("/run/netns/", ns); }
 
 absl::Status WriteFile(const std::string& path, const std::string& value) {
   std::ofstream f(path);
@@ -47,8 +45,7 @@ absl::Status WriteFile(const std::string& path, const std::string& value) {
 
 // Runs `fn` on a fresh thread that has joined the network namespace `ns`, so
 // the calling thread's namespace never changes.
-absl::Status InNamespace(const std::string& ns,
-                         const std::function<absl::Status()>& fn) {
+absl::Status InNamespace(const std::string& ns, const std::function<absl::Status()>& fn) {
   absl::Status result;
   std::thread t([&] {
     const int nsfd = open(NamespacePath(ns).c_str(), O_RDONLY | O_CLOEXEC);
@@ -86,8 +83,7 @@ absl::Status RunCommand(const std::vector<std::string>& argv) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipefd[1], STDERR_FILENO);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null",
-                                   O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   // The spawned command must not inherit the blocked signal mask of the
   // emulator, or it would ignore SIGTERM.
   posix_spawnattr_t attr;
@@ -97,8 +93,7 @@ absl::Status RunCommand(const std::vector<std::string>& argv) {
   posix_spawnattr_setsigmask(&attr, &empty);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   pid_t pid;
-  const int rc =
-      posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
+  const int rc = posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   close(pipefd[1]);
@@ -115,9 +110,8 @@ absl::Status RunCommand(const std::vector<std::string>& argv) {
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return absl::InternalError(absl::StrCat(
-        "'", absl::StrJoin(argv, " "), "' failed: ",
-        absl::StripTrailingAsciiWhitespace(err)));
+    return absl::InternalError(absl::StrCat("'", absl::StrJoin(argv, " "),
+                                            "' failed: ", absl::StripTrailingAsciiWhitespace(err)));
   }
   return absl::OkStatus();
 }
@@ -139,8 +133,7 @@ absl::StatusOr<int> CreateSite(const SiteSpec& site) {
     }
     // Long fat pipes need windows far above the default 6 MiB; these limits
     // are per namespace, so the host is untouched.
-    if (absl::Status w = WriteFile("/proc/sys/net/ipv4/tcp_rmem",
-                                   "4096 131072 268435456");
+    if (absl::Status w = WriteFile("/proc/sys/net/ipv4/tcp_rmem", "4096 131072 268435456");
         !w.ok()) {
       return w;
     }
@@ -149,12 +142,11 @@ absl::StatusOr<int> CreateSite(const SiteSpec& site) {
   if (s.ok()) {
     const std::string addr = absl::StrCat(site.address, "/", site.prefix_len);
     const std::string mtu = absl::StrCat(site.mtu);
-    for (const std::vector<std::string>& cmd :
-         std::vector<std::vector<std::string>>{
+    for (const std::vector<std::string>& cmd : std::vector<std::vector<std::string>>{
              {"ip", "-n", site.ns, "link", "set", "lo", "up"},
              {"ip", "-n", site.ns, "addr", "add", addr, "dev", site.device},
-             {"ip", "-n", site.ns, "link", "set", site.device, "mtu", mtu,
-              "txqueuelen", "10000", "up"},
+             {"ip", "-n", site.ns, "link", "set", site.device, "mtu", mtu, "txqueuelen", "10000",
+              "up"},
          }) {
       s = RunCommand(cmd);
       if (!s.ok()) break;
@@ -218,8 +210,7 @@ absl::StatusOr<std::vector<std::string>> CleanupStaleNamespaces() {
     absl::string_view rest = absl::StripPrefix(name, kNamespacePrefix);
     const size_t dash = rest.find('-');
     int owner;
-    if (dash == absl::string_view::npos ||
-        !absl::SimpleAtoi(rest.substr(0, dash), &owner)) {
+    if (dash == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, dash), &owner)) {
       continue;
     }
     if (IsRunningEmulator(owner)) continue;

@@ -26,9 +26,9 @@ absl::Status RunCommand(const std::vector<std::string>& argv);
 
 // One site's end of the link.
 struct SiteSpec {
-  std::string ns;         // Namespace name.
-  std::string device;     // TUN device name inside it.
-  std::string address;    // Local address, e.g. "198.18.0.1".
+  std::string ns;       // Namespace name.
+  std::string device;   // TUN device name inside it.
+  std::string address;  // Local address, e.g. "198.18.0.1".
   int prefix_len = 30;
   int mtu = 9000;
 };

@@ -18,8 +18,7 @@ void Check(bool ok, const char* what) {
 }  // namespace
 
 PacketRing::PacketRing(size_t capacity_bytes, size_t max_packet)
-    : capacity_(capacity_bytes & ~size_t{7}),
-      max_record_(RecordSize(max_packet)) {
+    : capacity_(capacity_bytes & ~size_t{7}), max_record_(RecordSize(max_packet)) {
   Check(capacity_ >= 2 * max_record_, "capacity >= 2 packets");
   buf_ = std::make_unique<uint8_t[]>(capacity_);
 }
@@ -36,8 +35,7 @@ size_t PacketRing::TailSlot() const {
 absl::Span<uint8_t> PacketRing::Reserve() {
   const size_t slot = TailSlot();
   if (slot == SIZE_MAX) return {};
-  return absl::Span<uint8_t>(buf_.get() + slot + kHeader,
-                             max_record_ - kHeader);
+  return absl::Span<uint8_t>(buf_.get() + slot + kHeader, max_record_ - kHeader);
 }
 
 void PacketRing::Commit(size_t len, int64_t due_ns) {

@@ -54,8 +54,8 @@ class PacketRing {
   std::unique_ptr<uint8_t[]> buf_;
   size_t capacity_;
   size_t max_record_;
-  size_t head_ = 0;   // Offset of the oldest record.
-  size_t tail_ = 0;   // Offset where the next record goes.
+  size_t head_ = 0;  // Offset of the oldest record.
+  size_t tail_ = 0;  // Offset where the next record goes.
   size_t count_ = 0;
   // True when the tail has wrapped to the start of the buffer behind the
   // head: records then live in [head_, wrap_at_) and then [0, tail_).

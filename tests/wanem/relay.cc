@@ -14,12 +14,27 @@
 #include "absl/time/time.h"
 
 namespace longhaul::wanem {
-namespace {
 
 int64_t MonotonicNanos() {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+void CountDrop(Verdict verdict, DirectionCounters& c) {
+  switch (verdict) {
+    case Verdict::kForward:
+      break;
+    case Verdict::kDropQueue:
+      c.dropped_queue.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case Verdict::kDropLoss:
+      c.dropped_loss.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case Verdict::kDropCut:
+      c.dropped_cut.fetch_add(1, std::memory_order_relaxed);
+      break;
+  }
 }
 
 // Room for everything that can be inside one direction at once: the queue,
@@ -33,10 +48,22 @@ size_t RingCapacity(const DirectionParams& p) {
   return static_cast<size_t>(2 * (in_flight + queue)) + (16 << 20);
 }
 
-}  // namespace
+std::string DirectionStatsJson(const DirectionCounters& c, const DirectionParams& p, bool cut,
+                               int mtu) {
+  auto get = [](const std::atomic<uint64_t>& v) { return v.load(std::memory_order_relaxed); };
+  return absl::StrCat(
+      "{\"forwarded_packets\":", get(c.forwarded_packets),
+      ",\"forwarded_bytes\":", get(c.forwarded_bytes), ",\"dropped_queue\":", get(c.dropped_queue),
+      ",\"dropped_loss\":", get(c.dropped_loss), ",\"dropped_cut\":", get(c.dropped_cut),
+      ",\"dropped_overflow\":", get(c.dropped_overflow), ",\"write_errors\":", get(c.write_errors),
+      ",\"cut\":", cut ? "true" : "false", ",\"rate_bps\":", p.rate_bps,
+      ",\"delay_ms\":", absl::ToDoubleMilliseconds(p.delay),
+      ",\"jitter_ms\":", absl::ToDoubleMilliseconds(p.jitter), ",\"loss\":", p.loss,
+      ",\"queue_bytes\":", p.queue_bytes, ",\"mtu\":", mtu, "}");
+}
 
-Relay::Relay(std::string name, int in_fd, int out_fd, int stop_fd,
-             const DirectionParams& params, uint64_t seed, int mtu)
+Relay::Relay(std::string name, int in_fd, int out_fd, int stop_fd, const DirectionParams& params,
+             uint64_t seed, int mtu)
     : name_(std::move(name)),
       in_fd_(in_fd),
       out_fd_(out_fd),
@@ -61,11 +88,9 @@ void Relay::Run() {
       absl::Span<const uint8_t> pkt = ring_.Front();
       if (cut) {
         counters_.dropped_cut.fetch_add(1, std::memory_order_relaxed);
-      } else if (write(out_fd_, pkt.data(), pkt.size()) ==
-                 static_cast<ssize_t>(pkt.size())) {
+      } else if (write(out_fd_, pkt.data(), pkt.size()) == static_cast<ssize_t>(pkt.size())) {
         counters_.forwarded_packets.fetch_add(1, std::memory_order_relaxed);
-        counters_.forwarded_bytes.fetch_add(pkt.size(),
-                                            std::memory_order_relaxed);
+        counters_.forwarded_bytes.fetch_add(pkt.size(), std::memory_order_relaxed);
       } else {
         counters_.write_errors.fetch_add(1, std::memory_order_relaxed);
       }
@@ -77,8 +102,8 @@ void Relay::Run() {
     for (; reads < kReadBatch; ++reads) {
       absl::Span<uint8_t> slot = ring_.Reserve();
       const bool full = slot.empty();
-      const ssize_t n = full ? read(in_fd_, overflow, sizeof(overflow))
-                             : read(in_fd_, slot.data(), slot.size());
+      const ssize_t n =
+          full ? read(in_fd_, overflow, sizeof(overflow)) : read(in_fd_, slot.data(), slot.size());
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno != EAGAIN) {
@@ -95,19 +120,10 @@ void Relay::Run() {
       // that arrived while the relay was busy (or descheduled) leave early, shortening the link.
       now = MonotonicNanos();
       const Decision d = shaper_.Offer(absl::FromUnixNanos(now), n);
-      switch (d.verdict) {
-        case Verdict::kForward:
-          ring_.Commit(static_cast<size_t>(n), absl::ToUnixNanos(d.deliver_at));
-          break;
-        case Verdict::kDropQueue:
-          counters_.dropped_queue.fetch_add(1, std::memory_order_relaxed);
-          break;
-        case Verdict::kDropLoss:
-          counters_.dropped_loss.fetch_add(1, std::memory_order_relaxed);
-          break;
-        case Verdict::kDropCut:
-          counters_.dropped_cut.fetch_add(1, std::memory_order_relaxed);
-          break;
+      if (d.verdict == Verdict::kForward) {
+        ring_.Commit(static_cast<size_t>(n), absl::ToUnixNanos(d.deliver_at));
+      } else {
+        CountDrop(d.verdict, counters_);
       }
     }
     if (reads == kReadBatch) continue;  // More may be waiting.
@@ -125,8 +141,7 @@ void Relay::Run() {
     }
     const int rc = ppoll(fds, 2, timeout_ptr, nullptr);
     if (rc < 0 && errno != EINTR) {
-      std::fprintf(stderr, "longhaul-wanem %s: ppoll: %s\n", name_.c_str(),
-                   std::strerror(errno));
+      std::fprintf(stderr, "longhaul-wanem %s: ppoll: %s\n", name_.c_str(), std::strerror(errno));
       return;
     }
     if (rc > 0 && (fds[1].revents & POLLIN)) return;
@@ -134,25 +149,7 @@ void Relay::Run() {
 }
 
 std::string Relay::StatsJson() const {
-  const DirectionParams& p = params();
-  const DirectionCounters& c = counters_;
-  auto get = [](const std::atomic<uint64_t>& v) {
-    return v.load(std::memory_order_relaxed);
-  };
-  return absl::StrCat(
-      "{\"forwarded_packets\":", get(c.forwarded_packets),
-      ",\"forwarded_bytes\":", get(c.forwarded_bytes),
-      ",\"dropped_queue\":", get(c.dropped_queue),
-      ",\"dropped_loss\":", get(c.dropped_loss),
-      ",\"dropped_cut\":", get(c.dropped_cut),
-      ",\"dropped_overflow\":", get(c.dropped_overflow),
-      ",\"write_errors\":", get(c.write_errors),
-      ",\"cut\":", cut() ? "true" : "false",
-      ",\"rate_bps\":", p.rate_bps,
-      ",\"delay_ms\":", absl::ToDoubleMilliseconds(p.delay),
-      ",\"jitter_ms\":", absl::ToDoubleMilliseconds(p.jitter),
-      ",\"loss\":", p.loss, ",\"queue_bytes\":", p.queue_bytes,
-      ",\"mtu\":", mtu_, "}");
+  return DirectionStatsJson(counters_, params(), cut(), mtu_);
 }
 
 }  // namespace longhaul::wanem

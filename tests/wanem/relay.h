@@ -24,6 +24,21 @@ struct DirectionCounters {
   std::atomic<uint64_t> write_errors{0};
 };
 
+// CLOCK_MONOTONIC in nanoseconds: the one clock of the emulator's data path
+// (relays and star sites), so departure times from different threads compare.
+int64_t MonotonicNanos();
+
+// Counts a packet the shaper did not forward (any verdict but kForward).
+void CountDrop(Verdict verdict, DirectionCounters& counters);
+
+// Bytes of PacketRing that one direction needs: its queue plus what is in
+// flight during the delay, with headroom for per-packet overhead.
+size_t RingCapacity(const DirectionParams& params);
+
+// A JSON object with a direction's counters and parameters.
+std::string DirectionStatsJson(const DirectionCounters& counters, const DirectionParams& params,
+                               bool cut, int mtu);
+
 // Carries IP packets from one TUN descriptor to another through a LinkShaper:
 // it reads packets in batches into a preallocated PacketRing, stamps each with
 // its departure time, and writes each out when it comes due. Nothing is
@@ -36,8 +51,8 @@ class Relay {
  public:
   // `in_fd`, `out_fd`: non-blocking TUN descriptors; `stop_fd`: an eventfd
   // that becomes readable when Run() must return.
-  Relay(std::string name, int in_fd, int out_fd, int stop_fd,
-        const DirectionParams& params, uint64_t seed, int mtu);
+  Relay(std::string name, int in_fd, int out_fd, int stop_fd, const DirectionParams& params,
+        uint64_t seed, int mtu);
 
   void Run();
 

@@ -91,8 +91,7 @@ TEST(RelayTest, PacketsArrivingWhileTheRelayIsBusyStillTakeTheFullDelay) {
   // Drain; note when the probe comes out.
   absl::Time probe_received = absl::InfiniteFuture();
   int fillers = 0;
-  while (probe_received == absl::InfiniteFuture() &&
-         absl::Now() < probe_sent + absl::Seconds(30)) {
+  while (probe_received == absl::InfiniteFuture() && absl::Now() < probe_sent + absl::Seconds(30)) {
     std::array<uint8_t, 4096> buf;
     const ssize_t n = recv(out.end(1), buf.data(), buf.size(), MSG_DONTWAIT);
     if (n <= 0) {

@@ -5,6 +5,9 @@
 #   wan_test.sh CASE    CASE: rtt rate loss cut cleanup_normal
 #                             cleanup_parent_killed cleanup_emulator_killed
 #                             bench_killed
+#                             star_rtt star_shared_uplink star_cut
+#                             star_cleanup_normal star_cleanup_parent_killed
+#                             star_cleanup_emulator_killed
 #
 # LONGHAUL_WANEM points at the binary (ctest sets it). All traffic stays on
 # 198.18.0.0/15 inside the namespaces the emulator makes.
@@ -47,9 +50,11 @@ wait_for() {
 }
 
 # start_wanem ARGS...: runs the emulator in the background and loads its
-# ready file (LHW_NS_A, LHW_NS_B, LHW_ADDR_A, LHW_ADDR_B, LHW_PID).
+# ready file (LHW_NS_A, LHW_NS_B, LHW_ADDR_A, LHW_ADDR_B, LHW_PID; with
+# --sites=N: LHW_SITES, LHW_NS_1..N, LHW_ADDR_1..N).
 start_wanem() {
   rm -f "$TMP/ready"
+  unset "${!LHW_@}"
   "$WANEM" --control="$TMP/ctl.sock" --ready-file="$TMP/ready" \
     --stats-json="$TMP/stats.json" "$@" >"$TMP/wanem.out" 2>&1 &
   WANEM_PID=$!
@@ -307,6 +312,158 @@ case_bench_killed() {
   # shellcheck disable=SC2086
   assert_gone "$owner" $pids
   pass "nothing left after the bench harness was SIGKILLed (servers were: $pids)"
+}
+
+# --- The N-site star (--sites=N) ---
+
+# Site K's namespace and address from the star's ready file.
+ns_of() { local v="LHW_NS_$1"; echo "${!v}"; }
+addr_of() { local v="LHW_ADDR_$1"; echo "${!v}"; }
+# in_site K CMD...: runs CMD inside site K's namespace.
+in_site() { local k=$1; shift; ip netns exec "$(ns_of "$k")" "$@"; }
+# pings FROM TO COUNT: succeeds if any reply comes back.
+pings() { in_site "$1" ping -q -c "$3" -i 0.1 -W 1 "$(addr_of "$2")" >/dev/null; }
+
+# star_field JSON SITE DIR FIELD: a counter of site SITE's uplink (DIR=up) or
+# downlink (DIR=down) from the star's stats JSON.
+star_field() {
+  sed -e "s/.*\"site$2\":{\"up\":{\([^}]*\)},\"down\":{\([^}]*\)}.*/\1|\2/" <<<"$1" |
+    awk -F'|' -v d="$3" '{ print (d == "up" ? $1 : $2) }' | tr ',' '\n' |
+    awk -F: -v f="\"$4\"" '$1 == f { print $2 }'
+}
+
+case_star_rtt() {
+  local delay=5 i j out min median
+  start_wanem --sites=4 --rate=1Gbit --delay=${delay}ms
+  [[ "${LHW_SITES:-}" == 4 ]] || fail "ready file has LHW_SITES=${LHW_SITES:-unset}, not 4"
+  # Site to site crosses two access links each way: RTT = 4 x delay.
+  for ((i = 1; i <= 4; i++)); do
+    for ((j = 1; j <= 4; j++)); do
+      ((i == j)) && continue
+      out=$(in_site $i ping -c 10 -i 0.02 -s 56 "$(addr_of $j)") || fail "ping $i -> $j failed: $out"
+      read -r min median < <(sed -n 's/.* time=\([0-9.]*\) ms/\1/p' <<<"$out" | sort -n |
+        awk '{ t[NR] = $1 } END { print t[1], t[int((NR + 1) / 2)] }')
+      echo "site $i -> site $j: RTT min $min ms, median $median ms"
+      awk -v m="$min" -v d="$delay" 'BEGIN { exit !(m >= 4 * d) }' ||
+        fail "$i -> $j: RTT min $min ms is shorter than 4x${delay} ms"
+      within "$median" $((4 * delay)) 1 ||
+        fail "$i -> $j: RTT median $median ms not within 4x${delay} ms +-1 ms"
+    done
+  done
+  stop_wanem
+  pass "every pair of 4 sites: RTT = 4 x delay +- 1 ms"
+}
+
+case_star_shared_uplink() {
+  # Two flows out of site 1, to sites 2 and 3, share site 1's uplink: their
+  # sum is the uplink's rate, not twice it (each downlink could carry it all).
+  local mbit=200 mtu=9000
+  start_wanem --sites=3 --rate=${mbit}Mbit --delay=5ms --mtu=$mtu
+  local want s2 s3 got2 got3 sum
+  want=$(awk -v r="$mbit" -v m="$mtu" 'BEGIN { print r * (m - 52) / m }')
+  in_site 2 iperf3 -s -1 -B "$(addr_of 2)" >/dev/null 2>&1 &
+  s2=$!
+  in_site 3 iperf3 -s -1 -B "$(addr_of 3)" >/dev/null 2>&1 &
+  s3=$!
+  sleep 0.3
+  in_site 1 iperf3 -c "$(addr_of 2)" -t 6 -O 1 -f m >"$TMP/to2.txt" 2>&1 &
+  local c2=$!
+  in_site 1 iperf3 -c "$(addr_of 3)" -t 6 -O 1 -f m >"$TMP/to3.txt" 2>&1 &
+  local c3=$!
+  wait "$c2" || { cat "$TMP/to2.txt" >&2; fail "iperf3 1 -> 2 failed"; }
+  wait "$c3" || { cat "$TMP/to3.txt" >&2; fail "iperf3 1 -> 3 failed"; }
+  wait "$s2" "$s3"
+  goodput() { awk '/receiver/ { for (i = 1; i <= NF; i++) if ($i == "Mbits/sec") print $(i - 1) }' "$1"; }
+  got2=$(goodput "$TMP/to2.txt")
+  got3=$(goodput "$TMP/to3.txt")
+  [[ -n "$got2" && -n "$got3" ]] || fail "iperf3 gave no result"
+  sum=$(awk -v a="$got2" -v b="$got3" 'BEGIN { print a + b }')
+  echo "uplink $mbit Mbit/s: 1 -> 2 $got2 Mbit/s + 1 -> 3 $got3 Mbit/s = $sum (payload share of the rate: $want)"
+  echo "  site 1 uplink: $(sed -e 's/.*"site1":{"up":{\([^}]*\)}.*/\1/' <<<"$(ctl stats)" | cut -d, -f1-5)"
+  awk -v s="$sum" -v r="$mbit" 'BEGIN { exit !(s <= 1.05 * r) }' ||
+    fail "two flows out of one site got $sum Mbit/s, more than its $mbit Mbit/s uplink"
+  awk -v s="$sum" -v w="$want" 'BEGIN { exit !(s >= 0.8 * w) }' ||
+    fail "two flows out of one site got $sum Mbit/s, far below its uplink ($want)"
+  awk -v a="$got2" -v b="$got3" -v w="$want" 'BEGIN { exit !(a >= 0.1 * w && b >= 0.1 * w) }' ||
+    fail "one of the flows was starved ($got2, $got3)"
+  stop_wanem
+  pass "destinations share the sender's uplink"
+}
+
+case_star_cut() {
+  start_wanem --sites=3 --rate=1Gbit --delay=2ms
+  pings 1 2 3 || fail "no traffic 1 -> 2 before the cut"
+  ctl cut 1 >/dev/null || fail "ctl cut 1 failed"
+  # Site 1 is lost: nobody reaches it and it reaches nobody; the others still
+  # reach each other.
+  if pings 1 2 3; then fail "traffic from a cut site"; fi
+  if pings 3 1 3; then fail "traffic to a cut site"; fi
+  pings 2 3 3 || fail "cutting site 1 stopped 2 -> 3"
+  local stats
+  stats=$(ctl stats)
+  [[ "$(star_field "$stats" 1 up dropped_cut)" -ge 3 ]] ||
+    fail "site 1 uplink cut drops not counted: $stats"
+  [[ "$(star_field "$stats" 1 down dropped_cut)" -ge 3 ]] ||
+    fail "site 1 downlink cut drops not counted: $stats"
+  [[ "$(star_field "$stats" 2 up dropped_cut)" -eq 0 ]] || fail "site 2 counted cut drops"
+  ctl restore 1 >/dev/null || fail "ctl restore 1 failed"
+  pings 1 2 3 || fail "no traffic 1 -> 2 after restore"
+  pings 3 1 3 || fail "no traffic 3 -> 1 after restore"
+  # Only the uplink: site 1's packets vanish, so no round trip completes,
+  # and the site's downlink still counts no cut drops.
+  ctl cut 1 up >/dev/null || fail "ctl cut 1 up failed"
+  local down_before
+  down_before=$(star_field "$(ctl stats)" 1 down dropped_cut)
+  if pings 2 1 3; then fail "a reply crossed site 1's cut uplink"; fi
+  [[ "$(star_field "$(ctl stats)" 1 down dropped_cut)" -eq "$down_before" ]] ||
+    fail "'cut 1 up' also cut the downlink"
+  ctl restore all >/dev/null || fail "ctl restore all failed"
+  pings 2 1 3 || fail "no traffic after restore all"
+  ctl cut 4 >/dev/null 2>&1 && fail "ctl accepted a site that does not exist"
+  stop_wanem
+  pass "cutting one site's access link loses that site only; restore brings it back"
+}
+
+case_star_cleanup_normal() {
+  start_wanem --sites=4 --delay=1ms
+  local pid=$LHW_PID sleepers=() k
+  for k in 1 4; do
+    in_site $k sleep 300 &
+    sleepers+=($!)
+  done
+  sleep 0.2
+  stop_wanem
+  assert_gone "$pid" "${sleepers[@]}"
+  pass "nothing of a 4-site star left after SIGTERM"
+}
+
+case_star_cleanup_parent_killed() {
+  bash -c '"$1" --sites=3 --ready-file="$2/ready" --delay=1ms >/dev/null 2>&1 &
+           wait' _ "$WANEM" "$TMP" &
+  local parent=$!
+  wait_for "$TMP/ready" 10 || fail "emulator did not come up"
+  . "$TMP/ready"
+  in_site 3 sleep 300 &
+  local sleeper=$!
+  sleep 0.2
+  kill -KILL "$parent"
+  wait "$parent" 2>/dev/null
+  assert_gone "$LHW_PID" "$sleeper"
+  pass "nothing of a star left after the parent was SIGKILLed"
+}
+
+case_star_cleanup_emulator_killed() {
+  start_wanem --sites=3 --delay=1ms
+  in_site 2 sleep 300 &
+  local sleeper=$!
+  sleep 0.2
+  kill -KILL "$WANEM_PID"
+  wait "$WANEM_PID" 2>/dev/null
+  WANEM_PID=""
+  [[ $(ip netns list | grep -c "^lhw-$LHW_PID-") -eq 3 ]] || fail "expected 3 stale namespaces to clean"
+  "$WANEM" --cleanup-stale || fail "--cleanup-stale failed"
+  assert_gone "$LHW_PID" "$sleeper"
+  pass "--cleanup-stale removes what a SIGKILLed star left"
 }
 
 case_name="${1:-}"

@@ -1,6 +1,8 @@
-// longhaul-wanem: an emulated long-haul link between two network namespaces.
+// longhaul-wanem: an emulated long-haul link between two network namespaces,
+// or an N-site star of them.
 //
 //   longhaul-wanem [--rate=1Gbit --delay=20ms --loss=1% ...]   run a link
+//   longhaul-wanem --sites=N [--siteK=SPEC ...]                run a star
 //   longhaul-wanem ctl SOCKET CMD                              talk to one
 //   longhaul-wanem --cleanup-stale                             remove leftovers
 //
@@ -39,15 +41,19 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "tests/wanem/emulator.h"
 #include "tests/wanem/link_config.h"
 #include "tests/wanem/netns.h"
 #include "tests/wanem/relay.h"
+#include "tests/wanem/star_emulator.h"
+#include "tests/wanem/star_topology.h"
 
 namespace longhaul::wanem {
 namespace {
 
 constexpr char kUsage[] = R"(usage:
   longhaul-wanem [options]          run a link until SIGTERM/SIGINT or 'quit'
+  longhaul-wanem --sites=N [options]  run an N-site star (N = 2..8) instead
   longhaul-wanem ctl SOCKET CMD     send CMD to a running link's control socket
   longhaul-wanem --cleanup-stale    delete namespaces left by dead emulators
 
@@ -72,13 +78,27 @@ Process:
 Site a is namespace lhw-<pid>-a with 198.18.0.1/30, site b lhw-<pid>-b with
 198.18.0.2/30, each on TUN device lhw0. a2b is the direction a -> b.
 
-Control commands (also: SIGUSR1 = cut both, SIGUSR2 = restore both):
+Star (--sites=N): site K (1..N) is namespace lhw-<pid>-K with 198.18.1.K/24
+on TUN device lhw0, joined to a core by its own access link: an uplink
+(K -> core, shared by all of K's peers) and a downlink (core -> K). Both
+directions take --rate/--delay/--jitter/--loss/--queue, so K -> J crosses
+delay_K + delay_J one way (RTT 4 x delay), and 'bdp' is rate x 4 x delay.
+  --siteK=SPEC       override both directions of site K's access link
+  --siteK-up=SPEC    only its uplink;  --siteK-down=SPEC  only its downlink
+The ready file then has LHW_SITES, LHW_NS_1..N, LHW_ADDR_1..N, LHW_DEV, ...
+
+Control commands (also: SIGUSR1 = cut all, SIGUSR2 = restore all):
   cut [a2b|b2a|both]   restore [a2b|b2a|both]   stats   info   quit
+  star: cut [all | K [up|down|both]]   restore [all | K [up|down|both]]
 )";
 
 struct Options {
   DirectionSpec a2b;
   DirectionSpec b2a;
+  // Star mode when sites > 0: every access link starts from `base`.
+  int sites = 0;
+  DirectionSpec base;
+  std::vector<SiteOption> site_options;
   int mtu = 9000;
   uint64_t seed = 1;
   std::string control;
@@ -135,6 +155,14 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       both.loss = value;
     } else if (key == "queue") {
       both.queue = value;
+    } else if (key == "sites") {
+      if (!absl::SimpleAtoi(value, &o.sites) || o.sites < kMinStarSites ||
+          o.sites > kMaxStarSites) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--sites must be within ", kMinStarSites, "..", kMaxStarSites));
+      }
+    } else if (IsSiteOptionKey(key)) {
+      o.site_options.push_back({key, value});
     } else if (key == "a2b") {
       a2b_overrides = value;
     } else if (key == "b2a") {
@@ -157,6 +185,15 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat("unknown option --", key));
     }
   }
+  if (o.sites > 0 && (!a2b_overrides.empty() || !b2a_overrides.empty())) {
+    return absl::InvalidArgumentError(
+        "--a2b/--b2a are for the two-site link; a star takes --siteK");
+  }
+  if (o.sites == 0 && !o.site_options.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", o.site_options[0].key, " needs --sites=N"));
+  }
+  o.base = both;
   o.a2b = both;
   o.b2a = both;
   if (absl::Status s = ApplyOverrides(a2b_overrides, o.a2b); !s.ok()) return s;
@@ -164,8 +201,7 @@ absl::StatusOr<Options> ParseOptions(int argc, char** argv) {
   return o;
 }
 
-absl::Status WriteFileAtomically(const std::string& path,
-                                 const std::string& text) {
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   {
     std::ofstream f(tmp);
@@ -174,26 +210,23 @@ absl::Status WriteFileAtomically(const std::string& path,
     if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
   }
   if (rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(
-        absl::StrCat("rename ", tmp, ": ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("rename ", tmp, ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
 
-// The running link: two sites and the two relay threads between them.
+// The two-site link: two sites and the two relay threads between them.
 // Owned and driven by main's thread; the relays run on their own threads.
-class Emulator {
+class TwoSiteEmulator : public Emulator {
  public:
-  explicit Emulator(Options options) : options_(std::move(options)) {
+  explicit TwoSiteEmulator(Options options) : options_(std::move(options)) {
     const std::string base = absl::StrCat(kNamespacePrefix, getpid());
-    sites_[0] = {absl::StrCat(base, "-a"), "lhw0", "198.18.0.1", 30,
-                 options_.mtu};
-    sites_[1] = {absl::StrCat(base, "-b"), "lhw0", "198.18.0.2", 30,
-                 options_.mtu};
+    sites_[0] = {absl::StrCat(base, "-a"), "lhw0", "198.18.0.1", 30, options_.mtu};
+    sites_[1] = {absl::StrCat(base, "-b"), "lhw0", "198.18.0.2", 30, options_.mtu};
   }
-  ~Emulator() { Stop(); }
+  ~TwoSiteEmulator() override { Stop(); }
 
-  absl::Status Start() {
+  absl::Status Start() override {
     absl::StatusOr<DirectionParams> a2b = Resolve(options_.a2b);
     if (!a2b.ok()) return a2b.status();
     absl::StatusOr<DirectionParams> b2a = Resolve(options_.b2a);
@@ -205,21 +238,17 @@ class Emulator {
     }
     stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (stop_fd_ < 0) return absl::InternalError("eventfd failed");
-    relays_[0] = std::make_unique<Relay>("a2b", tun_fds_[0], tun_fds_[1],
-                                         stop_fd_, *a2b, options_.seed,
-                                         options_.mtu);
-    relays_[1] = std::make_unique<Relay>("b2a", tun_fds_[1], tun_fds_[0],
-                                         stop_fd_, *b2a, options_.seed + 1,
-                                         options_.mtu);
+    relays_[0] = std::make_unique<Relay>("a2b", tun_fds_[0], tun_fds_[1], stop_fd_, *a2b,
+                                         options_.seed, options_.mtu);
+    relays_[1] = std::make_unique<Relay>("b2a", tun_fds_[1], tun_fds_[0], stop_fd_, *b2a,
+                                         options_.seed + 1, options_.mtu);
     for (int i = 0; i < 2; ++i) {
       threads_[i] = std::thread([r = relays_[i].get()] { r->Run(); });
     }
     return absl::OkStatus();
   }
 
-  // Idempotent. Stops the relays, closes the TUN devices and deletes the
-  // namespaces with everything still running inside them.
-  void Stop() {
+  void Stop() override {
     if (stopped_) return;
     stopped_ = true;
     if (stop_fd_ >= 0) {
@@ -243,13 +272,15 @@ class Emulator {
   }
 
   // Applies "cut"/"restore" to "a2b", "b2a" or "both" (the default).
-  absl::Status SetCut(bool cut, absl::string_view which) {
+  absl::Status SetCut(bool cut, absl::string_view which) override {
     if (which.empty() || which == "both") {
-      for (auto& r : relays_) r->set_cut(cut);
+      for (auto& r : relays_) {
+        if (r != nullptr) r->set_cut(cut);
+      }
     } else if (which == "a2b") {
-      relays_[0]->set_cut(cut);
+      if (relays_[0] != nullptr) relays_[0]->set_cut(cut);
     } else if (which == "b2a") {
-      relays_[1]->set_cut(cut);
+      if (relays_[1] != nullptr) relays_[1]->set_cut(cut);
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown direction '", which, "' (a2b, b2a, both)"));
@@ -257,42 +288,40 @@ class Emulator {
     return absl::OkStatus();
   }
 
-  std::string InfoJson() const {
-    return absl::StrCat(
-        "\"pid\":", getpid(), ",\"ns_a\":\"", sites_[0].ns, "\",\"ns_b\":\"",
-        sites_[1].ns, "\",\"addr_a\":\"", sites_[0].address,
-        "\",\"addr_b\":\"", sites_[1].address, "\",\"dev\":\"lhw0\",\"mtu\":",
-        options_.mtu);
+  std::string InfoJson() const override {
+    return absl::StrCat("{\"pid\":", getpid(), ",\"ns_a\":\"", sites_[0].ns, "\",\"ns_b\":\"",
+                        sites_[1].ns, "\",\"addr_a\":\"", sites_[0].address, "\",\"addr_b\":\"",
+                        sites_[1].address, "\",\"dev\":\"lhw0\",\"mtu\":", options_.mtu, "}");
   }
 
-  std::string StatsJson() const {
-    return absl::StrCat("{", InfoJson(), ",\"a2b\":", relays_[0]->StatsJson(),
+  std::string StatsJson() const override {
+    std::string out = InfoJson();
+    out.pop_back();  // The closing brace: the directions join the object.
+    if (relays_[0] == nullptr) return absl::StrCat(out, "}");
+    return absl::StrCat(out, ",\"a2b\":", relays_[0]->StatsJson(),
                         ",\"b2a\":", relays_[1]->StatsJson(), "}");
   }
 
-  std::string ReadyFileText() const {
+  std::string ReadyFileText() const override {
     return absl::StrCat(
-        "LHW_PID=", getpid(), "\nLHW_NS_A=", sites_[0].ns,
-        "\nLHW_NS_B=", sites_[1].ns, "\nLHW_ADDR_A=", sites_[0].address,
-        "\nLHW_ADDR_B=", sites_[1].address, "\nLHW_DEV=lhw0\nLHW_MTU=",
-        options_.mtu, "\nLHW_CONTROL=", options_.control, "\n");
+        "LHW_PID=", getpid(), "\nLHW_NS_A=", sites_[0].ns, "\nLHW_NS_B=", sites_[1].ns,
+        "\nLHW_ADDR_A=", sites_[0].address, "\nLHW_ADDR_B=", sites_[1].address,
+        "\nLHW_DEV=lhw0\nLHW_MTU=", options_.mtu, "\nLHW_CONTROL=", options_.control, "\n");
   }
 
-  std::string Summary() const {
+  std::string Summary() const override {
     std::string out;
     for (const auto& r : relays_) {
+      if (r == nullptr) continue;
       const DirectionCounters& c = r->counters();
-      absl::StrAppend(
-          &out, "longhaul-wanem ", r->name(), ": forwarded ",
-          c.forwarded_packets.load(), " packets (", c.forwarded_bytes.load(),
-          " bytes), dropped by queue ", c.dropped_queue.load(), ", by loss ",
-          c.dropped_loss.load(), ", by cut ", c.dropped_cut.load(),
-          ", by overflow ", c.dropped_overflow.load(), "\n");
+      absl::StrAppend(&out, "longhaul-wanem ", r->name(), ": forwarded ",
+                      c.forwarded_packets.load(), " packets (", c.forwarded_bytes.load(),
+                      " bytes), dropped by queue ", c.dropped_queue.load(), ", by loss ",
+                      c.dropped_loss.load(), ", by cut ", c.dropped_cut.load(), ", by overflow ",
+                      c.dropped_overflow.load(), "\n");
     }
     return out;
   }
-
-  bool running() const { return relays_[0] != nullptr; }
 
  private:
   Options options_;
@@ -304,24 +333,36 @@ class Emulator {
   bool stopped_ = false;
 };
 
+// The star when --sites is given, else the two-site link; null (after saying
+// why) when the star's options do not resolve.
+std::unique_ptr<Emulator> NewEmulator(const Options& options) {
+  if (options.sites == 0) return std::make_unique<TwoSiteEmulator>(options);
+  absl::StatusOr<std::vector<AccessLinkParams>> links =
+      BuildStar(options.sites, options.base, options.site_options);
+  if (!links.ok()) {
+    std::cerr << "longhaul-wanem: " << links.status().message() << "\n";
+    return nullptr;
+  }
+  return NewStarEmulator({*std::move(links), options.mtu, options.seed, options.control});
+}
+
 // Executes one control command; returns the reply line.
 std::string HandleCommand(Emulator& emu, absl::string_view line, bool& quit) {
   std::vector<absl::string_view> words =
       absl::StrSplit(absl::StripAsciiWhitespace(line), ' ', absl::SkipEmpty());
   if (words.empty()) return "error: empty command";
-  const absl::string_view arg = words.size() > 1 ? words[1] : "";
   if (words[0] == "cut" || words[0] == "restore") {
-    absl::Status s = emu.SetCut(words[0] == "cut", arg);
+    const std::string which = absl::StrJoin(words.begin() + 1, words.end(), " ");
+    absl::Status s = emu.SetCut(words[0] == "cut", which);
     return s.ok() ? "ok" : absl::StrCat("error: ", s.message());
   }
   if (words[0] == "stats") return emu.StatsJson();
-  if (words[0] == "info") return absl::StrCat("{", emu.InfoJson(), "}");
+  if (words[0] == "info") return emu.InfoJson();
   if (words[0] == "quit") {
     quit = true;
     return "ok";
   }
-  return absl::StrCat("error: unknown command '", words[0],
-                      "' (cut, restore, stats, info, quit)");
+  return absl::StrCat("error: unknown command '", words[0], "' (cut, restore, stats, info, quit)");
 }
 
 int ListenUnix(const std::string& path) {
@@ -333,8 +374,7 @@ int ListenUnix(const std::string& path) {
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   unlink(path.c_str());
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(fd, 16) != 0) {
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0) {
     close(fd);
     return -1;
   }
@@ -372,10 +412,9 @@ int CtlMain(int argc, char** argv) {
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, argv[2], sizeof(addr.sun_path) - 1);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 ||
-      connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    std::cerr << "longhaul-wanem ctl: cannot connect to " << argv[2] << ": "
-              << std::strerror(errno) << "\n";
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    std::cerr << "longhaul-wanem ctl: cannot connect to " << argv[2] << ": " << std::strerror(errno)
+              << "\n";
     return 1;
   }
   if (write(fd, cmd.data(), cmd.size()) != static_cast<ssize_t>(cmd.size())) {
@@ -394,14 +433,16 @@ int CtlMain(int argc, char** argv) {
 int RunMain(int argc, char** argv) {
   absl::StatusOr<Options> options = ParseOptions(argc, argv);
   if (!options.ok()) {
-    std::cerr << "longhaul-wanem: " << options.status().message() << "\n\n"
-              << kUsage;
+    std::cerr << "longhaul-wanem: " << options.status().message() << "\n\n" << kUsage;
     return 2;
   }
+  // Made (not started) before anything else, so bad star options change
+  // nothing on the host.
+  std::unique_ptr<Emulator> emulator = NewEmulator(*options);
+  if (emulator == nullptr) return 2;
   absl::StatusOr<std::vector<std::string>> stale = CleanupStaleNamespaces();
   if (!stale.ok()) {
-    std::cerr << "longhaul-wanem: cleanup: " << stale.status().message()
-              << "\n";
+    std::cerr << "longhaul-wanem: cleanup: " << stale.status().message() << "\n";
   } else {
     for (const std::string& ns : *stale) {
       std::cerr << "longhaul-wanem: removed stale namespace " << ns << "\n";
@@ -426,7 +467,7 @@ int RunMain(int argc, char** argv) {
     if (getppid() != parent) return 1;
   }
 
-  Emulator emu(*options);
+  Emulator& emu = *emulator;
   if (absl::Status s = emu.Start(); !s.ok()) {
     std::cerr << "longhaul-wanem: " << s.message() << "\n";
     emu.Stop();
@@ -436,16 +477,14 @@ int RunMain(int argc, char** argv) {
   if (!options->control.empty()) {
     listen_fd = ListenUnix(options->control);
     if (listen_fd < 0) {
-      std::cerr << "longhaul-wanem: cannot listen on " << options->control
-                << ": " << std::strerror(errno) << "\n";
+      std::cerr << "longhaul-wanem: cannot listen on " << options->control << ": "
+                << std::strerror(errno) << "\n";
       emu.Stop();
       return 1;
     }
   }
   if (!options->ready_file.empty()) {
-    if (absl::Status s =
-            WriteFileAtomically(options->ready_file, emu.ReadyFileText());
-        !s.ok()) {
+    if (absl::Status s = WriteFileAtomically(options->ready_file, emu.ReadyFileText()); !s.ok()) {
       std::cerr << "longhaul-wanem: " << s.message() << "\n";
       emu.Stop();
       return 1;
@@ -464,9 +503,9 @@ int RunMain(int argc, char** argv) {
       struct signalfd_siginfo si;
       if (read(sig_fd, &si, sizeof(si)) == sizeof(si)) {
         if (si.ssi_signo == SIGUSR1) {
-          emu.SetCut(true, "both").IgnoreError();
+          emu.SetCut(true, "").IgnoreError();
         } else if (si.ssi_signo == SIGUSR2) {
-          emu.SetCut(false, "both").IgnoreError();
+          emu.SetCut(false, "").IgnoreError();
         } else {
           quit = true;
         }
@@ -481,8 +520,7 @@ int RunMain(int argc, char** argv) {
   const std::string stats = emu.StatsJson();
   std::cout << emu.Summary() << std::flush;
   if (!options->stats_json.empty()) {
-    if (absl::Status s = WriteFileAtomically(options->stats_json, stats + "\n");
-        !s.ok()) {
+    if (absl::Status s = WriteFileAtomically(options->stats_json, stats + "\n"); !s.ok()) {
       std::cerr << "longhaul-wanem: " << s.message() << "\n";
     }
   }

@@ -1,0 +1,42 @@
+#ifndef LONGHAUL_TESTS_WANEM_EMULATOR_H_
+#define LONGHAUL_TESTS_WANEM_EMULATOR_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace longhaul::wanem {
+
+// A running emulated network: its namespaces, TUN devices and data-path
+// threads. Implemented by the two-site link and the N-site star
+// (star_emulator.h); wanem_main.cc drives either through this interface.
+//
+// Not thread-safe: owned and called by main's thread only (the data-path
+// threads it starts touch only what they own and atomics).
+class Emulator {
+ public:
+  virtual ~Emulator() = default;
+
+  // Creates the namespaces and devices and starts the threads. On failure,
+  // Stop() removes whatever was made.
+  virtual absl::Status Start() = 0;
+  // Idempotent. Stops the threads, closes the TUN devices and deletes the
+  // namespaces with every process still inside them.
+  virtual void Stop() = 0;
+  // Cuts (or restores) the links `which` names; "" means all of them.
+  virtual absl::Status SetCut(bool cut, absl::string_view which) = 0;
+
+  // One JSON object: pid, namespaces, addresses, MTU.
+  virtual std::string InfoJson() const = 0;
+  // One JSON object: the info fields and every link direction's counters.
+  virtual std::string StatsJson() const = 0;
+  // Shell-sourceable KEY=value lines (README.md).
+  virtual std::string ReadyFileText() const = 0;
+  // Human-readable per-direction counts, printed on exit.
+  virtual std::string Summary() const = 0;
+};
+
+}  // namespace longhaul::wanem
+
+#endif  // LONGHAUL_TESTS_WANEM_EMULATOR_H_
