@@ -115,6 +115,10 @@ class ExchangeHub : private InboundSink {
   uint32_t unclaimed_messages(const std::string& site);
   // Whole messages (every segment in) held for no operation yet.
   size_t messages_held();
+  // Looks by streamed Sends at their client's progress word that found the
+  // next segment not yet written; a Send waiting for its client adds one at
+  // least every millisecond.
+  uint64_t unfilled_looks() const { return state_.unfilled_looks.load(); }
   // REFUSED notices this hub has received from its peers.
   uint64_t refusals_received() const { return links_.refusals_received(); }
 

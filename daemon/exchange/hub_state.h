@@ -39,6 +39,8 @@ struct HubState {
 
   // Every deadline and elapsed time of the hub (deadline.h).
   const Clock& clock;
+  // ExchangeHub::unfilled_looks().
+  std::atomic<uint64_t> unfilled_looks{0};
   absl::Mutex mu;
   bool shutdown ABSL_GUARDED_BY(mu) = false;
   BufferPool pool;

@@ -34,15 +34,17 @@ std::string DurationText(absl::Duration d) {
 // segment unless the client stalls: it naps from 20 us up to 1 ms, so
 // `clock` is read at least every millisecond. Cancelled once `stop` is set;
 // DeadlineExceeded at `deadline`; Aborted once `client_gone` (asked after
-// every kPoll of naps) says the client has gone away.
+// every kPoll of naps) says the client has gone away. Counts every look that
+// finds the segment unwritten in `looks`.
 absl::Status WaitFilled(const shm::ProgressWord& word, uint64_t end, uint64_t total,
                         const Clock& clock, Timestamp deadline, const std::atomic<bool>& stop,
-                        const std::function<bool()>& client_gone) {
+                        const std::function<bool()>& client_gone, std::atomic<uint64_t>& looks) {
   absl::Duration nap = absl::Microseconds(20);
   absl::Duration napped;  // since `client_gone` was last asked
   while (true) {
     const uint64_t ready = word.Ready();
     if (ready >= end) return absl::OkStatus();
+    ++looks;
     if (stop.load()) return absl::CancelledError("stopped");
     const Timestamp now = clock.Now();
     if (now >= deadline) {
@@ -589,7 +591,7 @@ OpResult Operations::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
   if (args.progress) {
     filled = [&](uint64_t end) {
       return WaitFilled(*args.progress, end, data.size(), clock, deadline, op->stop,
-                        args.client_gone);
+                        args.client_gone, state_->unfilled_looks);
     };
   }
   // On this thread: one peer needs no sender thread, and a small message
