@@ -4,9 +4,11 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -29,6 +31,11 @@ namespace longhaul::peer {
 // the sender updates them. Thread-safe.
 class TransferProgress {
  public:
+  // `on_change` (may be empty) is called after every Update, on the
+  // updating thread and outside this object's lock.
+  explicit TransferProgress(std::function<void()> on_change = nullptr)
+      : on_change_(std::move(on_change)) {}
+
   struct Snapshot {
     uint64_t bytes_total = 0;
     uint64_t bytes_done = 0;
@@ -47,11 +54,15 @@ class TransferProgress {
   }
   template <typename F>
   void Update(F&& f) {
-    absl::MutexLock lock(&mu_);
-    f(s_);
+    {
+      absl::MutexLock lock(&mu_);
+      f(s_);
+    }
+    if (on_change_) on_change_();
   }
 
  private:
+  const std::function<void()> on_change_;
   mutable absl::Mutex mu_;
   Snapshot s_ ABSL_GUARDED_BY(mu_);
 };
