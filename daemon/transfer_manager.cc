@@ -303,9 +303,11 @@ bool TransferManager::StartLocked(Transfer& t) {
   std::string site = t.record.spec().dest_site();
   transport::Transport* data = transport::FindTransport(transports_, t.record.spec().transport());
   if (data == nullptr) data = &control_transport_;  // journaled before that transport was removed
+  peer::SenderOptions options = SenderOptionsFor(config_, site);
+  options.clock = &clock_;
   t.sender = std::make_unique<peer::TransferSender>(
-      SenderOptionsFor(config_, site), control_transport_, *data, gate_, journal_, t.record,
-      t.progress, [this, tp = &t](const std::string& peer_site, const transport::LinkStats& stats) {
+      std::move(options), control_transport_, *data, gate_, journal_, t.record, t.progress,
+      [this, tp = &t](const std::string& peer_site, const transport::LinkStats& stats) {
         absl::MutexLock lock(&mu_);
         link_stats_[peer_site] = stats;
         // Called after every chunk acknowledged durable. The sender journals

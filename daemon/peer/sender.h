@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/clock.h"
 #include "common/units.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/priority_gate.h"
@@ -136,6 +137,9 @@ struct SenderOptions {
   TimeDelta give_up_after = TimeDelta::Seconds(3600);
   // The configured link's rate, which the streams pace just below.
   Bandwidth link_bandwidth = Bandwidth::GbitsPerSecond(10);
+  // Times give_up_after and the digest pass (not owned, outlives the
+  // sender); null: RealClock::Get().
+  const Clock* clock = nullptr;
 };
 
 // Drives one outgoing transfer to its end: opens a session with the
@@ -219,6 +223,7 @@ class TransferSender {
   void AddBytesSent(uint64_t bytes);
 
   const SenderOptions options_;
+  const Clock& clock_;
   transport::Transport& control_transport_;
   transport::Transport& data_transport_;
   PriorityGate& gate_;
