@@ -490,6 +490,23 @@ TEST(ExchangeHubPriorityTest, SendHoldsTheLinkUntilItsBytesAreSent) {
   EXPECT_TRUE(out == message);
 }
 
+// A link whose bytes never leave is stalled: its hold ends once the drain
+// limit (2 s on the hub's clock) has passed, and bulk traffic may use it.
+TEST(ExchangeHubPriorityTest, AStalledLinkIsHeldUntilTheDrainLimit) {
+  FakeClock clock;
+  Net net(2, nullptr, {}, 0, clock);
+  net.JoinAll("g", net.names());
+  net.SetUnsent(4096);  // for good
+  std::vector<uint8_t> message(4096, 3);
+  P2PArgs send{"g", "held", "site-b", "t", absl::Seconds(10), nullptr};
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(message)).status.ok());
+  EXPECT_EQ(net.gate().ActiveCount("site-b", v1::EXCHANGE), 1);
+
+  clock.Advance(TimeDelta::Seconds(2));
+  EXPECT_TRUE(Eventually([&] { return net.gate().ActiveCount("site-b", v1::EXCHANGE) == 0; }));
+  EXPECT_FALSE(net.gate().HigherActive("site-b", v1::CHECKPOINT));
+}
+
 // A hold does not outlive its link: a peer lost while bytes are still
 // unsent frees the link for bulk traffic at once.
 TEST(ExchangeHubPriorityTest, ABrokenLinkEndsTheHold) {
