@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <thread>
 
 #include <openssl/crypto.h>
 
@@ -114,24 +113,30 @@ grpc::Status ControlService::Watch(grpc::ServerContext* context, const v1::Watch
   if (auto caller = Authorize(context, "Watch", ControlRole::kViewer); !caller.ok()) {
     return ToGrpcStatus(caller.status());
   }
-  // Polls the manager: progress changes at chunk granularity, and a poll at
-  // this rate costs nothing next to a chunk.
-  constexpr auto kPoll = std::chrono::milliseconds(200);
+  // A new state, error or stream count goes out as soon as it happens;
+  // progress at most every kPoll of the manager's clock (it moves with
+  // every piece acknowledged), and the elapsed time every second. The
+  // predicate is asked at least every 50 ms of real time, so it notices a
+  // cancelled call whatever the clock does.
+  constexpr absl::Duration kPoll = absl::Milliseconds(200);
   v1::TransferStatus last;
   bool first = true;
+  auto moved = [&](const v1::TransferStatus& s) {
+    return first || s.state() != last.state() || s.error() != last.error() ||
+           s.active_streams() != last.active_streams();
+  };
   while (!context->IsCancelled()) {
-    auto status = manager_.Get(request->id());
+    auto status = manager_.AwaitStatus(
+        request->id(),
+        [&](const v1::TransferStatus& s) { return moved(s) || context->IsCancelled(); }, kPoll);
     if (!status.ok()) return ToGrpcStatus(status.status());
-    bool changed = first || status->state() != last.state() ||
-                   status->bytes_done() != last.bytes_done() || status->error() != last.error() ||
-                   status->active_streams() != last.active_streams();
-    if (changed || status->seconds() - last.seconds() >= 1.0) {
+    if (moved(*status) || status->bytes_done() != last.bytes_done() ||
+        status->seconds() - last.seconds() >= 1.0) {
       if (!writer->Write(*status)) return grpc::Status::OK;
       last = *status;
       first = false;
     }
     if (IsEndState(status->state())) return grpc::Status::OK;
-    std::this_thread::sleep_for(kPoll);
   }
   return grpc::Status::OK;
 }

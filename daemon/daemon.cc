@@ -248,7 +248,7 @@ void Daemon::StartExchangeHub() {
         }
         return channel;
       },
-      gate_.get(), hub_options, limiter_.get());
+      gate_.get(), hub_options, limiter_.get(), clock_);
   router_->Register(v1::Hello::EXCHANGE,
                     [this](std::unique_ptr<transport::Channel> channel, const v1::Hello&) {
                       exchange_hub_->ServeInbound(std::move(channel));

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,9 @@ namespace {
 
 // How long Pause and Shutdown let chunks in flight finish before cutting them.
 constexpr absl::Duration kDrainTimeout = absl::Seconds(20);
+// AwaitStatus's longest wait between looks: `seconds` and the rate move
+// without a change to wake it, and a FakeClock moves without one too.
+constexpr TimeDelta kAwaitPoll = TimeDelta::Milliseconds(50);
 
 // What no caller may send, whatever the exports say.
 std::vector<SourceAccess::Forbidden> DaemonSecrets(const DaemonConfig& config) {
@@ -101,7 +105,7 @@ absl::Status TransferManager::Start() {
   absl::MutexLock lock(&mu_);
   int resumed = 0;
   for (v1::OutgoingTransfer& record : *records) {
-    auto t = std::make_unique<Transfer>();
+    std::unique_ptr<Transfer> t = NewTransfer();
     if (record.state() == v1::RUNNING || record.state() == v1::PUBLISHING) {
       record.set_state(v1::QUEUED);
       ++resumed;
@@ -251,7 +255,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
 
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("daemon is shutting down");
-  auto t = std::make_unique<Transfer>();
+  std::unique_ptr<Transfer> t = NewTransfer();
   uint64_t total = 0;
   for (const auto& f : record.manifest().files()) total += f.size();
   t->progress.Update([&](peer::TransferProgress::Snapshot& s) { s.bytes_total = total; });
@@ -299,9 +303,11 @@ bool TransferManager::StartLocked(Transfer& t) {
   std::string site = t.record.spec().dest_site();
   transport::Transport* data = transport::FindTransport(transports_, t.record.spec().transport());
   if (data == nullptr) data = &control_transport_;  // journaled before that transport was removed
+  peer::SenderOptions options = SenderOptionsFor(config_, site);
+  options.clock = &clock_;
   t.sender = std::make_unique<peer::TransferSender>(
-      SenderOptionsFor(config_, site), control_transport_, *data, gate_, journal_, t.record,
-      t.progress, [this, tp = &t](const std::string& peer_site, const transport::LinkStats& stats) {
+      std::move(options), control_transport_, *data, gate_, journal_, t.record, t.progress,
+      [this, tp = &t](const std::string& peer_site, const transport::LinkStats& stats) {
         absl::MutexLock lock(&mu_);
         link_stats_[peer_site] = stats;
         // Called after every chunk acknowledged durable. The sender journals
@@ -399,7 +405,17 @@ absl::Status TransferManager::PersistLocked(Transfer& t) {
   // journal and publishing is idempotent). Submit's own write is synced.
   absl::Status st = journal_.PutOutgoing(t.record, /*sync=*/false);
   if (!st.ok()) spdlog::error("cannot journal transfer {}: {}", t.record.id(), st.message());
+  NoteChange();
   return st;
+}
+
+std::unique_ptr<TransferManager::Transfer> TransferManager::NewTransfer() {
+  return std::make_unique<Transfer>([this] { NoteChange(); });
+}
+
+void TransferManager::NoteChange() {
+  absl::MutexLock lock(&changes_mu_);
+  ++changes_;
 }
 
 v1::TransferStatus TransferManager::StatusOf(const Transfer& t) const {
@@ -448,6 +464,34 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Get(const std::string& id) c
   auto t = FindLocked(id);
   if (!t.ok()) return t.status();
   return StatusOf(**t);
+}
+
+absl::StatusOr<v1::TransferStatus> TransferManager::AwaitStatus(
+    const std::string& id, absl::FunctionRef<bool(const v1::TransferStatus&)> done,
+    absl::Duration timeout) const {
+  // ToInt64Nanoseconds saturates, and so does the deadline.
+  const int64_t wait_ns = absl::ToInt64Nanoseconds(timeout);
+  const Timestamp start = clock_.Now();
+  const Timestamp deadline = wait_ns >= std::numeric_limits<int64_t>::max() - start.ToNanoseconds()
+                                 ? Timestamp::Infinite()
+                                 : start + TimeDelta::Nanoseconds(wait_ns);
+  while (true) {
+    // Counted before the look, so a change after it ends the wait below.
+    uint64_t seen;
+    {
+      absl::MutexLock lock(&changes_mu_);
+      seen = changes_;
+    }
+    absl::StatusOr<v1::TransferStatus> status = Get(id);
+    if (!status.ok() || done(*status)) return status;
+    const TimeDelta left = deadline - clock_.Now();
+    if (left <= TimeDelta::Zero()) return status;
+    auto changed = [this, seen]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(changes_mu_) { return changes_ != seen; };
+    absl::MutexLock lock(&changes_mu_);
+    changes_mu_.AwaitWithTimeout(absl::Condition(&changed),
+                                 absl::Nanoseconds(std::min(left, kAwaitPoll).ToNanoseconds()));
+  }
 }
 
 std::vector<v1::TransferStatus> TransferManager::List(bool all) const {

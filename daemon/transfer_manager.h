@@ -1,14 +1,18 @@
 #ifndef LONGHAUL_DAEMON_TRANSFER_MANAGER_H_
 #define LONGHAUL_DAEMON_TRANSFER_MANAGER_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -65,6 +69,14 @@ class TransferManager {
   absl::StatusOr<v1::TransferStatus> Submit(const std::string& request_id, v1::TransferSpec spec,
                                             const Caller& caller);
   absl::StatusOr<v1::TransferStatus> Get(const std::string& id) const;
+  // Waits until the status of transfer `id` satisfies `done` and returns
+  // it, or returns the latest status once `timeout` (on the clock) passes
+  // first: the caller judges it. Wakes on every change of the transfer's
+  // state or progress; `seconds` and the rate, which move with time alone,
+  // are looked at again at least every 50 ms. NotFound for an unknown id.
+  absl::StatusOr<v1::TransferStatus> AwaitStatus(
+      const std::string& id, absl::FunctionRef<bool(const v1::TransferStatus&)> done,
+      absl::Duration timeout) const;
   // Transfers this site sends; with `all`, ended ones too, and incoming
   // transfers that EXPIRED here (see peer::Receiver).
   std::vector<v1::TransferStatus> List(bool all) const;
@@ -84,6 +96,9 @@ class TransferManager {
  private:
   enum class StopReason { kNone, kPause, kCancel, kShutdown };
   struct Transfer {
+    // `on_change` is told of every progress update.
+    explicit Transfer(std::function<void()> on_change) : progress(std::move(on_change)) {}
+
     v1::OutgoingTransfer record;
     longhaul::peer::TransferProgress progress;
     std::unique_ptr<longhaul::peer::TransferSender> sender;
@@ -113,8 +128,12 @@ class TransferManager {
   void StopLocked(Transfer& t, StopReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::TransferStatus StatusOf(const Transfer& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Transfer*> FindLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the record (unsynced); failures are logged and returned.
+  // Writes the record (unsynced); failures are logged and returned. Every
+  // change of a record comes through here, so it also wakes AwaitStatus.
   absl::Status PersistLocked(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::unique_ptr<Transfer> NewTransfer();
+  // A transfer's status may have changed: wakes AwaitStatus.
+  void NoteChange() ABSL_LOCKS_EXCLUDED(changes_mu_);
   // Tells the destination to drop the staging of `record`. True when it
   // answered that it had published the transfer already (so nothing was
   // dropped); an error when it could not be asked or refused.
@@ -134,6 +153,11 @@ class TransferManager {
   absl::flat_hash_map<std::string, transport::LinkStats> link_stats_ ABSL_GUARDED_BY(mu_);
   int running_threads_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Changes of any transfer's status, counted so that AwaitStatus misses
+  // none between its look and its wait. A leaf lock: taken alone or under
+  // mu_ (progress updates come from sender threads and from under mu_).
+  mutable absl::Mutex changes_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  uint64_t changes_ ABSL_GUARDED_BY(changes_mu_) = 0;
   absl::Mutex submit_mu_;  // makes request-id lookup and insert one step
 };
 

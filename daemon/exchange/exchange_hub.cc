@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/clock.h"
 #include "common/fmt_absl.h"
 #include "spdlog/spdlog.h"
 
@@ -11,18 +10,16 @@ namespace longhaul::exchange {
 
 using Msg = v1::ExchangePeerMessage;
 
-absl::Time MonotonicNow() {
-  return absl::UnixEpoch() + absl::Nanoseconds(RealClock::Get().Now().ToNanoseconds());
-}
-
 ExchangeHub::ExchangeHub(std::string local_site, std::vector<std::string> peers, Dialer dialer,
-                         peer::PriorityGate* gate, HubOptions options, peer::RateLimiter* limiter)
+                         peer::PriorityGate* gate, HubOptions options, peer::RateLimiter* limiter,
+                         const Clock& clock)
     : local_site_(std::move(local_site)),
       options_(options),
-      state_(local_site_, options_),
+      state_(local_site_, options_, clock),
       links_(
           local_site_, std::move(dialer), limiter,
-          [this](const std::string& site, const std::string& reason) { PeerLost(site, reason); }),
+          [this](const std::string& site, const std::string& reason) { PeerLost(site, reason); },
+          clock),
       operations_(
           local_site_, std::move(peers), &state_, &links_, gate,
           [this](const std::string& site, const std::string& reason) { PeerLost(site, reason); }) {}

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "daemon/exchange/exchange_types.h"
 #include "daemon/exchange/hub_state.h"
 #include "daemon/exchange/links.h"
@@ -55,10 +56,11 @@ class ExchangeHub : private InboundSink {
   // peers); `gate` (not owned, may be null) learns when exchanges use a link,
   // so bulk transfers on it yield; `limiter` (not owned, may be null) holds
   // the operators' caps: every payload segment is charged to the `exchange`
-  // class cap and to the cap of the peer it goes to before it is written.
+  // class cap and to the cap of the peer it goes to before it is written;
+  // `clock` (must outlive the hub) times every deadline (deadline.h).
   ExchangeHub(std::string local_site, std::vector<std::string> peers, Dialer dialer,
               peer::PriorityGate* gate, HubOptions options = {},
-              peer::RateLimiter* limiter = nullptr);
+              peer::RateLimiter* limiter = nullptr, const Clock& clock = RealClock::Get());
   ~ExchangeHub() override;
   ExchangeHub(const ExchangeHub&) = delete;
   ExchangeHub& operator=(const ExchangeHub&) = delete;
@@ -113,6 +115,10 @@ class ExchangeHub : private InboundSink {
   uint32_t unclaimed_messages(const std::string& site);
   // Whole messages (every segment in) held for no operation yet.
   size_t messages_held();
+  // Looks by streamed Sends at their client's progress word that found the
+  // next segment not yet written; a Send waiting for its client adds one at
+  // least every millisecond.
+  uint64_t unfilled_looks() const { return state_.unfilled_looks.load(); }
   // REFUSED notices this hub has received from its peers.
   uint64_t refusals_received() const { return links_.refusals_received(); }
 

@@ -93,12 +93,6 @@ struct P2PArgs {
   std::optional<shm::ProgressWord> progress = std::nullopt;
 };
 
-// Every deadline and elapsed time in the exchange is on the monotonic clock,
-// as an absl::Time counted from the Unix epoch but never read as a date, so
-// a step of the wall clock neither fires nor postpones one. Mutex waits are
-// given the remaining time (AwaitWithTimeout), never such a deadline.
-absl::Time MonotonicNow();
-
 }  // namespace longhaul::exchange
 
 #endif  // LONGHAUL_DAEMON_EXCHANGE_EXCHANGE_TYPES_H_

@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "daemon/exchange/exchange_types.h"
 #include "daemon/exchange/mailbox.h"
 #include "daemon/exchange/membership.h"
@@ -32,9 +33,14 @@ struct Op {
 };
 
 struct HubState {
-  HubState(const std::string& local_site, const HubOptions& options)
-      : mailbox(local_site, options, &pool), membership(local_site) {}
+  // `clock` (not owned) outlives the hub.
+  HubState(const std::string& local_site, const HubOptions& options, const Clock& clock)
+      : clock(clock), mailbox(local_site, options, &pool, clock), membership(local_site) {}
 
+  // Every deadline and elapsed time of the hub (deadline.h).
+  const Clock& clock;
+  // ExchangeHub::unfilled_looks().
+  std::atomic<uint64_t> unfilled_looks{0};
   absl::Mutex mu;
   bool shutdown ABSL_GUARDED_BY(mu) = false;
   BufferPool pool;

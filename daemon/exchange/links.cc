@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/fmt_absl.h"
+#include "daemon/exchange/deadline.h"
 #include "daemon/exchange/exchange_types.h"
 #include "daemon/wire/messaging.h"
 #include "spdlog/spdlog.h"
@@ -21,17 +22,24 @@ using Msg = v1::ExchangePeerMessage;
 // for them at most: a link that has not drained by then is stalled, and bulk
 // traffic may as well use the time.
 constexpr absl::Duration kDrainPoll = absl::Milliseconds(1);
-constexpr absl::Duration kDrainLimit = absl::Seconds(2);
+constexpr TimeDelta kDrainLimit = TimeDelta::Seconds(2);
 // Refusals to and from one peer are logged at most this often.
-constexpr absl::Duration kRefusalLogEvery = absl::Seconds(10);
+constexpr TimeDelta kRefusalLogEvery = TimeDelta::Seconds(10);
+
+// Whether a log last written at `logged` (unset: never) may be written again.
+bool LogDue(const std::optional<Timestamp>& logged, Timestamp now) {
+  return !logged || now - *logged >= kRefusalLogEvery;
+}
 
 }  // namespace
 
-Links::Links(std::string local_site, Dialer dialer, peer::RateLimiter* limiter, LostFn on_lost)
+Links::Links(std::string local_site, Dialer dialer, peer::RateLimiter* limiter, LostFn on_lost,
+             const Clock& clock)
     : local_site_(std::move(local_site)),
       dialer_(std::move(dialer)),
       limiter_(limiter),
       on_lost_(std::move(on_lost)),
+      clock_(clock),
       drain_thread_([this] { DrainLoop(); }) {}
 
 Links::~Links() {
@@ -79,7 +87,7 @@ void Links::Break(Outbound& link, const std::string& site, const absl::Status& w
 }
 
 absl::Status Links::Send(const std::string& site, Msg header, absl::Span<const uint8_t> payload,
-                         const std::atomic<bool>* stop, absl::Time deadline, const ReadyFn& ready) {
+                         const std::atomic<bool>* stop, Timestamp deadline, const ReadyFn& ready) {
   auto link = LinkTo(site);
   if (!link.ok()) return link.status();
   header.set_msg_id(next_msg_id_.fetch_add(1));
@@ -104,7 +112,7 @@ absl::Status Links::Send(const std::string& site, Msg header, absl::Span<const u
   };
   auto stopped = [&] {
     return (stop != nullptr && stop->load()) ||
-           (deadline != absl::InfiniteFuture() && MonotonicNow() >= deadline);
+           (!deadline.IsInfinite() && clock_.Now() >= deadline);
   };
   uint64_t offset = 0;
   do {
@@ -176,8 +184,8 @@ void Links::Refuse(const std::string& from, uint64_t msg_id, const absl::Status&
     RefusalLog& log = refusal_log_[from];
     const int limit = absl::StrContains(why.message(), "memory_per_peer") ? 1 : 0;
     ++log.refused[limit];
-    const absl::Time now = MonotonicNow();
-    if (now - log.refused_logged[limit] >= kRefusalLogEvery) {
+    const Timestamp now = clock_.Now();
+    if (LogDue(log.refused_logged[limit], now)) {
       spdlog::warn("exchange: refused {} message(s) from {}: {}", log.refused[limit], from,
                    why.message());
       log.refused[limit] = 0;
@@ -214,8 +222,8 @@ void Links::Refused(const std::string& from, const Msg& notice) {
   if (it != sending_.end() && it->second->to == from) it->second->refusal = reason;
   RefusalLog& log = refusal_log_[from];
   ++log.refusals;
-  const absl::Time now = MonotonicNow();
-  if (now - log.refusals_logged >= kRefusalLogEvery) {
+  const Timestamp now = clock_.Now();
+  if (LogDue(log.refusals_logged, now)) {
     spdlog::warn("exchange: {} refused {} message(s) from this site: {}", from, log.refusals,
                  reason);
     log.refusals = 0;
@@ -228,7 +236,7 @@ void Links::HoldUntilSent(const std::string& site, peer::PriorityGate::Scope sco
   if (!link) return;
   absl::MutexLock lock(&drain_mu_);
   if (drain_stop_) return;
-  draining_.push_back({std::move(link), std::move(scope), MonotonicNow() + kDrainLimit});
+  draining_.push_back({std::move(link), std::move(scope), After(clock_.Now(), kDrainLimit)});
 }
 
 void Links::DrainLoop() {
@@ -239,7 +247,7 @@ void Links::DrainLoop() {
   while (true) {
     drain_mu_.Await(absl::Condition(&has_work));
     if (drain_stop_) break;
-    const absl::Time now = MonotonicNow();
+    const Timestamp now = clock_.Now();
     for (auto it = draining_.begin(); it != draining_.end();) {
       const bool done =
           it->link->broken.load() || now >= it->until || it->link->channel->UnsentBytes() == 0;

@@ -28,6 +28,7 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +40,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
+#include "common/units.h"
 #include "daemon/exchange/peer_reader.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
@@ -60,8 +63,10 @@ class Links {
 
   // `limiter` (not owned, may be null) holds the operators' caps: every
   // payload segment is charged to the `exchange` class cap and to the cap of
-  // the peer it goes to before it is written.
-  Links(std::string local_site, Dialer dialer, peer::RateLimiter* limiter, LostFn on_lost);
+  // the peer it goes to before it is written. `clock` (not owned, outlives
+  // this) times deadlines, holds and the refusal log.
+  Links(std::string local_site, Dialer dialer, peer::RateLimiter* limiter, LostFn on_lost,
+        const Clock& clock);
   // Shuts down and joins the drain thread.
   ~Links();
   Links(const Links&) = delete;
@@ -71,14 +76,14 @@ class Links {
   // the calling thread, dialing `site` first if there is no link to it.
   // Sets the header's msg_id, total_bytes, offset and payload_bytes. Stops
   // between segments (and while waiting for a rate cap) once `stop` is set
-  // or `deadline` (MonotonicNow's time line) has passed, or when `ready`
+  // or `deadline` (on the clock) has passed, or when `ready`
   // (if set), asked before each segment, fails; a message stopped after its
   // first segment is followed by DISCARD. A REFUSED notice for it stops it
   // with ResourceExhausted. A failed write breaks the link and calls
   // on_lost.
   absl::Status Send(const std::string& site, v1::ExchangePeerMessage header,
                     absl::Span<const uint8_t> payload, const std::atomic<bool>* stop,
-                    absl::Time deadline = absl::InfiniteFuture(), const ReadyFn& ready = nullptr);
+                    Timestamp deadline = Timestamp::Infinite(), const ReadyFn& ready = nullptr);
   // Whether there is an unbroken outbound link to `site` (never dials).
   bool Linked(const std::string& site);
 
@@ -114,7 +119,7 @@ class Links {
   struct Draining {
     std::shared_ptr<Outbound> link;
     peer::PriorityGate::Scope scope;
-    absl::Time until;
+    Timestamp until;
   };
   // A message of several segments being sent, so a REFUSED notice can stop it.
   struct Sending {
@@ -122,12 +127,13 @@ class Links {
     std::string refusal;  // guarded by mu_; set by a REFUSED notice
   };
   // Refusals of a peer's messages (by the limit on messages, by bytes), and
-  // of ours by it, not yet logged, and when each was last logged.
+  // of ours by it, not yet logged, and when each was last logged (unset:
+  // never).
   struct RefusalLog {
     uint64_t refused[2] = {0, 0};
-    absl::Time refused_logged[2] = {absl::InfinitePast(), absl::InfinitePast()};
+    std::optional<Timestamp> refused_logged[2];
     uint64_t refusals = 0;
-    absl::Time refusals_logged = absl::InfinitePast();
+    std::optional<Timestamp> refusals_logged;
   };
 
   absl::StatusOr<std::shared_ptr<Outbound>> LinkTo(const std::string& site);
@@ -141,6 +147,7 @@ class Links {
   const Dialer dialer_;
   peer::RateLimiter* const limiter_;
   const LostFn on_lost_;
+  const Clock& clock_;
   std::atomic<uint64_t> next_msg_id_{1};
   std::atomic<uint64_t> refusals_received_{0};
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "common/fmt_absl.h"
+#include "daemon/exchange/deadline.h"
 #include "spdlog/spdlog.h"
 
 namespace longhaul::exchange {
@@ -217,7 +218,7 @@ bool Mailbox::Withdraw(Landing& l, absl::Mutex& mu) {
   }
   l.state = State::kHandingOver;
   auto idle = [&l]() { return !l.writing; };
-  if (!mu.AwaitWithTimeout(absl::Condition(&idle), kSenderGrace)) {
+  if (!AwaitUntil(mu, absl::Condition(&idle), clock_, After(clock_.Now(), kSenderGrace))) {
     // The peer stalled inside a segment: cut its link so the read fails.
     // Abort only stops the socket, and the channel lives while its reader
     // is writing, so this is safe under mu (as in Links::Shutdown).

@@ -36,6 +36,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
+#include "common/units.h"
 #include "daemon/exchange/exchange_types.h"
 #include "daemon/exchange/peer_reader.h"
 #include "daemon/peer/memory_budget.h"
@@ -47,7 +49,7 @@ namespace longhaul::exchange {
 
 // After an op gives up, how long its senders (and a peer feeding a Recv's
 // buffer) may take to reach a segment boundary before their links are cut.
-inline constexpr absl::Duration kSenderGrace = absl::Seconds(2);
+inline constexpr TimeDelta kSenderGrace = TimeDelta::Seconds(2);
 // A segment read into a waiting Recv's buffer goes in pieces of this size: a
 // Recv that ends mid-message waits for the piece being read, so unless the
 // link is below ~1 Mbit/s that takes well under kSenderGrace, after which
@@ -162,8 +164,9 @@ class BufferPool {
 
 class Mailbox {
  public:
-  Mailbox(std::string local_site, const HubOptions& options, BufferPool* pool)
-      : local_site_(std::move(local_site)), options_(options), pool_(pool) {}
+  // `clock` (not owned) times the grace of Withdraw.
+  Mailbox(std::string local_site, const HubOptions& options, BufferPool* pool, const Clock& clock)
+      : local_site_(std::move(local_site)), options_(options), pool_(pool), clock_(clock) {}
 
   // The key messages are filed and offered buffers are waiting under.
   static std::string Key(absl::string_view group, int kind, absl::string_view from,
@@ -232,6 +235,7 @@ class Mailbox {
   const std::string local_site_;
   const HubOptions options_;
   BufferPool* const pool_;
+  const Clock& clock_;
   // Complete messages by Key(); FIFO per key.
   absl::flat_hash_map<std::string, std::deque<Message>> messages_;
   // Buffers of waiting Recvs not yet bound to a message, by Key(); FIFO per key.

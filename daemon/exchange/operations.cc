@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/fmt_absl.h"
+#include "daemon/exchange/deadline.h"
 #include "daemon/exchange/reduce.h"
 #include "spdlog/spdlog.h"
 
@@ -19,7 +20,8 @@ namespace {
 
 using Msg = v1::ExchangePeerMessage;
 
-// How often a waiting op looks at things no mutex guards (its client).
+// How often (in real time) a waiting op looks at things no mutex guards
+// (its client).
 constexpr absl::Duration kPoll = absl::Milliseconds(50);
 
 std::string DurationText(absl::Duration d) {
@@ -29,31 +31,36 @@ std::string DurationText(absl::Duration d) {
 // Waits until the client of a streamed Send has written the first `end` of
 // its `total` buffer bytes (longhaul/shm_progress.h). The client writes at
 // memory speed, far ahead of the link, so this waits only for the first
-// segment unless the client stalls: it naps from 20 us up to 1 ms. Cancelled
-// once `stop` is set; DeadlineExceeded at `deadline`; Aborted once
-// `client_gone` (asked every kPoll) says the client has gone away.
+// segment unless the client stalls: it naps from 20 us up to 1 ms, so
+// `clock` is read at least every millisecond. Cancelled once `stop` is set;
+// DeadlineExceeded at `deadline`; Aborted once `client_gone` (asked after
+// every kPoll of naps) says the client has gone away. Counts every look that
+// finds the segment unwritten in `looks`.
 absl::Status WaitFilled(const shm::ProgressWord& word, uint64_t end, uint64_t total,
-                        absl::Time deadline, const std::atomic<bool>& stop,
-                        const std::function<bool()>& client_gone) {
+                        const Clock& clock, Timestamp deadline, const std::atomic<bool>& stop,
+                        const std::function<bool()>& client_gone, std::atomic<uint64_t>& looks) {
   absl::Duration nap = absl::Microseconds(20);
-  absl::Time next_look = MonotonicNow() + kPoll;
+  absl::Duration napped;  // since `client_gone` was last asked
   while (true) {
     const uint64_t ready = word.Ready();
     if (ready >= end) return absl::OkStatus();
+    ++looks;
     if (stop.load()) return absl::CancelledError("stopped");
-    const absl::Time now = MonotonicNow();
+    const Timestamp now = clock.Now();
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("its client had written only ", ready,
                                                       " of the ", total, " bytes of the buffer"));
     }
-    if (client_gone && now >= next_look) {
+    if (client_gone && napped >= kPoll) {
       if (client_gone()) {
         return absl::AbortedError(absl::StrCat("its client went away after writing ", ready,
                                                " of the ", total, " bytes of the buffer"));
       }
-      next_look = now + kPoll;
+      napped = absl::ZeroDuration();
     }
-    absl::SleepFor(std::min(nap, deadline - now));
+    const absl::Duration sleep = std::min(nap, ToDuration(deadline - now));
+    absl::SleepFor(sleep);
+    napped += sleep;
     nap = std::min(nap * 2, absl::Milliseconds(1));
   }
 }
@@ -63,7 +70,9 @@ absl::Status WaitFilled(const shm::ProgressWord& word, uint64_t end, uint64_t to
 class SenderSet {
  public:
   using SendFn = std::function<absl::Status(const std::string& site)>;
-  SenderSet(const std::vector<std::string>& sites, SendFn send) : sites_(sites) {
+  // `clock` (not owned) outlives the set.
+  SenderSet(const std::vector<std::string>& sites, const Clock& clock, SendFn send)
+      : sites_(sites), clock_(clock) {
     statuses_.resize(sites.size());
     done_ = std::make_unique<std::atomic<bool>[]>(sites.size());
     for (size_t i = 0; i < sites.size(); ++i) {
@@ -84,12 +93,12 @@ class SenderSet {
 
   // Waits for every sender until `deadline`; calls `cut(site)` for each one
   // still running then (which must make its write fail), and joins all.
-  void Finish(absl::Time deadline, const std::function<void(const std::string&)>& cut) {
+  void Finish(Timestamp deadline, const std::function<void(const std::string&)>& cut) {
     {
       absl::MutexLock lock(&mu_);
       auto all = [this]()
                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ == threads_.size(); };
-      mu_.AwaitWithTimeout(absl::Condition(&all), deadline - MonotonicNow());
+      AwaitUntil(mu_, absl::Condition(&all), clock_, deadline);
     }
     for (size_t i = 0; i < threads_.size(); ++i) {
       if (!done_[i]) cut(sites_[i]);
@@ -101,6 +110,7 @@ class SenderSet {
 
  private:
   const std::vector<std::string> sites_;
+  const Clock& clock_;
   std::vector<absl::Status> statuses_;
   std::unique_ptr<std::atomic<bool>[]> done_;
   std::vector<std::thread> threads_;
@@ -168,7 +178,8 @@ absl::StatusOr<v1::GroupView> Operations::Join(const std::string& group,
     }
     others.push_back(s);
   }
-  const absl::Time deadline = MonotonicNow() + timeout;
+  const Clock& clock = state_->clock;
+  const Timestamp deadline = After(clock.Now(), ToTimeDelta(timeout));
   uint64_t proposal;
   {
     absl::MutexLock lock(&state_->mu);
@@ -190,7 +201,7 @@ absl::StatusOr<v1::GroupView> Operations::Join(const std::string& group,
     while (true) {
       absl::Status s = links_->Send(p, join, {}, nullptr);
       if (s.ok()) break;
-      if (MonotonicNow() + absl::Milliseconds(100) >= deadline) {
+      if (After(clock.Now(), TimeDelta::Milliseconds(100)) >= deadline) {
         return absl::DeadlineExceededError(
             absl::StrCat("joining group ", group, ": ", s.message()));
       }
@@ -205,7 +216,7 @@ absl::StatusOr<v1::GroupView> Operations::Join(const std::string& group,
     }
     return true;
   };
-  state_->mu.AwaitWithTimeout(absl::Condition(&joined), deadline - MonotonicNow());
+  AwaitUntil(state_->mu, absl::Condition(&joined), clock, deadline);
   if (state_->shutdown) return absl::UnavailableError("the daemon is shutting down");
   std::vector<std::string> missing;
   uint64_t generation = proposal;
@@ -286,13 +297,14 @@ absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& wh
   // Committed: a cancel or the deadline no longer ends the op (a peer may
   // already have finished it); only an abort, a lost peer or shutdown does,
   // or a peer silent long past the deadline.
-  const absl::Time give_up = MonotonicNow() + args.timeout + kSenderGrace;
+  const Timestamp give_up =
+      After(After(state_->clock.Now(), ToTimeDelta(args.timeout)), kSenderGrace);
   absl::MutexLock lock(&state_->mu);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
     return state_->shutdown || AbortFrom(args.group, seq_id, peers) != nullptr || HoldsAll(keys) ||
            GroupMoved(args.group, generation);
   };
-  state_->mu.AwaitWithTimeout(absl::Condition(&ready), give_up - MonotonicNow());
+  AwaitUntil(state_->mu, absl::Condition(&ready), state_->clock, give_up);
   if (const Message* abort = AbortFrom(args.group, seq_id, peers); abort != nullptr) {
     const Message& m = *abort;
     return absl::AbortedError(
@@ -331,8 +343,9 @@ void Operations::SendAborts(const std::string& group, uint64_t generation, uint6
 }
 
 OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer) {
-  const absl::Time start = MonotonicNow();
-  const absl::Time deadline = start + args.timeout;
+  const Clock& clock = state_->clock;
+  const Timestamp start = clock.Now();
+  const Timestamp deadline = After(start, ToTimeDelta(args.timeout));
   OpResult result;
   const size_t es = ElementSize(args.dtype);
   if (es == 0) {
@@ -392,8 +405,9 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
   header.set_op(args.op);
   header.set_count(count);
   header.set_quantized(args.quantize_int8);
-  SenderSet senders(
-      peers, [&](const std::string& site) { return links_->Send(site, header, own, &op->stop); });
+  SenderSet senders(peers, clock, [&](const std::string& site) {
+    return links_->Send(site, header, own, &op->stop);
+  });
 
   // Wait for every peer's contribution, or for a reason to stop.
   const std::string seq_id = absl::StrCat(args.seq);
@@ -408,9 +422,9 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
       return state_->shutdown || op->cancelled || AbortFrom(args.group, seq_id, peers) != nullptr ||
              HoldsAll(keys) || GroupMoved(args.group, generation);
     };
-    while (!ready() && MonotonicNow() < deadline) {
+    while (!ready() && clock.Now() < deadline) {
       state_->mu.AwaitWithTimeout(absl::Condition(&ready),
-                                  std::min(deadline - MonotonicNow(), kPoll));
+                                  std::min(WaitSlice(clock, deadline), kPoll));
       if (!op->cancelled && args.client_gone && args.client_gone()) op->cancelled = true;
     }
     if (const Message* abort = AbortFrom(args.group, seq_id, peers); abort != nullptr) {
@@ -482,7 +496,7 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
   } else {
     op->stop = true;
   }
-  senders.Finish(std::max(deadline, MonotonicNow()) + kSenderGrace,
+  senders.Finish(After(std::max(deadline, clock.Now()), kSenderGrace),
                  [&](const std::string& site) { lose_(site, "it stopped taking data"); });
   uint64_t sent = 0;
   for (size_t i = 0; i < peers.size(); ++i) {
@@ -533,13 +547,14 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
   result.stats.set_bytes_sent(sent);
   result.stats.set_bytes_received(received);
   result.stats.set_peers(peers.size());
-  result.stats.set_seconds(absl::ToDoubleSeconds(MonotonicNow() - start));
+  result.stats.set_seconds((clock.Now() - start).ToSecondsF());
   result.stats.set_generation(generation);
   return result;
 }
 
 OpResult Operations::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
-  const absl::Time start = MonotonicNow();
+  const Clock& clock = state_->clock;
+  const Timestamp start = clock.Now();
   OpResult result;
   const std::string what =
       absl::StrCat("send to ", args.peer, " tag '", args.tag, "' in group ", args.group);
@@ -571,11 +586,12 @@ OpResult Operations::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
   header.set_group(args.group);
   header.set_generation(generation);
   header.set_tag(args.tag);
-  const absl::Time deadline = start + args.timeout;
+  const Timestamp deadline = After(start, ToTimeDelta(args.timeout));
   Links::ReadyFn filled;
   if (args.progress) {
     filled = [&](uint64_t end) {
-      return WaitFilled(*args.progress, end, data.size(), deadline, op->stop, args.client_gone);
+      return WaitFilled(*args.progress, end, data.size(), clock, deadline, op->stop,
+                        args.client_gone, state_->unfilled_looks);
     };
   }
   // On this thread: one peer needs no sender thread, and a small message
@@ -612,7 +628,7 @@ OpResult Operations::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
   }
   result.stats.set_bytes_sent(data.size());
   result.stats.set_peers(1);
-  result.stats.set_seconds(absl::ToDoubleSeconds(MonotonicNow() - start));
+  result.stats.set_seconds((clock.Now() - start).ToSecondsF());
   result.stats.set_generation(generation);
   result.bytes = data.size();
   return result;
@@ -620,8 +636,9 @@ OpResult Operations::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
 
 OpResult Operations::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
   using State = Landing::State;
-  const absl::Time start = MonotonicNow();
-  const absl::Time deadline = start + args.timeout;
+  const Clock& clock = state_->clock;
+  const Timestamp start = clock.Now();
+  const Timestamp deadline = After(start, ToTimeDelta(args.timeout));
   OpResult result;
   const std::string what =
       absl::StrCat("receive from ", args.peer, " tag '", args.tag, "' in group ", args.group);
@@ -666,9 +683,9 @@ OpResult Operations::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
     if (landing && landing->state == State::kFilling) return false;
     return queued();
   };
-  while (!ready() && MonotonicNow() < deadline) {
+  while (!ready() && clock.Now() < deadline) {
     state_->mu.AwaitWithTimeout(absl::Condition(&ready),
-                                std::min(deadline - MonotonicNow(), kPoll));
+                                std::min(WaitSlice(clock, deadline), kPoll));
     if (!op->cancelled && args.client_gone && args.client_gone()) op->cancelled = true;
   }
   EndOp(args.op_id);
@@ -680,7 +697,7 @@ OpResult Operations::Recv(const P2PArgs& args, absl::Span<uint8_t> out) {
     result.bytes = bytes;
     result.stats.set_bytes_received(bytes);
     result.stats.set_peers(1);
-    result.stats.set_seconds(absl::ToDoubleSeconds(MonotonicNow() - start));
+    result.stats.set_seconds((clock.Now() - start).ToSecondsF());
     result.stats.set_generation(generation);
   };
   if (landed) {

@@ -118,6 +118,7 @@ TransferSender::TransferSender(SenderOptions options, transport::Transport& cont
                                storage::Journal& journal, v1::OutgoingTransfer record,
                                TransferProgress& progress, LinkObserver observer)
     : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? *options_.clock : RealClock::Get()),
       control_transport_(control),
       data_transport_(data),
       gate_(gate),
@@ -155,8 +156,7 @@ absl::Status TransferSender::Run() {
   int failures = 0;
   // The give-up deadline is on the monotonic clock: a wall-clock step
   // neither fails a transfer early nor keeps a dead one going.
-  const Clock& clock = RealClock::Get();
-  Timestamp last_progress = clock.Now();
+  Timestamp last_progress = clock_.Now();
   uint64_t best_done = progress_.Get().bytes_done;
   while (true) {
     if (stopping()) return absl::CancelledError("stopped");
@@ -194,9 +194,9 @@ absl::Status TransferSender::Run() {
     if (done > best_done) {
       best_done = done;
       failures = 0;
-      last_progress = clock.Now();
+      last_progress = clock_.Now();
     }
-    const TimeDelta stalled = clock.Now() - last_progress;
+    const TimeDelta stalled = clock_.Now() - last_progress;
     if (options_.give_up_after > TimeDelta::Zero() && stalled > options_.give_up_after) {
       return absl::DeadlineExceededError(absl::StrCat(
           "no progress for ", absl::FormatDuration(absl::Nanoseconds(stalled.ToNanoseconds())),
@@ -685,7 +685,7 @@ absl::Status TransferSender::DigestSources() {
   const v1::Manifest& manifest = record.manifest();
   std::unique_ptr<storage::FileIo> io;
   std::vector<uint8_t> buffer;
-  const Timestamp start = RealClock::Get().Now();
+  const Timestamp start = clock_.Now();
   uint64_t files = 0, bytes = 0;
   for (int f = 0; f < manifest.files_size(); ++f) {
     const v1::ManifestFile& file = manifest.files(f);
@@ -735,7 +735,7 @@ absl::Status TransferSender::DigestSources() {
   }
   if (files == 0) return absl::OkStatus();
   spdlog::info("transfer {}: hashed {} files ({} bytes) for --checksum in {:.2f} s", record.id(),
-               files, bytes, (RealClock::Get().Now() - start).ToSecondsF());
+               files, bytes, (clock_.Now() - start).ToSecondsF());
   // Unsynced: digests lost in a power loss are only computed again.
   if (absl::Status s = journal_.PutOutgoing(this->record(), /*sync=*/false); !s.ok()) {
     spdlog::warn("transfer {}: cannot journal content digests: {}", record.id(), s.message());

@@ -4,15 +4,18 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/clock.h"
 #include "common/units.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/priority_gate.h"
@@ -29,6 +32,11 @@ namespace longhaul::peer {
 // the sender updates them. Thread-safe.
 class TransferProgress {
  public:
+  // `on_change` (may be empty) is called after every Update, on the
+  // updating thread and outside this object's lock.
+  explicit TransferProgress(std::function<void()> on_change = nullptr)
+      : on_change_(std::move(on_change)) {}
+
   struct Snapshot {
     uint64_t bytes_total = 0;
     uint64_t bytes_done = 0;
@@ -47,11 +55,15 @@ class TransferProgress {
   }
   template <typename F>
   void Update(F&& f) {
-    absl::MutexLock lock(&mu_);
-    f(s_);
+    {
+      absl::MutexLock lock(&mu_);
+      f(s_);
+    }
+    if (on_change_) on_change_();
   }
 
  private:
+  const std::function<void()> on_change_;
   mutable absl::Mutex mu_;
   Snapshot s_ ABSL_GUARDED_BY(mu_);
 };
@@ -125,6 +137,9 @@ struct SenderOptions {
   TimeDelta give_up_after = TimeDelta::Seconds(3600);
   // The configured link's rate, which the streams pace just below.
   Bandwidth link_bandwidth = Bandwidth::GbitsPerSecond(10);
+  // Times give_up_after and the digest pass (not owned, outlives the
+  // sender); null: RealClock::Get().
+  const Clock* clock = nullptr;
 };
 
 // Drives one outgoing transfer to its end: opens a session with the
@@ -208,6 +223,7 @@ class TransferSender {
   void AddBytesSent(uint64_t bytes);
 
   const SenderOptions options_;
+  const Clock& clock_;
   transport::Transport& control_transport_;
   transport::Transport& data_transport_;
   PriorityGate& gate_;

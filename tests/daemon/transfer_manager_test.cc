@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,21 +118,17 @@ class TransferManagerTest : public ::testing::Test {
     return manager_->Submit(request_id, spec, caller_);
   }
 
-  // The manager announces no state changes, so this asks Get() until `done`
-  // holds and returns the last status; the deadline only bounds a hang, the
-  // caller's assertions on the status decide.
+  // The first status for which `done` holds, or the last one if none does
+  // within a minute: the timeout only bounds a hang, the caller's assertions
+  // on the status decide.
   v1::TransferStatus AwaitStatus(const std::string& id,
                                  const std::function<bool(const v1::TransferStatus&)>& done) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (true) {
-      absl::StatusOr<v1::TransferStatus> status = manager_->Get(id);
-      if (!status.ok()) {
-        ADD_FAILURE() << status.status();
-        return {};
-      }
-      if (done(*status) || absl::Now() > deadline) return *status;
-      absl::SleepFor(absl::Milliseconds(5));
+    absl::StatusOr<v1::TransferStatus> status = manager_->AwaitStatus(id, done, absl::Seconds(60));
+    if (!status.ok()) {
+      ADD_FAILURE() << status.status();
+      return {};
     }
+    return *status;
   }
   // Polls the destination's journal likewise; true once `chunks` chunks of
   // transfer `id` are durable there.
@@ -220,6 +217,48 @@ TEST_F(TransferManagerTest, ASubmittedTransferCompletesAndItsBytesVerify) {
   EXPECT_EQ(retried->id(), submitted->id());
   EXPECT_EQ(manager_->List(/*all=*/true).size(), 1u);
   EXPECT_TRUE(manager_->List(/*all=*/false).empty());  // ended
+}
+
+// AwaitStatus returns as soon as a change satisfies it; when none does, it
+// returns the latest status once its timeout has passed on the manager's
+// clock.
+TEST_F(TransferManagerTest, AwaitStatusWakesOnAChangeAndGivesUpOnTheManagersClock) {
+  config_.transfer.max_active = 0;  // a submitted transfer stays queued
+  FakeClock clock;
+  manager_ = std::make_unique<TransferManager>(config_, transports_, *journal_, gate_, clock);
+  ASSERT_TRUE(manager_->Start().ok());
+  absl::StatusOr<v1::TransferStatus> submitted = SubmitJob();
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string id = submitted->id();
+
+  auto paused = std::async(std::launch::async, [&] {
+    return manager_->AwaitStatus(
+        id, [](const v1::TransferStatus& s) { return s.state() == v1::PAUSED; }, absl::Hours(1));
+  });
+  ASSERT_TRUE(manager_->Pause(id).ok());
+  absl::StatusOr<v1::TransferStatus> status = paused.get();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->state(), v1::PAUSED);
+
+  auto never = std::async(std::launch::async, [&] {
+    return manager_->AwaitStatus(
+        id, [](const v1::TransferStatus&) { return false; }, absl::Seconds(10));
+  });
+  // Advanced until the wait, whenever it began, has seen its timeout pass.
+  while (never.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+    clock.Advance(TimeDelta::Seconds(10));
+  }
+  status = never.get();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->state(), v1::PAUSED);
+
+  EXPECT_EQ(manager_
+                ->AwaitStatus(
+                    "t-none", [](const v1::TransferStatus&) { return true; }, absl::Seconds(1))
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+  manager_.reset();  // before `clock`
 }
 
 TEST_F(TransferManagerTest, ASourceOutsideTheExportsIsRefusedAndNothingIsJournaled) {

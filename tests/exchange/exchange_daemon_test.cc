@@ -301,7 +301,13 @@ TEST_F(ExchangeDaemonTest, StreamedRecvOfAMessageThatArrivedFirst) {
   std::vector<uint8_t> msg(5 << 20);
   for (size_t i = 0; i < msg.size(); ++i) msg[i] = static_cast<uint8_t>(i * 7 + (i >> 16));
   ASSERT_TRUE(a->Send("site-b", "early", msg.data(), msg.size()).ok());
-  absl::SleepFor(absl::Milliseconds(200));  // let it arrive whole
+  // Site-a's messages to site-b share one link, read in order, each filed
+  // before the next is read: once the fence is received, `early` is held
+  // whole at site-b.
+  const std::string fence = "fence";
+  ASSERT_TRUE(a->Send("site-b", "fence", fence.data(), fence.size()).ok());
+  std::string fenced(fence.size(), '\0');
+  ASSERT_TRUE(b->Recv("site-a", "fence", fenced.data(), fenced.size()).ok());
   std::vector<uint8_t> out(msg.size(), 0);
   auto n = b->Recv("site-a", "early", out.data(), out.size());
   ASSERT_TRUE(n.ok()) << n.status();

@@ -81,9 +81,9 @@ class Net {
  public:
   // `limiter` (may be null) is every hub's rate limiter; every hub gets
   // `options` and, if `budget_bytes` is not 0, a PeerMemoryBudget of its own
-  // of that many bytes per peer.
+  // of that many bytes per peer; every hub reads `clock`.
   explicit Net(int sites, peer::RateLimiter* limiter = nullptr, HubOptions options = {},
-               uint64_t budget_bytes = 0) {
+               uint64_t budget_bytes = 0, const Clock& clock = RealClock::Get()) {
     for (int i = 0; i < sites; ++i) names_.push_back(std::string("site-") + static_cast<char>('a' + i));
     for (const auto& name : names_) {
       std::vector<std::string> peers;
@@ -97,7 +97,7 @@ class Net {
       }
       hubs_[name] = std::make_unique<ExchangeHub>(
           name, peers, [this, name](const std::string& site) { return Dial(name, site); }, &gate_,
-          hub_options, limiter);
+          hub_options, limiter, clock);
     }
   }
   ~Net() {
@@ -490,6 +490,23 @@ TEST(ExchangeHubPriorityTest, SendHoldsTheLinkUntilItsBytesAreSent) {
   EXPECT_TRUE(out == message);
 }
 
+// A link whose bytes never leave is stalled: its hold ends once the drain
+// limit (2 s on the hub's clock) has passed, and bulk traffic may use it.
+TEST(ExchangeHubPriorityTest, AStalledLinkIsHeldUntilTheDrainLimit) {
+  FakeClock clock;
+  Net net(2, nullptr, {}, 0, clock);
+  net.JoinAll("g", net.names());
+  net.SetUnsent(4096);  // for good
+  std::vector<uint8_t> message(4096, 3);
+  P2PArgs send{"g", "held", "site-b", "t", absl::Seconds(10), nullptr};
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(message)).status.ok());
+  EXPECT_EQ(net.gate().ActiveCount("site-b", v1::EXCHANGE), 1);
+
+  clock.Advance(TimeDelta::Seconds(2));
+  EXPECT_TRUE(Eventually([&] { return net.gate().ActiveCount("site-b", v1::EXCHANGE) == 0; }));
+  EXPECT_FALSE(net.gate().HigherActive("site-b", v1::CHECKPOINT));
+}
+
 // A hold does not outlive its link: a peer lost while bytes are still
 // unsent frees the link for bulk traffic at once.
 TEST(ExchangeHubPriorityTest, ABrokenLinkEndsTheHold) {
@@ -793,7 +810,8 @@ TEST(ExchangeHubInPlaceTest, CancelMidSegmentHandsTheRestToTheNextRecvWithoutCut
   ASSERT_TRUE(SendSegmentHeader(*raw, 1, "t", message.size(), 0, message.size()).ok());
   ASSERT_TRUE(raw->Write({absl::MakeConstSpan(message).subspan(0, kMiB)}).ok());
   ASSERT_TRUE(Eventually([&] { return net.hub("site-b").bytes_received_in_place() == kMiB; }));
-  // The rest trickles in (64 KiB every 20 ms) while the Recv is cancelled.
+  // The rest trickles in (64 KiB every 20 ms) while the Recv is cancelled:
+  // the sleep paces the peer, so the cancel finds the segment still flowing.
   std::thread trickle([&] {
     for (uint64_t at = kMiB; at < message.size(); at += 64 << 10) {
       ASSERT_TRUE(raw->Write({absl::MakeConstSpan(message).subspan(at, 64 << 10)}).ok());
@@ -890,7 +908,10 @@ TEST(ExchangeHubStreamedTest, SendGoesOutAsItsClientFillsTheBuffer) {
   // The client writes the first segment but one byte: nothing may go out.
   std::memcpy(buffer.data(), message.data(), 4 * kMiB - 1);
   word.view().PublishReady(4 * kMiB - 1);
-  absl::SleepFor(absl::Milliseconds(100));
+  // Two more looks: the second began after the first had counted, so after
+  // the publish, and it still found the segment unwritten.
+  const uint64_t looks = net.hub("site-a").unfilled_looks();
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").unfilled_looks() >= looks + 2; }));
   EXPECT_EQ(net.hub("site-b").bytes_received_in_place(), 0u);
   // Then the rest, a MiB at a time.
   for (uint64_t at = 4 * kMiB - 1; at < message.size(); at += kMiB) {
@@ -906,17 +927,28 @@ TEST(ExchangeHubStreamedTest, SendGoesOutAsItsClientFillsTheBuffer) {
   EXPECT_TRUE(out == message);
 }
 
-// A client that stops writing its buffer: the Send fails at its timeout with
-// an error that says so, and the peer drops the part it got, so the next
-// message under the tag arrives whole and alone.
+// A client that stops writing its buffer: the Send fails at its timeout (on
+// the hub's clock) with an error that says so, and the peer drops the part
+// it got, so the next message under the tag arrives whole and alone.
 TEST(ExchangeHubStreamedTest, SendWhoseClientStallsTimesOutAndThePeerDropsThePart) {
-  Net net(2);
+  FakeClock clock;
+  Net net(2, nullptr, {}, 0, clock);
   net.JoinAll("g", net.names());
   const std::vector<uint8_t> message = Pattern(6 * kMiB, 23);
   Word word;
   word.view().PublishReady(5 * kMiB);  // one segment can go, the second never
-  P2PArgs send{"g", "s", "site-b", "t", absl::Milliseconds(300), nullptr, word.view()};
-  OpResult s = net.hub("site-a").Send(send, absl::MakeConstSpan(message));
+  P2PArgs send{"g", "s", "site-b", "t", absl::Seconds(30), nullptr, word.view()};
+  auto sent = std::async(std::launch::async, [&] {
+    return net.hub("site-a").Send(send, absl::MakeConstSpan(message));
+  });
+  // Waiting for the second segment: not timed out before its deadline.
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").unfilled_looks() > 0; }));
+  clock.Advance(TimeDelta::Seconds(29));
+  const uint64_t looks = net.hub("site-a").unfilled_looks();
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").unfilled_looks() >= looks + 2; }));
+  ASSERT_EQ(sent.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  clock.Advance(TimeDelta::Seconds(1));
+  OpResult s = sent.get();
   EXPECT_EQ(s.status.code(), absl::StatusCode::kDeadlineExceeded) << s.status;
   EXPECT_THAT(std::string(s.status.message()),
               HasSubstr("its client had written only 5242880 of the 6291456 bytes"));
