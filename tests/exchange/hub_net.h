@@ -31,8 +31,19 @@ namespace longhaul::exchange {
 class SocketChannel final : public transport::Channel {
  public:
   SocketChannel(int fd, std::string peer_site, const std::atomic<uint64_t>* unsent = nullptr)
-      : fd_(fd), peer_site_(std::move(peer_site)), unsent_(unsent) {}
-  ~SocketChannel() override { close(fd_); }
+      : socket_(std::make_shared<Socket>(fd)),
+        fd_(fd),
+        peer_site_(std::move(peer_site)),
+        unsent_(unsent) {}
+
+  // The descriptor, closed with its last owner: the channel, or a Net::Cut
+  // that is shutting it down.
+  struct Socket {
+    explicit Socket(int fd) : fd(fd) {}
+    ~Socket() { close(fd); }
+    const int fd;
+  };
+  std::weak_ptr<Socket> socket() const { return socket_; }
 
   absl::Status Write(absl::Span<const absl::Span<const uint8_t>> parts) override {
     for (auto part : parts) {
@@ -61,6 +72,7 @@ class SocketChannel final : public transport::Channel {
   uint64_t UnsentBytes() const override { return unsent_ != nullptr ? unsent_->load() : 0; }
 
  private:
+  std::shared_ptr<Socket> socket_;
   int fd_;
   std::string peer_site_;
   const std::atomic<uint64_t>* unsent_;
@@ -96,6 +108,17 @@ class Net {
     for (auto& [name, hub] : hubs_) hub->Shutdown();
     absl::MutexLock lock(&mu_);
     for (auto& t : threads_) t.join();
+  }
+
+  // Breaks every link dialed so far to or from `site` (real or raw), both
+  // directions, as a network partition would: every hub sees it lost. The
+  // hubs stay up; a link dialed afterwards works, so `site` can Join again.
+  void Cut(const std::string& site) {
+    absl::MutexLock lock(&mu_);
+    for (const Link& l : links_) {
+      if (l.from != site && l.to != site) continue;
+      if (auto socket = l.socket.lock()) shutdown(socket->fd, SHUT_RDWR);
+    }
   }
 
   ExchangeHub& hub(const std::string& site) { return *hubs_.at(site); }
@@ -135,7 +158,10 @@ class Net {
     threads_.emplace_back([target, server = std::move(server)]() mutable {
       target->ServeInbound(std::move(server));
     });
-    return std::make_unique<SocketChannel>(fds[0], to, &unsent_);
+    auto client = std::make_unique<SocketChannel>(fds[0], to, &unsent_);
+    // Shutting down the dialer's end breaks both directions.
+    links_.push_back({from, to, client->socket()});
+    return client;
   }
 
   std::atomic<uint64_t> unsent_{0};
@@ -143,8 +169,14 @@ class Net {
   peer::PriorityGate gate_;
   std::map<std::string, std::unique_ptr<peer::PeerMemoryBudget>> budgets_;
   std::map<std::string, std::unique_ptr<ExchangeHub>> hubs_;
+  struct Link {
+    std::string from;
+    std::string to;
+    std::weak_ptr<SocketChannel::Socket> socket;
+  };
   absl::Mutex mu_;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<Link> links_ ABSL_GUARDED_BY(mu_);
 };
 
 inline AllReduceArgs Args(uint64_t seq, v1::ExchangeDType dtype, v1::ReduceOp op = v1::SUM,
