@@ -152,6 +152,7 @@ void ExchangeHub::Deliver(const std::string& from, Msg header, Payload payload, 
       break;
     }
     case Msg::REDUCE_DATA:
+    case Msg::REDUCE_RESULT:
     case Msg::ABORT:
     case Msg::DONE:
       if (g != nullptr && g->formed &&

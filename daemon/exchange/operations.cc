@@ -13,6 +13,8 @@
 #include "common/fmt_absl.h"
 #include "daemon/exchange/deadline.h"
 #include "daemon/exchange/reduce.h"
+#include "daemon/exchange/sender_set.h"
+#include "daemon/exchange/shards.h"
 #include "spdlog/spdlog.h"
 
 namespace longhaul::exchange {
@@ -64,59 +66,6 @@ absl::Status WaitFilled(const shm::ProgressWord& word, uint64_t end, uint64_t to
     nap = std::min(nap * 2, absl::Milliseconds(1));
   }
 }
-
-// The senders of one operation: one thread per destination, each sending
-// the same message. Not thread-safe; owned by the operation's thread.
-class SenderSet {
- public:
-  using SendFn = std::function<absl::Status(const std::string& site)>;
-  // `clock` (not owned) outlives the set.
-  SenderSet(const std::vector<std::string>& sites, const Clock& clock, SendFn send)
-      : sites_(sites), clock_(clock) {
-    statuses_.resize(sites.size());
-    done_ = std::make_unique<std::atomic<bool>[]>(sites.size());
-    for (size_t i = 0; i < sites.size(); ++i) {
-      done_[i] = false;
-      threads_.emplace_back([this, i, send] {
-        statuses_[i] = send(sites_[i]);
-        absl::MutexLock lock(&mu_);
-        done_[i] = true;
-        ++finished_;
-      });
-    }
-  }
-  ~SenderSet() {
-    for (auto& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
-
-  // Waits for every sender until `deadline`; calls `cut(site)` for each one
-  // still running then (which must make its write fail), and joins all.
-  void Finish(Timestamp deadline, const std::function<void(const std::string&)>& cut) {
-    {
-      absl::MutexLock lock(&mu_);
-      auto all = [this]()
-                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ == threads_.size(); };
-      AwaitUntil(mu_, absl::Condition(&all), clock_, deadline);
-    }
-    for (size_t i = 0; i < threads_.size(); ++i) {
-      if (!done_[i]) cut(sites_[i]);
-    }
-    for (auto& t : threads_) t.join();
-  }
-
-  const std::vector<absl::Status>& statuses() const { return statuses_; }
-
- private:
-  const std::vector<std::string> sites_;
-  const Clock& clock_;
-  std::vector<absl::Status> statuses_;
-  std::unique_ptr<std::atomic<bool>[]> done_;
-  std::vector<std::thread> threads_;
-  absl::Mutex mu_;
-  size_t finished_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 }  // namespace
 
@@ -249,7 +198,8 @@ absl::StatusOr<v1::GroupView> Operations::Join(const std::string& group,
   // Drop what non-members and older generations left for this group.
   state_->mailbox.DropIf([&](const Message& m) {
     const Msg::Kind kind = m.header.kind();
-    const bool stale = (kind == Msg::REDUCE_DATA || kind == Msg::DONE || kind == Msg::ABORT) &&
+    const bool stale = (kind == Msg::REDUCE_DATA || kind == Msg::REDUCE_RESULT ||
+                        kind == Msg::DONE || kind == Msg::ABORT) &&
                        m.header.generation() < generation;
     return m.header.group() == group && (stale || !Contains(sites, m.from));
   });
@@ -344,8 +294,9 @@ void Operations::SendAborts(const std::string& group, uint64_t generation, uint6
 
 OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer) {
   const Clock& clock = state_->clock;
-  const Timestamp start = clock.Now();
-  const Timestamp deadline = After(start, ToTimeDelta(args.timeout));
+  ReduceRun run(args);
+  run.start = clock.Now();
+  run.deadline = After(run.start, ToTimeDelta(args.timeout));
   OpResult result;
   const size_t es = ElementSize(args.dtype);
   if (es == 0) {
@@ -359,13 +310,11 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
                      v1::ExchangeDType_Name(args.dtype), " elements"));
     return result;
   }
-  const size_t count = buffer.size() / es;
-  const std::string what = absl::StrCat("all-reduce #", args.seq,
-                                        args.tag.empty() ? "" : absl::StrCat(" (", args.tag, ")"),
-                                        " in group ", args.group);
-  std::shared_ptr<Op> op;
-  uint64_t generation;
-  std::vector<std::string> members;
+  run.count = buffer.size() / es;
+  run.what = absl::StrCat("all-reduce #", args.seq,
+                          args.tag.empty() ? "" : absl::StrCat(" (", args.tag, ")"), " in group ",
+                          args.group);
+  run.seq_id = absl::StrCat(args.seq);
   {
     absl::MutexLock lock(&state_->mu);
     const Group* g = state_->membership.Formed(args.group);
@@ -375,19 +324,163 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
       return result;
     }
     if (result.status = OpIdFree(args.op_id); !result.status.ok()) return result;
-    generation = g->generation;
-    members = g->members;
-    op = StartOp(args.op_id);
+    run.generation = g->generation;
+    run.members = g->members;
+    run.op = StartOp(args.op_id);
   }
-  std::vector<std::string> peers;
-  for (const auto& m : members) {
-    if (m != local_site_) peers.push_back(m);
+  for (const auto& m : run.members) {
+    if (m != local_site_) run.peers.push_back(m);
   }
   std::vector<peer::PriorityGate::Scope> scopes;
   if (gate_ != nullptr) {
-    for (const auto& p : peers) scopes.push_back(gate_->Enter(p, v1::EXCHANGE));
+    for (const auto& p : run.peers) scopes.push_back(gate_->Enter(p, v1::EXCHANGE));
   }
 
+  ReduceOutcome out = RunsSharded(run.members.size(), args.quantize_int8)
+                          ? ShardedAllReduce(run, buffer)
+                          : DirectAllReduce(run, buffer);
+
+  absl::MutexLock lock(&state_->mu);
+  EndOp(args.op_id);
+  if (Group* g = state_->membership.Find(args.group); g != nullptr) {
+    if (g->generation == run.generation) g->finished.insert(args.seq);
+    result.view = state_->membership.ViewOf(*g);
+  }
+  for (const auto& p : run.peers) {
+    for (Msg::Kind kind : {Msg::REDUCE_DATA, Msg::REDUCE_RESULT, Msg::DONE, Msg::ABORT}) {
+      state_->mailbox.Erase(Mailbox::Key(args.group, kind, p, run.seq_id));
+    }
+  }
+  result.status = out.status;
+  result.lost_peer = out.lost_peer;
+  uint64_t received = 0;
+  for (auto& m : out.taken) {
+    received += m.payload.size();
+    state_->pool.Recycle(std::move(m.payload));
+  }
+  result.stats.set_bytes_sent(out.sent);
+  result.stats.set_bytes_received(received);
+  result.stats.set_peers(run.peers.size());
+  result.stats.set_seconds((clock.Now() - run.start).ToSecondsF());
+  result.stats.set_generation(run.generation);
+  return result;
+}
+
+Msg Operations::ReduceHeader(const ReduceRun& run, Msg::Kind kind) const {
+  Msg header;
+  header.set_kind(kind);
+  header.set_group(run.args.group);
+  header.set_generation(run.generation);
+  header.set_seq(run.args.seq);
+  header.set_tag(run.args.tag);
+  header.set_dtype(run.args.dtype);
+  header.set_op(run.args.op);
+  header.set_count(run.count);
+  header.set_quantized(run.args.quantize_int8);
+  return header;
+}
+
+ReduceCall Operations::Call(const ReduceRun& run, uint32_t shards) const {
+  ReduceCall call;
+  call.generation = run.generation;
+  call.dtype = run.args.dtype;
+  call.op = run.args.op;
+  call.count = run.count;
+  call.quantized = run.args.quantize_int8;
+  call.tag = run.args.tag;
+  call.shards = shards;
+  return call;
+}
+
+absl::Status Operations::AwaitAll(const ReduceRun& run, const std::vector<std::string>& keys,
+                                  std::vector<Message>* taken, std::string* lost_peer) {
+  const Clock& clock = state_->clock;
+  const AllReduceArgs& args = run.args;
+  const std::string& what = run.what;
+  Op& op = *run.op;
+  absl::MutexLock lock(&state_->mu);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    return state_->shutdown || op.cancelled ||
+           AbortFrom(args.group, run.seq_id, run.peers) != nullptr || HoldsAll(keys) ||
+           GroupMoved(args.group, run.generation);
+  };
+  while (!ready() && clock.Now() < run.deadline) {
+    state_->mu.AwaitWithTimeout(absl::Condition(&ready),
+                                std::min(WaitSlice(clock, run.deadline), kPoll));
+    if (!op.cancelled && args.client_gone && args.client_gone()) op.cancelled = true;
+  }
+  if (const Message* abort = AbortFrom(args.group, run.seq_id, run.peers); abort != nullptr) {
+    const Message& m = *abort;
+    return absl::AbortedError(
+        absl::StrCat(what, ": ", m.from, " gave up on it (", m.header.reason(), ")"));
+  }
+  if (op.cancelled) return absl::CancelledError(absl::StrCat(what, " cancelled"));
+  if (state_->shutdown) {
+    return absl::UnavailableError(absl::StrCat(what, ": the daemon is shutting down"));
+  }
+  if (HoldsAll(keys)) {
+    for (const std::string& key : keys) {
+      taken->push_back(state_->mailbox.Take(key));
+      taken->back().claim.Reset();
+    }
+    return absl::OkStatus();
+  }
+  if (GroupMoved(args.group, run.generation)) {
+    const Group* g = state_->membership.Find(args.group);
+    if (g == nullptr) return absl::CancelledError(absl::StrCat(what, ": this site left the group"));
+    OpResult lost = Lost(what, *g, run.generation);
+    *lost_peer = lost.lost_peer;
+    return lost.status;
+  }
+  std::vector<std::string> waiting;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!state_->mailbox.Has(keys[i])) waiting.push_back(run.peers[i]);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(what, " timed out after ",
+                                                  DurationText(args.timeout), " waiting for ",
+                                                  absl::StrJoin(waiting, ", ")));
+}
+
+void Operations::CollectSends(const ReduceRun& run, SenderSet& senders,
+                              const std::vector<uint64_t>& bytes, ReduceOutcome* out) {
+  const Clock& clock = state_->clock;
+  senders.Finish(After(std::max(run.deadline, clock.Now()), kSenderGrace),
+                 [&](const std::string& site) { lose_(site, "it stopped taking data"); });
+  for (size_t i = 0; i < run.peers.size(); ++i) {
+    const absl::Status& s = senders.statuses()[i];
+    if (s.ok()) {
+      out->sent += bytes[i];
+    } else if (out->status.ok() && s.code() == absl::StatusCode::kResourceExhausted) {
+      out->status = absl::ResourceExhaustedError(absl::StrCat(run.what, ": ", s.message()));
+    } else if (out->status.ok()) {
+      // A peer that missed our message cannot finish: neither may we.
+      absl::MutexLock lock(&state_->mu);
+      const Group* g = state_->membership.Find(run.args.group);
+      if (g != nullptr && g->generation != run.generation) {
+        OpResult lost = Lost(run.what, *g, run.generation);
+        out->status = lost.status;
+        out->lost_peer = lost.lost_peer;
+      } else {
+        out->status = absl::UnavailableError(absl::StrCat(run.what, ": ", s.message()));
+        out->lost_peer = run.peers[i];
+      }
+    }
+  }
+}
+
+void Operations::Settle(const ReduceRun& run, ReduceOutcome* out) {
+  if (out->status.ok()) {
+    out->status = Commit(run.args, run.what, run.generation, run.peers, &out->lost_peer);
+  } else if (out->lost_peer.empty()) {
+    SendAborts(run.args.group, run.generation, run.args.seq, run.peers,
+               std::string(out->status.message()));
+  }
+}
+
+Operations::ReduceOutcome Operations::DirectAllReduce(const ReduceRun& run,
+                                                      absl::Span<uint8_t> buffer) {
+  const AllReduceArgs& args = run.args;
+  const size_t count = run.count;
   std::vector<uint8_t> quantized;
   absl::Span<const uint8_t> own = buffer;
   if (args.quantize_int8) {
@@ -395,161 +488,51 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
     Quantize(args.dtype, buffer, count, absl::MakeSpan(quantized));
     own = quantized;
   }
-  Msg header;
-  header.set_kind(Msg::REDUCE_DATA);
-  header.set_group(args.group);
-  header.set_generation(generation);
-  header.set_seq(args.seq);
-  header.set_tag(args.tag);
-  header.set_dtype(args.dtype);
-  header.set_op(args.op);
-  header.set_count(count);
-  header.set_quantized(args.quantize_int8);
-  SenderSet senders(peers, clock, [&](const std::string& site) {
-    return links_->Send(site, header, own, &op->stop);
+  const Msg header = ReduceHeader(run, Msg::REDUCE_DATA);
+  SenderSet senders(run.peers, state_->clock, [&](const std::string& site) {
+    return links_->Send(site, header, own, &run.op->stop);
   });
 
   // Wait for every peer's contribution, or for a reason to stop.
-  const std::string seq_id = absl::StrCat(args.seq);
   std::vector<std::string> keys;
-  for (const auto& p : peers) keys.push_back(Mailbox::Key(args.group, Msg::REDUCE_DATA, p, seq_id));
-  std::vector<Message> taken(peers.size());
-  absl::Status failure;
-  std::string lost_peer;
-  {
-    absl::MutexLock lock(&state_->mu);
-    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-      return state_->shutdown || op->cancelled || AbortFrom(args.group, seq_id, peers) != nullptr ||
-             HoldsAll(keys) || GroupMoved(args.group, generation);
-    };
-    while (!ready() && clock.Now() < deadline) {
-      state_->mu.AwaitWithTimeout(absl::Condition(&ready),
-                                  std::min(WaitSlice(clock, deadline), kPoll));
-      if (!op->cancelled && args.client_gone && args.client_gone()) op->cancelled = true;
-    }
-    if (const Message* abort = AbortFrom(args.group, seq_id, peers); abort != nullptr) {
-      const Message& m = *abort;
-      failure = absl::AbortedError(
-          absl::StrCat(what, ": ", m.from, " gave up on it (", m.header.reason(), ")"));
-    } else if (op->cancelled) {
-      failure = absl::CancelledError(absl::StrCat(what, " cancelled"));
-    } else if (state_->shutdown) {
-      failure = absl::UnavailableError(absl::StrCat(what, ": the daemon is shutting down"));
-    } else if (HoldsAll(keys)) {
-      for (size_t i = 0; i < keys.size(); ++i) {
-        taken[i] = state_->mailbox.Take(keys[i]);
-        taken[i].claim.Reset();
-      }
-    } else if (GroupMoved(args.group, generation)) {
-      const Group* g = state_->membership.Find(args.group);
-      if (g == nullptr) {
-        failure = absl::CancelledError(absl::StrCat(what, ": this site left the group"));
-      } else {
-        OpResult lost = Lost(what, *g, generation);
-        failure = lost.status;
-        lost_peer = lost.lost_peer;
-      }
-    } else {
-      std::vector<std::string> waiting;
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (!state_->mailbox.Has(keys[i])) waiting.push_back(peers[i]);
-      }
-      failure = absl::DeadlineExceededError(
-          absl::StrCat(what, " timed out after ", DurationText(args.timeout), " waiting for ",
-                       absl::StrJoin(waiting, ", ")));
-    }
+  for (const auto& p : run.peers) {
+    keys.push_back(Mailbox::Key(args.group, Msg::REDUCE_DATA, p, run.seq_id));
   }
+  ReduceOutcome out;
+  out.status = AwaitAll(run, keys, &out.taken, &out.lost_peer);
 
   // Check what the peers sent against what this site does.
-  for (size_t i = 0; failure.ok() && i < taken.size(); ++i) {
-    const Msg& h = taken[i].header;
-    if (h.generation() != generation) {
-      failure = absl::UnavailableError(absl::StrCat(what, ": ", peers[i], " ran it at generation ",
-                                                    h.generation(), ", this site at ", generation,
-                                                    "; retry"));
-    } else if (h.count() != count || h.dtype() != args.dtype ||
-               h.quantized() != args.quantize_int8 || h.op() != args.op || h.tag() != args.tag) {
-      failure = absl::FailedPreconditionError(absl::StrCat(
-          what, ": ", peers[i], " passed ", h.count(), " ", v1::ExchangeDType_Name(h.dtype()), " ",
-          v1::ReduceOp_Name(h.op()), h.quantized() ? " int8" : "", " tag '", h.tag(),
-          "', this site ", count, " ", v1::ExchangeDType_Name(args.dtype), " ",
-          v1::ReduceOp_Name(args.op), args.quantize_int8 ? " int8" : "", " tag '", args.tag, "'"));
-    } else if (taken[i].payload.size() != ContributionSize(args.dtype, args.quantize_int8, count)) {
-      failure = absl::InvalidArgumentError(
-          absl::StrCat(what, ": ", peers[i], " sent ", taken[i].payload.size(), " bytes"));
+  const ReduceCall call = Call(run, /*shards=*/0);
+  for (size_t i = 0; out.status.ok() && i < out.taken.size(); ++i) {
+    const Message& m = out.taken[i];
+    out.status = CheckReduceHeader(run.what, run.peers[i], m.header, call);
+    if (out.status.ok() &&
+        m.payload.size() != ContributionSize(args.dtype, args.quantize_int8, count)) {
+      out.status = absl::InvalidArgumentError(
+          absl::StrCat(run.what, ": ", run.peers[i], " sent ", m.payload.size(), " bytes"));
     }
   }
 
   std::vector<float> acc;
-  if (failure.ok()) {
+  if (out.status.ok()) {
     acc.resize(count);
     bool first = true;
-    for (const std::string& m : members) {
+    for (const std::string& m : run.members) {
       absl::Span<const uint8_t> contribution = own;
       if (m != local_site_) {
-        size_t i = std::find(peers.begin(), peers.end(), m) - peers.begin();
-        contribution = taken[i].payload;
+        size_t i = std::find(run.peers.begin(), run.peers.end(), m) - run.peers.begin();
+        contribution = out.taken[i].payload;
       }
       Accumulate(args.dtype, args.quantize_int8, contribution, first, absl::MakeSpan(acc));
       first = false;
     }
   } else {
-    op->stop = true;
+    run.op->stop = true;
   }
-  senders.Finish(After(std::max(deadline, clock.Now()), kSenderGrace),
-                 [&](const std::string& site) { lose_(site, "it stopped taking data"); });
-  uint64_t sent = 0;
-  for (size_t i = 0; i < peers.size(); ++i) {
-    const absl::Status& s = senders.statuses()[i];
-    if (s.ok()) {
-      sent += own.size();
-    } else if (failure.ok() && s.code() == absl::StatusCode::kResourceExhausted) {
-      failure = absl::ResourceExhaustedError(absl::StrCat(what, ": ", s.message()));
-    } else if (failure.ok()) {
-      // A peer that missed our contribution cannot finish: neither may we.
-      absl::MutexLock lock(&state_->mu);
-      const Group* g = state_->membership.Find(args.group);
-      if (g != nullptr && g->generation != generation) {
-        OpResult lost = Lost(what, *g, generation);
-        failure = lost.status;
-        lost_peer = lost.lost_peer;
-      } else {
-        failure = absl::UnavailableError(absl::StrCat(what, ": ", s.message()));
-        lost_peer = peers[i];
-      }
-    }
-  }
-  if (failure.ok()) {
-    failure = Commit(args, what, generation, peers, &lost_peer);
-  } else if (lost_peer.empty()) {
-    SendAborts(args.group, generation, args.seq, peers, std::string(failure.message()));
-  }
-  if (failure.ok()) Finish(args.dtype, args.op, members.size(), acc, buffer);
-
-  absl::MutexLock lock(&state_->mu);
-  EndOp(args.op_id);
-  if (Group* g = state_->membership.Find(args.group); g != nullptr) {
-    if (g->generation == generation) g->finished.insert(args.seq);
-    result.view = state_->membership.ViewOf(*g);
-  }
-  for (const auto& p : peers) {
-    keys.push_back(Mailbox::Key(args.group, Msg::DONE, p, seq_id));
-    keys.push_back(Mailbox::Key(args.group, Msg::ABORT, p, seq_id));
-  }
-  for (const auto& k : keys) state_->mailbox.Erase(k);
-  result.status = failure;
-  result.lost_peer = lost_peer;
-  uint64_t received = 0;
-  for (auto& m : taken) {
-    received += m.payload.size();
-    state_->pool.Recycle(std::move(m.payload));
-  }
-  result.stats.set_bytes_sent(sent);
-  result.stats.set_bytes_received(received);
-  result.stats.set_peers(peers.size());
-  result.stats.set_seconds((clock.Now() - start).ToSecondsF());
-  result.stats.set_generation(generation);
-  return result;
+  CollectSends(run, senders, std::vector<uint64_t>(run.peers.size(), own.size()), &out);
+  Settle(run, &out);
+  if (out.status.ok()) Finish(args.dtype, args.op, run.members.size(), acc, buffer);
+  return out;
 }
 
 OpResult Operations::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {

@@ -4,17 +4,26 @@
 // The exchange's calls: the join round, all-reduce and point-to-point
 // (proto/EXCHANGE.md, Joining, All-reduce, Point to point).
 //
-// All-reduce. Every member sends its whole buffer to every other member,
-// then each reduces the same inputs in the same (sorted site) order, so the
-// result is bit-identical everywhere (see reduce.h). A member that has every
-// input sends DONE and waits for every other member's DONE; a member that
-// gives up before its DONE (timeout, cancel, mismatch) sends ABORT instead,
-// so the others fail too rather than finish an op it abandoned. Operations
-// are matched across sites by the client's sequence number, which every
-// member must issue in the same program order.
+// All-reduce (two algorithms, one commit round). With two members, or
+// with int8 quantization, the direct exchange: every member sends its whole
+// buffer to every other member, then each reduces the same inputs in the
+// same (sorted site) order. From three members on, the sharded one
+// (sharded_all_reduce.cc): the buffer is cut into one shard per member
+// (shards.h), member k owns shard k; a reduce-scatter sends each owner the
+// others' parts of its shard, the owner reduces them in member order (the
+// same float operations the direct exchange does on those elements) and an
+// all-gather sends the owner's final bytes to every member. Each site so
+// pushes 2(N-1)/N of the buffer instead of N-1 buffers, and every site's
+// result is bit-identical to the direct exchange's (see reduce.h). A
+// member that has every input (every result shard) sends DONE and waits
+// for every other member's DONE; a member that gives up before its DONE
+// (timeout, cancel, mismatch) sends ABORT instead, so the others fail too
+// rather than finish an op it abandoned. Operations are matched across
+// sites by the client's sequence number, which every member must issue in
+// the same program order.
 //
 // Thread-safe: any number of calls run at once, each on its caller's thread
-// (an all-reduce adds one sender thread per peer). They block up to their
+// (an all-reduce adds one sender thread per peer, two in the sharded one). They block up to their
 // deadline and end early on cancel (Op::stop, Op::cancelled), on a lost peer
 // and on shutdown. They wait on and change HubState under HubState::mu, and
 // send through Links without holding it.
@@ -27,13 +36,17 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/units.h"
 #include "daemon/exchange/exchange_types.h"
 #include "daemon/exchange/hub_state.h"
 #include "daemon/exchange/links.h"
+#include "daemon/exchange/sender_set.h"
+#include "daemon/exchange/shards.h"
 #include "daemon/peer/priority_gate.h"
 #include "longhaul/v1/exchange.pb.h"
 
@@ -54,6 +67,57 @@ class Operations {
   OpResult Recv(const P2PArgs& args, absl::Span<uint8_t> out);
 
  private:
+  // One all-reduce call as both algorithms see it.
+  struct ReduceRun {
+    explicit ReduceRun(const AllReduceArgs& args) : args(args) {}
+    const AllReduceArgs& args;
+    std::string what;    // names the op in errors
+    std::string seq_id;  // the mailbox id of its messages
+    uint64_t count = 0;  // elements
+    uint64_t generation = 0;
+    std::vector<std::string> members;  // sorted, this site included
+    std::vector<std::string> peers;    // members but this site, sorted
+    std::shared_ptr<Op> op;
+    Timestamp start;
+    Timestamp deadline;
+  };
+  struct ReduceOutcome {
+    absl::Status status;
+    std::string lost_peer;
+    uint64_t sent = 0;           // payload bytes the peers took
+    std::vector<Message> taken;  // every message whose payload this op used
+  };
+
+  // The direct exchange and the sharded one (sharded_all_reduce.cc); each
+  // ends with Settle and writes `buffer` only on success.
+  ReduceOutcome DirectAllReduce(const ReduceRun& run, absl::Span<uint8_t> buffer);
+  ReduceOutcome ShardedAllReduce(const ReduceRun& run, absl::Span<uint8_t> buffer);
+  // The header every REDUCE_DATA / REDUCE_RESULT of `run` carries.
+  v1::ExchangePeerMessage ReduceHeader(const ReduceRun& run,
+                                       v1::ExchangePeerMessage::Kind kind) const;
+  // What the peers' messages of `run` must carry.
+  ReduceCall Call(const ReduceRun& run, uint32_t shards) const;
+  // Waits until the mailbox holds a message under each of `keys` (one per
+  // peer, in run.peers order) and appends them to `taken` in that order; or
+  // fails on an ABORT, a cancel, shutdown, a lost peer (naming it in
+  // `lost_peer`) or the deadline (naming the peers it waited for).
+  absl::Status AwaitAll(const ReduceRun& run, const std::vector<std::string>& keys,
+                        std::vector<Message>* taken, std::string* lost_peer);
+  // Finishes `senders` (cutting the links of those still sending 2 s past
+  // the deadline) and adds bytes[i] to out->sent for each peer i that took
+  // its message; the first failed send fails the op.
+  void CollectSends(const ReduceRun& run, SenderSet& senders, const std::vector<uint64_t>& bytes,
+                    ReduceOutcome* out);
+  // Checks the sharded messages AwaitAll just took under `keys` (the last
+  // keys.size() of out.taken; the i-th from run.peers[i]): each must hold
+  // shard want_shard(i) (CheckShardMessage), and no second one may be
+  // queued under its key (a duplicate). Returns out.status if it failed.
+  absl::Status CheckAll(const ReduceRun& run, const std::vector<std::string>& keys,
+                        const ReduceOutcome& out, const ReduceCall& call,
+                        absl::FunctionRef<uint32_t(size_t)> want_shard);
+  // The commit round if `out` succeeded so far, else ABORT to the peers
+  // unless the failure is a lost peer.
+  void Settle(const ReduceRun& run, ReduceOutcome* out);
   // The commit round of an all-reduce whose inputs are all here: sends DONE
   // and waits for every peer's DONE.
   absl::Status Commit(const AllReduceArgs& args, const std::string& what, uint64_t generation,

@@ -7,7 +7,10 @@
 // payload starts at offset 0, stays within its total and the size limit, is
 // read in order with no byte twice, and ends exactly once (Complete after
 // its last byte, or Abandon); the reader stops with an error at the end of
-// the input.
+// the input. Every REDUCE_DATA and REDUCE_RESULT header that reaches the
+// sink also goes through the sharded all-reduce's checks
+// (daemon/exchange/shards.h), which must accept exactly a message holding
+// the expected shard's bytes and never crash on any field.
 
 #include <algorithm>
 #include <array>
@@ -21,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/exchange/peer_reader.h"
+#include "daemon/exchange/shards.h"
 #include "daemon/transport/transport.h"
 
 namespace {
@@ -34,6 +38,40 @@ constexpr uint64_t kSegmentBytes = 4ull << 20;
 void Fail(const char* what) {
   std::fprintf(stderr, "exchange_peer_fuzz: contract broken: %s\n", what);
   std::abort();
+}
+
+// Runs the sharded all-reduce's checks on a peer's header as a member of a
+// 3-site group would (generation 1, 3001 float32 elements, owning shard 1),
+// and holds them to their contract.
+void CheckShardHeader(const Msg& h) {
+  using longhaul::exchange::CheckShardMessage;
+  using longhaul::exchange::ReduceCall;
+  using longhaul::exchange::ShardOf;
+  if (h.kind() != Msg::REDUCE_DATA && h.kind() != Msg::REDUCE_RESULT) return;
+  ReduceCall call;
+  call.generation = 1;
+  call.dtype = longhaul::v1::FLOAT32;
+  call.op = longhaul::v1::SUM;
+  call.count = 3001;
+  call.tag = "";
+  call.shards = 3;
+  const uint32_t want = 1;
+  const absl::Status s = CheckShardMessage("fuzz", "site-b", h, h.total_bytes(), call, want);
+  const bool fits = h.generation() == 1 && h.dtype() == call.dtype && h.op() == call.op &&
+                    h.count() == call.count && !h.quantized() && h.tag().empty() &&
+                    h.shards() == 3 && h.shard() == want && h.total_bytes() == 1000 * 4;
+  if (s.ok() != fits) Fail("a shard check accepted a wrong header or refused a right one");
+  // The shards of any count and number tile the buffer.
+  const uint32_t shards = static_cast<uint32_t>(h.shards() % 1024) + 1;
+  uint64_t end = 0;
+  for (uint32_t k = 0; k < shards; k += std::max<uint32_t>(1, shards / 8)) {
+    const auto r = ShardOf(h.count(), shards, k);
+    if (r.begin > r.end || r.end > h.count()) Fail("a shard outside the buffer");
+    if (k == 0 && r.begin != 0) Fail("shard 0 does not start the buffer");
+    end = r.end;
+  }
+  if (ShardOf(h.count(), shards, shards - 1).end != h.count()) Fail("the last shard ends early");
+  (void)end;
 }
 
 // The fuzz input as the inbound channel of site "site-b".
@@ -85,6 +123,7 @@ class CheckingSink final : public InboundSink {
     if (from != "site-b") Fail("a message from another site than the channel's");
     if (h.total_bytes() != 0) Fail("OnMessage for a message with payload");
     if (h.kind() == Msg::DISCARD) Fail("OnMessage for a DISCARD");
+    CheckShardHeader(h);
   }
   std::unique_ptr<Incoming> Begin(const std::string& from, const Msg& h) override {
     if (from != "site-b") Fail("Begin from another site than the channel's");
@@ -94,6 +133,7 @@ class CheckingSink final : public InboundSink {
         h.payload_bytes() > h.total_bytes()) {
       Fail("a first segment of a size outside (0, segment, total]");
     }
+    CheckShardHeader(h);
     ++begun;
     return std::make_unique<Arriving>(this, h.total_bytes());
   }

@@ -44,6 +44,20 @@ SEEDS = {
                         + seg("P2P", 6, 100, 50, 150, "tag: 't'"),
     "reduce_data": seg("REDUCE_DATA", 7, 0, 64, 64,
                        "generation: 1 seq: 1 dtype: FLOAT32 op: SUM count: 16"),
+    "reduce_shard": seg("REDUCE_DATA", 19, 0, 4000, 4000,
+                        "generation: 1 seq: 1 dtype: FLOAT32 op: SUM count: 3001 shards: 3 shard: 1"),
+    "reduce_result": seg("REDUCE_RESULT", 20, 0, 4000, 4000,
+                         "generation: 1 seq: 1 dtype: FLOAT32 op: SUM count: 3001 shards: 3 "
+                         "shard: 1"),
+    "reduce_result_empty_shard": frame("kind: REDUCE_RESULT group: 'g' generation: 1 seq: 1 "
+                                       "dtype: FLOAT32 op: SUM count: 2 shards: 3 shard: 1 "
+                                       "msg_id: 21"),
+    "reduce_shard_wrong": seg("REDUCE_DATA", 22, 0, 4004, 4004,
+                              "generation: 1 seq: 1 dtype: FLOAT32 op: SUM count: 3001 shards: 3 "
+                              "shard: 4000000000")
+                          + seg("REDUCE_RESULT", 23, 0, 8, 8,
+                                "generation: 1 count: 18446744073709551615 shards: 4294967295 "
+                                "shard: 7"),
     "interleaved": seg("P2P", 8, 0, 10, 20, "tag: 'a'") + seg("P2P", 9, 0, 5, 5, "tag: 'b'")
                    + seg("P2P", 8, 10, 10, 20, "tag: 'a'"),
     "discard": seg("P2P", 10, 0, 32, 64, "tag: 't'") + frame("kind: DISCARD msg_id: 10")
