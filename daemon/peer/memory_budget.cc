@@ -18,10 +18,13 @@ bool PeerMemoryBudget::TryReserve(absl::string_view site, uint64_t bytes) {
 
 bool PeerMemoryBudget::Reserve(absl::string_view site, uint64_t bytes, absl::Duration wait) {
   absl::MutexLock lock(&mu_);
-  uint64_t& used = used_[site];
-  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return bytes <= bytes_per_peer_ - used; };
+  // Looked up on every check: another site's first reservation may rehash
+  // the map while this one waits.
+  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return bytes <= bytes_per_peer_ - used_[site];
+  };
   if (!fits() && !mu_.AwaitWithTimeout(absl::Condition(&fits), wait)) return false;
-  used += bytes;
+  used_[site] += bytes;
   return true;
 }
 

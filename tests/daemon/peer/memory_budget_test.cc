@@ -1,5 +1,7 @@
 #include "daemon/peer/memory_budget.h"
 
+#include <string>
+#include <thread>
 #include <utility>
 
 #include "gtest/gtest.h"
@@ -29,6 +31,22 @@ TEST(PeerMemoryBudgetTest, AReservationReturnsItsBytesWhenItEnds) {
     EXPECT_EQ(budget.used("site-a"), 10u);
   }
   EXPECT_EQ(budget.used("site-a"), 0u);
+}
+
+TEST(PeerMemoryBudgetTest, AWaitingReserveTakesWhatAReleaseFreesAndGivesUpOtherwise) {
+  PeerMemoryBudget budget(100);
+  ASSERT_TRUE(budget.TryReserve("site-a", 100));
+  EXPECT_FALSE(budget.Reserve("site-a", 1, absl::ZeroDuration()));
+  bool reserved = false;
+  std::thread waiter([&] { reserved = budget.Reserve("site-a", 50, absl::InfiniteDuration()); });
+  // Many other sites' first reservations grow (and rehash) the map while
+  // site-a waits; its own count must come through intact.
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(budget.TryReserve("site-" + std::to_string(i), 1));
+  budget.Release("site-a", 60);
+  waiter.join();
+  EXPECT_TRUE(reserved);
+  EXPECT_EQ(budget.used("site-a"), 90u);
+  EXPECT_EQ(budget.used("site-7"), 1u);
 }
 
 }  // namespace
