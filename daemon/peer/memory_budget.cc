@@ -23,9 +23,19 @@ bool PeerMemoryBudget::Reserve(absl::string_view site, uint64_t bytes, absl::Dur
   auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return bytes <= bytes_per_peer_ - used_[site];
   };
-  if (!fits() && !mu_.AwaitWithTimeout(absl::Condition(&fits), wait)) return false;
+  if (!fits()) {
+    ++waiting_;
+    const bool fit = mu_.AwaitWithTimeout(absl::Condition(&fits), wait);
+    --waiting_;
+    if (!fit) return false;
+  }
   used_[site] += bytes;
   return true;
+}
+
+int PeerMemoryBudget::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_;
 }
 
 void PeerMemoryBudget::Release(absl::string_view site, uint64_t bytes) {

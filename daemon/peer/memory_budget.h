@@ -33,12 +33,15 @@ class PeerMemoryBudget {
   void Release(absl::string_view site, uint64_t bytes);
 
   uint64_t used(absl::string_view site) const;
+  // Reserve() calls waiting now (for tests).
+  int waiting() const;
   uint64_t bytes_per_peer() const { return bytes_per_peer_; }
 
  private:
   const uint64_t bytes_per_peer_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, uint64_t> used_ ABSL_GUARDED_BY(mu_);
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A reservation released when it goes out of scope (or is moved from).

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "gtest/gtest.h"
+#include "tests/test_tools/eventually.h"
 
 namespace longhaul::peer {
 namespace {
@@ -38,9 +39,12 @@ TEST(PeerMemoryBudgetTest, AWaitingReserveTakesWhatAReleaseFreesAndGivesUpOtherw
   ASSERT_TRUE(budget.TryReserve("site-a", 100));
   EXPECT_FALSE(budget.Reserve("site-a", 1, absl::ZeroDuration()));
   bool reserved = false;
-  std::thread waiter([&] { reserved = budget.Reserve("site-a", 50, absl::InfiniteDuration()); });
+  std::thread waiter([&] { reserved = budget.Reserve("site-a", 50, absl::Seconds(10)); });
+  ASSERT_TRUE(testing::Eventually([&] { return budget.waiting() == 1; }));
   // Many other sites' first reservations grow (and rehash) the map while
-  // site-a waits; its own count must come through intact.
+  // site-a waits; its own count must come through intact. (A reference to
+  // its slot held across the wait never sees the release: the wait times
+  // out.)
   for (int i = 0; i < 1000; ++i) ASSERT_TRUE(budget.TryReserve("site-" + std::to_string(i), 1));
   budget.Release("site-a", 60);
   waiter.join();
