@@ -2,9 +2,12 @@
 #define LONGHAUL_TESTS_WANEM_EMULATOR_H_
 
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "tests/wanem/netns.h"
 
 namespace longhaul::wanem {
 
@@ -36,6 +39,13 @@ class Emulator {
   // Human-readable per-direction counts, printed on exit.
   virtual std::string Summary() const = 0;
 };
+
+// The teardown both emulators' Stop() does: wakes the data-path threads
+// through the eventfd `stop_fd` and joins them, closes the TUN devices and
+// `stop_fd` (each set to -1 once closed), and deletes the sites' namespaces
+// with every process inside them (failures are printed, not returned).
+void StopThreadsAndDeleteSites(int& stop_fd, absl::Span<std::thread> threads,
+                               absl::Span<int> tun_fds, absl::Span<const SiteSpec> sites);
 
 }  // namespace longhaul::wanem
 

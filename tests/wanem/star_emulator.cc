@@ -57,24 +57,7 @@ class StarEmulator : public Emulator {
   void Stop() override {
     if (stopped_) return;
     stopped_ = true;
-    if (stop_fd_ >= 0) {
-      const uint64_t one = 1;
-      [[maybe_unused]] ssize_t n = write(stop_fd_, &one, sizeof(one));
-    }
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-    for (int& fd : tun_fds_) {
-      if (fd >= 0) close(fd);
-      fd = -1;
-    }
-    for (const SiteSpec& spec : specs_) {
-      if (absl::Status s = DeleteNamespace(spec.ns); !s.ok()) {
-        std::cerr << "longhaul-wanem: " << s.message() << "\n";
-      }
-    }
-    if (stop_fd_ >= 0) close(stop_fd_);
-    stop_fd_ = -1;
+    StopThreadsAndDeleteSites(stop_fd_, absl::MakeSpan(threads_), absl::MakeSpan(tun_fds_), specs_);
   }
 
   absl::Status SetCut(bool cut, absl::string_view which) override {

@@ -251,24 +251,7 @@ class TwoSiteEmulator : public Emulator {
   void Stop() override {
     if (stopped_) return;
     stopped_ = true;
-    if (stop_fd_ >= 0) {
-      const uint64_t one = 1;
-      [[maybe_unused]] ssize_t n = write(stop_fd_, &one, sizeof(one));
-    }
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-    for (int& fd : tun_fds_) {
-      if (fd >= 0) close(fd);
-      fd = -1;
-    }
-    for (const SiteSpec& site : sites_) {
-      if (absl::Status s = DeleteNamespace(site.ns); !s.ok()) {
-        std::cerr << "longhaul-wanem: " << s.message() << "\n";
-      }
-    }
-    if (stop_fd_ >= 0) close(stop_fd_);
-    stop_fd_ = -1;
+    StopThreadsAndDeleteSites(stop_fd_, absl::MakeSpan(threads_), absl::MakeSpan(tun_fds_), sites_);
   }
 
   // Applies "cut"/"restore" to "a2b", "b2a" or "both" (the default).
