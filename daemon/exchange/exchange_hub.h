@@ -77,6 +77,11 @@ class ExchangeHub : private InboundSink {
   absl::StatusOr<v1::GroupView> View(const std::string& group);
 
   // Reduces `buffer` (count elements of args.dtype) in place with the group.
+  // Reads each byte of `buffer` once, a segment at a time into private
+  // scratch (client_buffer.h), so a client writing it meanwhile cannot make
+  // the members disagree; writes the result into it only after the commit
+  // round. With args.progress, reads each segment only once the client has
+  // published it as written.
   OpResult AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer);
   // Sends `data` to args.peer under args.tag; done once it is on the link.
   // With args.progress, reads each segment of `data` only once the client
@@ -118,7 +123,12 @@ class ExchangeHub : private InboundSink {
   // Looks by streamed Sends at their client's progress word that found the
   // next segment not yet written; a Send waiting for its client adds one at
   // least every millisecond.
-  uint64_t unfilled_looks() const { return state_.unfilled_looks.load(); }
+  uint64_t unfilled_looks() const { return state_.client_reads.unfilled.load(); }
+  // Bytes all-reduces have copied out of their clients' buffers (each byte
+  // once), and the largest single copy (at most kSegmentBytes: no
+  // whole-buffer copy).
+  uint64_t client_bytes_read() const { return state_.client_reads.bytes.load(); }
+  uint64_t largest_client_read() const { return state_.client_reads.largest.load(); }
   // REFUSED notices this hub has received from its peers.
   uint64_t refusals_received() const { return links_.refusals_received(); }
 

@@ -76,6 +76,10 @@ struct AllReduceArgs {
   absl::Duration timeout = absl::Seconds(60);
   // Polled while waiting: true once the client has gone away.
   std::function<bool()> client_gone;
+  // A streamed buffer's progress word (longhaul/shm_progress.h), as
+  // P2PArgs::progress for a Send: the client is still writing the buffer,
+  // and each segment is read once the word says it is written.
+  std::optional<shm::ProgressWord> progress = std::nullopt;
 };
 
 struct P2PArgs {

@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "daemon/exchange/client_buffer.h"
 #include "daemon/exchange/exchange_types.h"
 #include "daemon/exchange/mailbox.h"
 #include "daemon/exchange/membership.h"
@@ -39,8 +40,9 @@ struct HubState {
 
   // Every deadline and elapsed time of the hub (deadline.h).
   const Clock& clock;
-  // ExchangeHub::unfilled_looks().
-  std::atomic<uint64_t> unfilled_looks{0};
+  // Reads of client buffers (ExchangeHub::client_bytes_read() and
+  // unfilled_looks()).
+  ClientReadCounters client_reads;
   absl::Mutex mu;
   bool shutdown ABSL_GUARDED_BY(mu) = false;
   BufferPool pool;

@@ -6,6 +6,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/check.h"
 #include "common/fmt_absl.h"
 #include "daemon/exchange/deadline.h"
 #include "daemon/exchange/exchange_types.h"
@@ -87,7 +88,8 @@ void Links::Break(Outbound& link, const std::string& site, const absl::Status& w
 }
 
 absl::Status Links::Send(const std::string& site, Msg header, absl::Span<const uint8_t> payload,
-                         const std::atomic<bool>* stop, Timestamp deadline, const ReadyFn& ready) {
+                         const std::atomic<bool>* stop, Timestamp deadline, const ReadyFn& ready,
+                         const StageFn& stage) {
   auto link = LinkTo(site);
   if (!link.ok()) return link.status();
   header.set_msg_id(next_msg_id_.fetch_add(1));
@@ -125,6 +127,16 @@ absl::Status Links::Send(const std::string& site, Msg header, absl::Span<const u
       }
     }
     if (stop_status.ok() && ready && n > 0) stop_status = ready(offset + n);
+    absl::Span<const uint8_t> bytes = payload.subspan(offset, n);
+    if (stop_status.ok() && stage && n > 0) {
+      absl::StatusOr<absl::Span<const uint8_t>> staged = stage(offset, n);
+      if (staged.ok()) {
+        LONGHAUL_CHECK(staged->size() == n) << "staged " << staged->size() << " of " << n;
+        bytes = *staged;
+      } else {
+        stop_status = staged.status();
+      }
+    }
     // The operators' caps, charged per segment like a transfer's chunk.
     bool capped_out = false;
     if (stop_status.ok() && limiter_ != nullptr && n > 0 && !stopped()) {
@@ -150,7 +162,7 @@ absl::Status Links::Send(const std::string& site, Msg header, absl::Span<const u
     {
       absl::MutexLock lock(&(*link)->write_mu);
       s = wire::SendProto(*(*link)->channel, wire::FrameType::kControl, 0, header);
-      if (s.ok() && n > 0) s = (*link)->channel->Write({payload.subspan(offset, n)});
+      if (s.ok() && n > 0) s = (*link)->channel->Write({bytes});
     }
     if (!s.ok()) {
       Break(**link, site, s);

@@ -60,6 +60,11 @@ class Links {
   using LostFn = std::function<void(const std::string& site, const std::string& reason)>;
   // Waits until payload[0, end) may be read; an error stops the message.
   using ReadyFn = std::function<absl::Status(uint64_t end)>;
+  // The bytes to write for payload[offset, offset + n): a private copy the
+  // caller made of them, valid until it is called again or Send returns.
+  // An error stops the message.
+  using StageFn =
+      std::function<absl::StatusOr<absl::Span<const uint8_t>>(uint64_t offset, uint64_t n)>;
 
   // `limiter` (not owned, may be null) holds the operators' caps: every
   // payload segment is charged to the `exchange` class cap and to the cap of
@@ -78,12 +83,14 @@ class Links {
   // between segments (and while waiting for a rate cap) once `stop` is set
   // or `deadline` (on the clock) has passed, or when `ready`
   // (if set), asked before each segment, fails; a message stopped after its
-  // first segment is followed by DISCARD. A REFUSED notice for it stops it
+  // first segment is followed by DISCARD. With `stage`, each segment's bytes
+  // are what it returns, and `payload` gives only the length. A REFUSED notice for it stops it
   // with ResourceExhausted. A failed write breaks the link and calls
   // on_lost.
   absl::Status Send(const std::string& site, v1::ExchangePeerMessage header,
                     absl::Span<const uint8_t> payload, const std::atomic<bool>* stop,
-                    Timestamp deadline = Timestamp::Infinite(), const ReadyFn& ready = nullptr);
+                    Timestamp deadline = Timestamp::Infinite(), const ReadyFn& ready = nullptr,
+                    const StageFn& stage = nullptr);
   // Whether there is an unbroken outbound link to `site` (never dials).
   bool Linked(const std::string& site);
 

@@ -10,7 +10,9 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/check.h"
 #include "common/fmt_absl.h"
+#include "daemon/exchange/client_buffer.h"
 #include "daemon/exchange/deadline.h"
 #include "daemon/exchange/reduce.h"
 #include "daemon/exchange/sender_set.h"
@@ -28,43 +30,6 @@ constexpr absl::Duration kPoll = absl::Milliseconds(50);
 
 std::string DurationText(absl::Duration d) {
   return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(1)));
-}
-
-// Waits until the client of a streamed Send has written the first `end` of
-// its `total` buffer bytes (longhaul/shm_progress.h). The client writes at
-// memory speed, far ahead of the link, so this waits only for the first
-// segment unless the client stalls: it naps from 20 us up to 1 ms, so
-// `clock` is read at least every millisecond. Cancelled once `stop` is set;
-// DeadlineExceeded at `deadline`; Aborted once `client_gone` (asked after
-// every kPoll of naps) says the client has gone away. Counts every look that
-// finds the segment unwritten in `looks`.
-absl::Status WaitFilled(const shm::ProgressWord& word, uint64_t end, uint64_t total,
-                        const Clock& clock, Timestamp deadline, const std::atomic<bool>& stop,
-                        const std::function<bool()>& client_gone, std::atomic<uint64_t>& looks) {
-  absl::Duration nap = absl::Microseconds(20);
-  absl::Duration napped;  // since `client_gone` was last asked
-  while (true) {
-    const uint64_t ready = word.Ready();
-    if (ready >= end) return absl::OkStatus();
-    ++looks;
-    if (stop.load()) return absl::CancelledError("stopped");
-    const Timestamp now = clock.Now();
-    if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("its client had written only ", ready,
-                                                      " of the ", total, " bytes of the buffer"));
-    }
-    if (client_gone && napped >= kPoll) {
-      if (client_gone()) {
-        return absl::AbortedError(absl::StrCat("its client went away after writing ", ready,
-                                               " of the ", total, " bytes of the buffer"));
-      }
-      napped = absl::ZeroDuration();
-    }
-    const absl::Duration sleep = std::min(nap, ToDuration(deadline - now));
-    absl::SleepFor(sleep);
-    napped += sleep;
-    nap = std::min(nap * 2, absl::Milliseconds(1));
-  }
 }
 
 }  // namespace
@@ -336,6 +301,9 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
     for (const auto& p : run.peers) scopes.push_back(gate_->Enter(p, v1::EXCHANGE));
   }
 
+  ClientBuffer input(buffer, args.progress, clock, run.deadline, run.op->stop, args.client_gone,
+                     state_->client_reads);
+  run.input = &input;
   ReduceOutcome out = RunsSharded(run.members.size(), args.quantize_int8)
                           ? ShardedAllReduce(run, buffer)
                           : DirectAllReduce(run, buffer);
@@ -469,6 +437,14 @@ void Operations::CollectSends(const ReduceRun& run, SenderSet& senders,
 }
 
 void Operations::Settle(const ReduceRun& run, ReduceOutcome* out) {
+  if (absl::Status s = run.input->status(); !s.ok()) {
+    out->lost_peer.clear();
+    out->status = s.code() == absl::StatusCode::kAborted
+                      ? absl::CancelledError(absl::StrCat(run.what, ": ", s.message()))
+                      : absl::DeadlineExceededError(absl::StrCat(run.what, " timed out after ",
+                                                                 DurationText(run.args.timeout),
+                                                                 ": ", s.message()));
+  }
   if (out->status.ok()) {
     out->status = Commit(run.args, run.what, run.generation, run.peers, &out->lost_peer);
   } else if (out->lost_peer.empty()) {
@@ -481,16 +457,58 @@ Operations::ReduceOutcome Operations::DirectAllReduce(const ReduceRun& run,
                                                       absl::Span<uint8_t> buffer) {
   const AllReduceArgs& args = run.args;
   const size_t count = run.count;
+  const size_t es = ElementSize(args.dtype);
+  ClientBuffer& input = *run.input;
+  // Each segment of the buffer is read once into `scratch`. Quantized: each
+  // piece is quantized into `quantized`, which goes to every peer. Not
+  // quantized (two members at most, RunsSharded): the piece goes to the one
+  // peer and is decoded into `acc`, which so holds this site's contribution
+  // exactly as sent.
+  Payload scratch = state_->pool.Take(std::min<uint64_t>(kSegmentBytes, buffer.size()));
   std::vector<uint8_t> quantized;
-  absl::Span<const uint8_t> own = buffer;
+  std::vector<float> acc;
+  absl::Span<const uint8_t> own;  // what the peers get: its bytes, for the length
+  ReduceOutcome out;
   if (args.quantize_int8) {
     quantized.resize(QuantizedSize(count));
-    Quantize(args.dtype, buffer, count, absl::MakeSpan(quantized));
+    // Pieces of kSegmentBytes hold whole kQuantBlock blocks, so each one
+    // quantizes on its own into its part of `quantized`.
+    out.status = input.ReadPieces(
+        0, buffer.size(), absl::MakeSpan(scratch),
+        [&](uint64_t offset, absl::Span<const uint8_t> piece) {
+          const size_t first = offset / es;
+          const size_t n = piece.size() / es;
+          Quantize(args.dtype, piece, n,
+                   absl::MakeSpan(quantized).subspan(QuantizedSize(first), QuantizedSize(n)));
+        });
     own = quantized;
+  } else {
+    LONGHAUL_CHECK(run.peers.size() <= 1)
+        << "an unquantized direct exchange of " << run.members.size() << " members";
+    acc.resize(count);
+    own = buffer;
+  }
+  auto decode = [&](uint64_t offset, absl::Span<const uint8_t> piece) {
+    Accumulate(args.dtype, /*quantized=*/false, piece, /*first=*/true,
+               absl::MakeSpan(acc).subspan(offset / es, piece.size() / es));
+  };
+  if (!args.quantize_int8 && run.peers.empty()) {
+    out.status = input.ReadPieces(0, buffer.size(), absl::MakeSpan(scratch), decode);
   }
   const Msg header = ReduceHeader(run, Msg::REDUCE_DATA);
+  Links::StageFn stage;
+  if (!args.quantize_int8) {
+    stage = [&](uint64_t offset, uint64_t n) -> absl::StatusOr<absl::Span<const uint8_t>> {
+      absl::Span<uint8_t> piece = absl::MakeSpan(scratch).subspan(0, n);
+      if (absl::Status s = input.Read(offset, piece); !s.ok()) return s;
+      decode(offset, piece);
+      return piece;
+    };
+  }
+  const bool unread = !out.status.ok();  // the client stalled or left
   SenderSet senders(run.peers, state_->clock, [&](const std::string& site) {
-    return links_->Send(site, header, own, &run.op->stop);
+    if (unread) return absl::CancelledError("stopped");
+    return links_->Send(site, header, own, &run.op->stop, Timestamp::Infinite(), nullptr, stage);
   });
 
   // Wait for every peer's contribution, or for a reason to stop.
@@ -498,8 +516,7 @@ Operations::ReduceOutcome Operations::DirectAllReduce(const ReduceRun& run,
   for (const auto& p : run.peers) {
     keys.push_back(Mailbox::Key(args.group, Msg::REDUCE_DATA, p, run.seq_id));
   }
-  ReduceOutcome out;
-  out.status = AwaitAll(run, keys, &out.taken, &out.lost_peer);
+  if (out.status.ok()) out.status = AwaitAll(run, keys, &out.taken, &out.lost_peer);
 
   // Check what the peers sent against what this site does.
   const ReduceCall call = Call(run, /*shards=*/0);
@@ -512,9 +529,12 @@ Operations::ReduceOutcome Operations::DirectAllReduce(const ReduceRun& run,
           absl::StrCat(run.what, ": ", run.peers[i], " sent ", m.payload.size(), " bytes"));
     }
   }
+  if (!out.status.ok()) run.op->stop = true;
+  // `acc` holds this site's contribution once its sender is done.
+  CollectSends(run, senders, std::vector<uint64_t>(run.peers.size(), own.size()), &out);
+  state_->pool.Recycle(std::move(scratch));
 
-  std::vector<float> acc;
-  if (out.status.ok()) {
+  if (out.status.ok() && args.quantize_int8) {
     acc.resize(count);
     bool first = true;
     for (const std::string& m : run.members) {
@@ -523,13 +543,18 @@ Operations::ReduceOutcome Operations::DirectAllReduce(const ReduceRun& run,
         size_t i = std::find(run.peers.begin(), run.peers.end(), m) - run.peers.begin();
         contribution = out.taken[i].payload;
       }
-      Accumulate(args.dtype, args.quantize_int8, contribution, first, absl::MakeSpan(acc));
+      Accumulate(args.dtype, /*quantized=*/true, contribution, first, absl::MakeSpan(acc));
       first = false;
     }
-  } else {
-    run.op->stop = true;
+  } else if (out.status.ok() && !run.peers.empty()) {
+    // Two members, in sorted order: the first one's value, plus the second.
+    const Payload& theirs = out.taken[0].payload;
+    if (run.members[0] == local_site_) {
+      Accumulate(args.dtype, /*quantized=*/false, theirs, /*first=*/false, absl::MakeSpan(acc));
+    } else {
+      AccumulateBefore(args.dtype, theirs, absl::MakeSpan(acc));
+    }
   }
-  CollectSends(run, senders, std::vector<uint64_t>(run.peers.size(), own.size()), &out);
   Settle(run, &out);
   if (out.status.ok()) Finish(args.dtype, args.op, run.members.size(), acc, buffer);
   return out;
@@ -574,7 +599,7 @@ OpResult Operations::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
   if (args.progress) {
     filled = [&](uint64_t end) {
       return WaitFilled(*args.progress, end, data.size(), clock, deadline, op->stop,
-                        args.client_gone, state_->unfilled_looks);
+                        args.client_gone, state_->client_reads.unfilled);
     };
   }
   // On this thread: one peer needs no sender thread, and a small message

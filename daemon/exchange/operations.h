@@ -42,6 +42,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/units.h"
+#include "daemon/exchange/client_buffer.h"
 #include "daemon/exchange/exchange_types.h"
 #include "daemon/exchange/hub_state.h"
 #include "daemon/exchange/links.h"
@@ -80,6 +81,7 @@ class Operations {
     std::shared_ptr<Op> op;
     Timestamp start;
     Timestamp deadline;
+    ClientBuffer* input = nullptr;  // the only reader of the client's buffer
   };
   struct ReduceOutcome {
     absl::Status status;
@@ -89,7 +91,8 @@ class Operations {
   };
 
   // The direct exchange and the sharded one (sharded_all_reduce.cc); each
-  // ends with Settle and writes `buffer` only on success.
+  // reads `buffer` only through run.input, ends with Settle and writes
+  // `buffer` only on success.
   ReduceOutcome DirectAllReduce(const ReduceRun& run, absl::Span<uint8_t> buffer);
   ReduceOutcome ShardedAllReduce(const ReduceRun& run, absl::Span<uint8_t> buffer);
   // The header every REDUCE_DATA / REDUCE_RESULT of `run` carries.
@@ -116,7 +119,9 @@ class Operations {
                         const ReduceOutcome& out, const ReduceCall& call,
                         absl::FunctionRef<uint32_t(size_t)> want_shard);
   // The commit round if `out` succeeded so far, else ABORT to the peers
-  // unless the failure is a lost peer.
+  // unless the failure is a lost peer. A client that stalled or left while
+  // its streamed buffer was being read fails the op as its own failure
+  // (not a peer's).
   void Settle(const ReduceRun& run, ReduceOutcome* out);
   // The commit round of an all-reduce whose inputs are all here: sends DONE
   // and waits for every peer's DONE.

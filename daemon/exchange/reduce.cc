@@ -177,6 +177,14 @@ void Accumulate(v1::ExchangeDType dtype, bool quantized, absl::Span<const uint8_
   }
 }
 
+void AccumulateBefore(v1::ExchangeDType dtype, absl::Span<const uint8_t> contribution,
+                      absl::Span<float> acc) {
+  const size_t es = ElementSize(dtype);
+  for (size_t i = 0; i < acc.size(); ++i) {
+    acc[i] = LoadElement(dtype, contribution.data() + es * i) + acc[i];
+  }
+}
+
 void Finish(v1::ExchangeDType dtype, v1::ReduceOp op, size_t members, absl::Span<const float> acc,
             absl::Span<uint8_t> out) {
   const float divisor = static_cast<float>(members);

@@ -48,6 +48,12 @@ void Quantize(v1::ExchangeDType dtype, absl::Span<const uint8_t> data, size_t co
 // (see ContributionSize).
 void Accumulate(v1::ExchangeDType dtype, bool quantized, absl::Span<const uint8_t> contribution,
                 bool first, absl::Span<float> acc);
+// As Accumulate (not quantized, not first) for a contribution that comes
+// *before* the one already in `acc`: acc[i] = contribution[i] + acc[i], the
+// same float operation, operands in the same order, as accumulating
+// `contribution` first and acc's values second.
+void AccumulateBefore(v1::ExchangeDType dtype, absl::Span<const uint8_t> contribution,
+                      absl::Span<float> acc);
 size_t ContributionSize(v1::ExchangeDType dtype, bool quantized, size_t count);
 
 // Writes acc (divided by `members` for AVG) into `out` as `dtype`.

@@ -59,16 +59,29 @@ Operations::ReduceOutcome Operations::ShardedAllReduce(const ReduceRun& run,
   header.set_shards(shards);
   const ReduceCall call = Call(run, shards);
 
-  // Reduce-scatter: each owner gets this site's part of its shard. `buffer`
-  // is read until `contributions` is finished, so the result goes to it
-  // only after that.
+  // Reduce-scatter: each owner gets this site's part of its shard, read out
+  // of `buffer` once, a segment at a time, into its sender's scratch.
+  // `buffer` is read until `contributions` is finished, so the result goes
+  // to it only after that.
   std::vector<uint64_t> contribution_bytes;
   for (const std::string& p : run.peers)
     contribution_bytes.push_back(shard_bytes(index_of(p)).size());
   SenderSet contributions(run.peers, state_->clock, [&](const std::string& site) {
     Msg h = header;
     h.set_shard(index_of(site));
-    return links_->Send(site, h, shard_bytes(h.shard()), &run.op->stop);
+    const absl::Span<uint8_t> part = shard_bytes(h.shard());
+    const uint64_t begin = part.data() - buffer.data();
+    Payload scratch = state_->pool.Take(std::min<uint64_t>(kSegmentBytes, part.size()));
+    absl::Status s =
+        links_->Send(site, h, part, &run.op->stop, Timestamp::Infinite(), nullptr,
+                     [&](uint64_t offset, uint64_t n) -> absl::StatusOr<absl::Span<const uint8_t>> {
+                       absl::Span<uint8_t> piece = absl::MakeSpan(scratch).subspan(0, n);
+                       if (absl::Status r = run.input->Read(begin + offset, piece); !r.ok())
+                         return r;
+                       return piece;
+                     });
+    state_->pool.Recycle(std::move(scratch));
+    return s;
   });
   std::vector<std::string> keys;
   for (const auto& p : run.peers) {
@@ -82,18 +95,32 @@ Operations::ReduceOutcome Operations::ShardedAllReduce(const ReduceRun& run,
   // soon as its parts are here; then send the result to every peer at once.
   Payload result;
   std::optional<SenderSet> results;
+  std::vector<float> acc;
   if (out.status.ok()) {
-    std::vector<float> acc(shard_bytes(mine).size() / es);
+    const absl::Span<uint8_t> own = shard_bytes(mine);
+    const uint64_t own_begin = own.data() - buffer.data();
+    acc.resize(own.size() / es);
+    Payload scratch = state_->pool.Take(std::min<uint64_t>(kSegmentBytes, own.size()));
     bool first = true;
     for (const std::string& m : run.members) {
-      absl::Span<const uint8_t> part = shard_bytes(mine);
-      if (m != local_site_) {
+      if (m == local_site_) {
+        // This site's part, read once into `scratch` a segment at a time.
+        out.status = run.input->ReadPieces(
+            own_begin, own.size(), absl::MakeSpan(scratch),
+            [&](uint64_t offset, absl::Span<const uint8_t> piece) {
+              Accumulate(args.dtype, /*quantized=*/false, piece, first,
+                         absl::MakeSpan(acc).subspan((offset - own_begin) / es, piece.size() / es));
+            });
+      } else {
         const size_t i = std::find(run.peers.begin(), run.peers.end(), m) - run.peers.begin();
-        part = out.taken[i].payload;
+        Accumulate(args.dtype, /*quantized=*/false, out.taken[i].payload, first,
+                   absl::MakeSpan(acc));
       }
-      Accumulate(args.dtype, /*quantized=*/false, part, first, absl::MakeSpan(acc));
       first = false;
     }
+    state_->pool.Recycle(std::move(scratch));
+  }
+  if (out.status.ok()) {
     result.resize(shard_bytes(mine).size());
     Finish(args.dtype, args.op, run.members.size(), acc, absl::MakeSpan(result));
     Msg h = header;

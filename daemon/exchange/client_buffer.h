@@ -1,0 +1,97 @@
+#ifndef LONGHAUL_DAEMON_EXCHANGE_CLIENT_BUFFER_H_
+#define LONGHAUL_DAEMON_EXCHANGE_CLIENT_BUFFER_H_
+
+// How an operation reads its client's buffer, which lives in shared memory
+// the client can write at any time (proto/EXCHANGE.md, Reading the client's
+// buffer).
+//
+// An all-reduce copies each byte of its contribution out of the segment
+// exactly once, a segment (at most kSegmentBytes) at a time, into private
+// scratch, and sends and reduces only that copy: a client that rewrites its
+// buffer during the op changes at most its own contribution, which every
+// member then sees the same. Nothing whole-buffer sized is copied. With a
+// progress word (streamed buffers, longhaul/shm_progress.h) each piece is
+// read only once the client has published it as written.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "common/clock.h"
+#include "common/units.h"
+#include "longhaul/shm_progress.h"
+
+namespace longhaul::exchange {
+
+// Waits until the client of a streamed buffer has written the first `end` of
+// its `total` bytes. The client writes at memory speed, far ahead of the
+// link, so this waits only for the first segment unless the client stalls:
+// it naps from 20 us up to 1 ms, so `clock` is read at least every
+// millisecond. Cancelled once `stop` is set; DeadlineExceeded at `deadline`;
+// Aborted once `client_gone` (asked every 50 ms of naps) says the client has
+// gone away. Counts every look that finds the bytes unwritten in `looks`.
+absl::Status WaitFilled(const shm::ProgressWord& word, uint64_t end, uint64_t total,
+                        const Clock& clock, Timestamp deadline, const std::atomic<bool>& stop,
+                        const std::function<bool()>& client_gone, std::atomic<uint64_t>& looks);
+
+// What the hub counts of its reads of client buffers. Thread-safe.
+struct ClientReadCounters {
+  std::atomic<uint64_t> bytes{0};     // copied out of client buffers
+  std::atomic<uint64_t> largest{0};   // the largest single copy
+  std::atomic<uint64_t> unfilled{0};  // looks that found a streamed piece unwritten
+};
+
+// The one reader of an all-reduce's client buffer. Thread-safe: the op's
+// sender threads read disjoint ranges at once. Does not own the buffer, the
+// progress word, `stop`, `client_gone` or `counters`; they outlive it.
+class ClientBuffer {
+ public:
+  ClientBuffer(absl::Span<const uint8_t> bytes, std::optional<shm::ProgressWord> progress,
+               const Clock& clock, Timestamp deadline, const std::atomic<bool>& stop,
+               const std::function<bool()>& client_gone, ClientReadCounters& counters)
+      : bytes_(bytes),
+        progress_(progress),
+        clock_(clock),
+        deadline_(deadline),
+        stop_(stop),
+        client_gone_(client_gone),
+        counters_(counters) {}
+
+  uint64_t size() const { return bytes_.size(); }
+
+  // Copies bytes [offset, offset + out.size()) into `out` (private memory;
+  // at most kSegmentBytes), once the client has written them. Each range
+  // must be read once. Fails, and remembers it in status() unless the op was
+  // stopped, when the client stalls past the deadline or goes away.
+  absl::Status Read(uint64_t offset, absl::Span<uint8_t> out);
+
+  // Reads bytes [offset, offset + bytes) a piece of at most
+  // `scratch.size()` bytes at a time into `scratch` and passes each piece
+  // and its offset to `use`; stops at the first failed Read.
+  absl::Status ReadPieces(uint64_t offset, uint64_t bytes, absl::Span<uint8_t> scratch,
+                          absl::FunctionRef<void(uint64_t, absl::Span<const uint8_t>)> use);
+
+  // The first failure of Read that was the client's doing, else OK.
+  absl::Status status() const;
+
+ private:
+  const absl::Span<const uint8_t> bytes_;
+  const std::optional<shm::ProgressWord> progress_;
+  const Clock& clock_;
+  const Timestamp deadline_;
+  const std::atomic<bool>& stop_;
+  const std::function<bool()>& client_gone_;
+  ClientReadCounters& counters_;
+  mutable absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace longhaul::exchange
+
+#endif  // LONGHAUL_DAEMON_EXCHANGE_CLIENT_BUFFER_H_
