@@ -53,7 +53,7 @@ for f in bin/longhauld bin/longhaul include/longhaul/client.h include/longhaul/e
 done
 pydir=$prefix/lib/python3/dist-packages
 ls "$pydir"/longhaul/_longhaul.cpython-*.so >/dev/null 2>&1 || fail "no Python extension in $pydir/longhaul"
-for f in __init__.py; do expect_file "$pydir/longhaul/$f"; done
+for f in __init__.py torch.py; do expect_file "$pydir/longhaul/$f"; done
 grep -qx "ExecStart=$prefix/bin/longhauld --config /etc/longhaul/longhauld.yaml" \
   "$prefix/lib/systemd/system/longhauld.service" || fail "the installed unit does not run $prefix/bin/longhauld"
 
@@ -104,6 +104,14 @@ assert longhaul.__file__.startswith(prefix + "/"), longhaul.__file__
 assert longhaul._longhaul.__file__.startswith(prefix + "/"), longhaul._longhaul.__file__
 assert repr(longhaul.Client) == "<class 'longhaul.Client'>", repr(longhaul.Client)
 try:
+    import torch  # noqa: F401 - python3-torch, where installed
+except ImportError:
+    torch = None
+if torch is not None:
+    import longhaul.torch
+    assert longhaul.torch.__file__.startswith(prefix + "/"), longhaul.torch.__file__
+    assert longhaul.torch.plan_buckets([torch.zeros(4), torch.zeros(4)], 16) == [[0], [1]]
+try:
     longhaul.Client(dead, timeout=0.2)
     raise AssertionError("a Client with no daemon was constructed")
 except longhaul.Error as e:
@@ -134,7 +142,7 @@ for f in ./usr/bin/longhauld ./usr/bin/longhaul ./usr/lib/systemd/system/longhau
 done
 grep -qE '^\./usr/lib/python3/dist-packages/longhaul/_longhaul\.cpython-.*\.so$' "$tmp/deb.list" ||
   fail "longhaul.deb lacks the Python extension"
-for f in __init__.py; do
+for f in __init__.py torch.py; do
   grep -qx "./usr/lib/python3/dist-packages/longhaul/$f" "$tmp/deb.list" || fail "longhaul.deb lacks longhaul/$f"
 done
 outside=$(grep -vE '^\./(usr/(lib/)?)?$|^\./usr/(bin|lib/python3|lib/systemd)/' "$tmp/deb.list" || true)
