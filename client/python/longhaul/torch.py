@@ -201,7 +201,8 @@ class OuterStep:
     instead of mixing rounds.
 
     The global parameters are the model's at construction (or at `reset()` /
-    `load_state_dict()`)."""
+    `load_state_dict()`). Only parameters that require grad take part;
+    buffers (e.g. BatchNorm running statistics) are not averaged."""
 
     def __init__(self, group, model, outer_optimizer=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
                  dtype=torch.float32, tag="outer", timeout=300.0):
