@@ -70,6 +70,17 @@ class LocalSites:
         with open(os.path.join(self.dir, site, "longhauld.pid")) as f:
             os.kill(int(f.read().strip()), signal.SIGKILL)
 
+    def restart(self, site):
+        """Starts the site's daemon again after kill(): same config, port and
+        state directory (local-sites.sh up starts only the sites not running)."""
+        if not self.started:
+            raise RuntimeError("these sites were given, not started here")
+        try:
+            subprocess.run([os.path.join(REPO, "deploy", "local-sites.sh"), "up", self.dir],
+                           env=self._env, check=True, capture_output=True, text=True)
+        except subprocess.CalledProcessError as e:
+            raise RuntimeError("local-sites.sh up failed: " + e.stderr) from e
+
     def __exit__(self, *exc):
         if not self.started:
             return False

@@ -338,7 +338,7 @@ class PyClient {
 }  // namespace
 }  // namespace longhaul::python
 
-PYBIND11_MODULE(longhaul, m) {
+PYBIND11_MODULE(_longhaul, m) {  // re-exported by longhaul/__init__.py
   using namespace longhaul::python;  // NOLINT: the module's own classes
   m.doc() = "longhaul: move training data between sites (client of the local longhauld)";
 

@@ -40,7 +40,7 @@ expect_file() {
 for bin in longhauld longhaul; do
   [ -x "$build/bin/$bin" ] || { echo "install test: build $bin first (deploy/build.sh)" >&2; exit 1; }
 done
-ls "$build"/python/longhaul*.so >/dev/null 2>&1 ||
+ls "$build"/python/longhaul/_longhaul*.so >/dev/null 2>&1 ||
   { echo "install test: build longhaul_python first (deploy/build.sh)" >&2; exit 1; }
 
 # --- 1. cmake --install ------------------------------------------------------
@@ -52,7 +52,8 @@ for f in bin/longhauld bin/longhaul include/longhaul/client.h include/longhaul/e
   expect_file "$prefix/$f"
 done
 pydir=$prefix/lib/python3/dist-packages
-ls "$pydir"/longhaul.cpython-*.so >/dev/null 2>&1 || fail "no Python module in $pydir"
+ls "$pydir"/longhaul/_longhaul.cpython-*.so >/dev/null 2>&1 || fail "no Python extension in $pydir/longhaul"
+for f in __init__.py torch.py; do expect_file "$pydir/longhaul/$f"; done
 grep -qx "ExecStart=$prefix/bin/longhauld --config /etc/longhaul/longhauld.yaml" \
   "$prefix/lib/systemd/system/longhauld.service" || fail "the installed unit does not run $prefix/bin/longhauld"
 
@@ -100,6 +101,16 @@ import sys
 import longhaul
 prefix, live, dead = sys.argv[1:]
 assert longhaul.__file__.startswith(prefix + "/"), longhaul.__file__
+assert longhaul._longhaul.__file__.startswith(prefix + "/"), longhaul._longhaul.__file__
+assert repr(longhaul.Client) == "<class 'longhaul.Client'>", repr(longhaul.Client)
+try:
+    import torch  # noqa: F401 - python3-torch, where installed
+except ImportError:
+    torch = None
+if torch is not None:
+    import longhaul.torch
+    assert longhaul.torch.__file__.startswith(prefix + "/"), longhaul.torch.__file__
+    assert longhaul.torch.plan_buckets([torch.zeros(4), torch.zeros(4)], 16) == [[0], [1]]
 try:
     longhaul.Client(dead, timeout=0.2)
     raise AssertionError("a Client with no daemon was constructed")
@@ -129,8 +140,11 @@ dpkg-deb -c "$deb" | awk '{print $6}' >"$tmp/deb.list"
 for f in ./usr/bin/longhauld ./usr/bin/longhaul ./usr/lib/systemd/system/longhauld.service; do
   grep -qx "$f" "$tmp/deb.list" || fail "longhaul.deb lacks $f"
 done
-grep -qE '^\./usr/lib/python3/dist-packages/longhaul\.cpython-.*\.so$' "$tmp/deb.list" ||
-  fail "longhaul.deb lacks the Python module"
+grep -qE '^\./usr/lib/python3/dist-packages/longhaul/_longhaul\.cpython-.*\.so$' "$tmp/deb.list" ||
+  fail "longhaul.deb lacks the Python extension"
+for f in __init__.py torch.py; do
+  grep -qx "./usr/lib/python3/dist-packages/longhaul/$f" "$tmp/deb.list" || fail "longhaul.deb lacks longhaul/$f"
+done
 outside=$(grep -vE '^\./(usr/(lib/)?)?$|^\./usr/(bin|lib/python3|lib/systemd)/' "$tmp/deb.list" || true)
 [ -z "$outside" ] || fail "longhaul.deb installs outside /usr/bin, /usr/lib/python3, /usr/lib/systemd: $outside"
 [ "$(dpkg-deb -f "$deb" Package)" = longhaul ] || fail "the runtime package is not named longhaul"
@@ -158,7 +172,7 @@ else
   fail "the consumer does not build against longhaul-dev: $(tail -20 "$tmp/consumer-deb.log")"
 fi
 (cd "$tmp" && PYTHONPATH=$tmp/root/usr/lib/python3/dist-packages /usr/bin/python3 -c \
-  'import longhaul, sys; assert longhaul.__file__.startswith(sys.argv[1]), longhaul.__file__' \
+  'import longhaul, sys; assert longhaul.__file__.startswith(sys.argv[1]), longhaul.__file__; longhaul.Client' \
   "$tmp/root/usr/") || fail "the packaged Python module does not import"
 
 # The maintainer scripts, against stubs that record their calls.
