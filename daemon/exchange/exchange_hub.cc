@@ -181,8 +181,12 @@ absl::StatusOr<v1::GroupView> ExchangeHub::Join(const std::string& group,
 void ExchangeHub::Leave(const std::string& group) {
   absl::MutexLock lock(&state_.mu);
   state_.membership.Leave(group);
-  // What the group's sites sent that no call took is stale now.
-  state_.mailbox.DropIf([&](const Message& m) { return m.header.group() == group; });
+  // What the group's sites sent that no call took is stale now, but a JOIN
+  // is not: Join erases the JOINs it formed with, so one held now was sent
+  // for the next formation (a site that left and is re-joining already).
+  state_.mailbox.DropIf([&](const Message& m) {
+    return m.header.group() == group && m.header.kind() != v1::ExchangePeerMessage::JOIN;
+  });
 }
 
 absl::StatusOr<v1::GroupView> ExchangeHub::View(const std::string& group) {

@@ -1138,6 +1138,24 @@ TEST(ExchangeHubLimitsTest, LeaveDropsTheGroupsUnclaimedMessages) {
   EXPECT_EQ(net.budget("site-a").used("site-b"), 0u);
 }
 
+// site-b leaves and re-joins while site-a still holds the group; site-a
+// leaves and re-joins after site-b's JOIN arrived. Leave must keep that
+// JOIN, or site-a waits for one that never comes again.
+TEST(ExchangeHubMembershipTest, AJoinThatArrivedBeforeLeaveStillCounts) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  net.hub("site-b").Leave("g");
+  auto b = std::async(std::launch::async,
+                      [&] { return net.hub("site-b").Join("g", net.names(), absl::Seconds(10)); });
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").messages_held() >= 1; }));
+  net.hub("site-a").Leave("g");
+  auto a = net.hub("site-a").Join("g", net.names(), absl::Seconds(10));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto bv = b.get();
+  ASSERT_TRUE(bv.ok()) << bv.status();
+  EXPECT_EQ(a->generation(), bv->generation());
+}
+
 // A group of site-a + site-b re-formed with site-c: each site starts its
 // all-reduce as soon as its own Join returns, so site-c's contribution can
 // reach a site whose Join is still waiting; it is taken, being a member's
