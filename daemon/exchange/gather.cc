@@ -1,9 +1,8 @@
 // The all-gather and the broadcast (proto/EXCHANGE.md, All-gather,
 // Broadcast): the same op registration, mailbox keys, generation checks,
 // peer-loss handling and DONE/ABORT commit round as the all-reduce, with
-// their own data kinds, GATHER_DATA and BCAST_DATA.
-
-#include "daemon/exchange/gather.h"
+// their own data kinds, GATHER_DATA and BCAST_DATA (header checks in
+// gather_checks.h).
 
 #include <algorithm>
 #include <cstring>
@@ -13,46 +12,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/exchange/deadline.h"
+#include "daemon/exchange/gather_checks.h"
 #include "daemon/exchange/operations.h"
 #include "daemon/exchange/sender_set.h"
 
 namespace longhaul::exchange {
 
 using Msg = v1::ExchangePeerMessage;
-
-absl::Status CheckGatherMessage(const std::string& what, const std::string& from, const Msg& h,
-                                uint64_t payload_bytes, const GatherCall& call) {
-  const std::string head = absl::StrCat(what, ": ", from);
-  if (h.kind() != call.kind) {
-    return absl::FailedPreconditionError(absl::StrCat(head, " sent ", Msg::Kind_Name(h.kind()),
-                                                      ", expected ", Msg::Kind_Name(call.kind)));
-  }
-  if (h.generation() != call.generation) {
-    return absl::UnavailableError(absl::StrCat(head, " ran it at generation ", h.generation(),
-                                               ", this site at ", call.generation));
-  }
-  if (h.tag() != call.tag) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(head, " passed tag '", h.tag(), "', this site '", call.tag, "'"));
-  }
-  if (call.kind == Msg::BCAST_DATA && (h.root() != call.root || from != call.root)) {
-    return absl::FailedPreconditionError(absl::StrCat(head, " broadcasts from root '", h.root(),
-                                                      "', this site from '", call.root, "'"));
-  }
-  if (h.count() != call.bytes) {
-    return absl::FailedPreconditionError(
-        call.kind == Msg::GATHER_DATA
-            ? absl::StrCat(head, " contributes ", h.count(), " bytes, this site ", call.bytes,
-                           " (every member must pass the same size)")
-            : absl::StrCat(head, " broadcasts ", h.count(), " bytes into a buffer of ", call.bytes,
-                           " here (every member must pass the same size)"));
-  }
-  if (payload_bytes != h.count()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(head, " sent ", payload_bytes, " bytes of payload for a part of ", h.count()));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status Operations::CheckGathered(const ReduceRun& run, const std::vector<std::string>& keys,
                                        const std::vector<std::string>& peers,

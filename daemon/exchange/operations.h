@@ -43,7 +43,7 @@
 #include "absl/types/span.h"
 #include "common/units.h"
 #include "daemon/exchange/exchange_types.h"
-#include "daemon/exchange/gather.h"
+#include "daemon/exchange/gather_checks.h"
 #include "daemon/exchange/hub_state.h"
 #include "daemon/exchange/links.h"
 #include "daemon/exchange/sender_set.h"

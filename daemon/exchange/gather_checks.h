@@ -1,5 +1,5 @@
-#ifndef LONGHAUL_DAEMON_EXCHANGE_GATHER_H_
-#define LONGHAUL_DAEMON_EXCHANGE_GATHER_H_
+#ifndef LONGHAUL_DAEMON_EXCHANGE_GATHER_CHECKS_H_
+#define LONGHAUL_DAEMON_EXCHANGE_GATHER_CHECKS_H_
 
 // The checks every member makes of a peer's GATHER_DATA or BCAST_DATA
 // header before it uses the payload (proto/EXCHANGE.md, All-gather,
@@ -37,4 +37,4 @@ absl::Status CheckGatherMessage(const std::string& what, const std::string& from
 
 }  // namespace longhaul::exchange
 
-#endif  // LONGHAUL_DAEMON_EXCHANGE_GATHER_H_
+#endif  // LONGHAUL_DAEMON_EXCHANGE_GATHER_CHECKS_H_
