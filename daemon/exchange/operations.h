@@ -1,8 +1,11 @@
 #ifndef LONGHAUL_DAEMON_EXCHANGE_OPERATIONS_H_
 #define LONGHAUL_DAEMON_EXCHANGE_OPERATIONS_H_
 
-// The exchange's calls: the join round, all-reduce and point-to-point
-// (proto/EXCHANGE.md, Joining, All-reduce, Point to point).
+// The exchange's calls: the join round, all-reduce, all-gather, broadcast
+// and point-to-point (proto/EXCHANGE.md, Joining, All-reduce, All-gather,
+// Broadcast, Point to point). All-gather and broadcast (gather.cc) run on the
+// all-reduce's machinery below: its waits, sends, commit round and loss
+// handling, with their own data kinds.
 //
 // All-reduce (two algorithms, one commit round). With two members, or
 // with int8 quantization, the direct exchange: every member sends its whole
