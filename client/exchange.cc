@@ -537,6 +537,83 @@ std::unique_ptr<ExchangeWork> ExchangeGroup::AllReduce(void* data, size_t count,
       [data, bytes](const v1::OpResponse&, Segment& seg) { std::memcpy(data, seg.base, bytes); });
 }
 
+std::unique_ptr<ExchangeWork> ExchangeGroup::AllGather(const void* data, size_t bytes, void* out,
+                                                       size_t out_capacity,
+                                                       const CollectiveOptions& options) {
+  // One segment: the input, then the output.
+  auto seg = impl_->Acquire(bytes + out_capacity);
+  if (!seg.ok()) return std::make_unique<Work>(seg.status());
+  if (bytes > 0) std::memcpy((*seg)->base, data, bytes);
+  v1::AllGatherRequest request;
+  request.set_group(impl_->name);
+  request.set_op_id(RandomHex());
+  {
+    absl::MutexLock lock(&impl_->mu);
+    request.set_seq(impl_->next_seq++);
+  }
+  (*seg)->Describe(bytes, request.mutable_input());
+  (*seg)->Describe(out_capacity, request.mutable_output());
+  request.mutable_output()->set_offset(shm::kDataOffset + bytes);
+  request.set_timeout_ms(Millis(options.timeout));
+  request.set_tag(options.tag);
+  auto impl = impl_;
+  absl::Duration timeout = options.timeout;
+  return std::make_unique<Work>(
+      impl_, request.op_id(), std::move(*seg),
+      [impl, request, timeout](grpc::ClientContext* context, Segment*) {
+        return CallOp(*impl, &v1::Exchange::Stub::AllGather, request, timeout, context);
+      },
+      [out, bytes, out_capacity](const v1::OpResponse& response, Segment& seg) {
+        const size_t gathered = std::min<size_t>(
+            out_capacity, static_cast<size_t>(response.stats().peers() + 1) * bytes);
+        if (gathered > 0) std::memcpy(out, seg.base + bytes, gathered);
+      });
+}
+
+absl::Status ExchangeGroup::AllGatherSync(const void* data, size_t bytes, void* out,
+                                          size_t out_capacity, const CollectiveOptions& options) {
+  return AllGather(data, bytes, out, out_capacity, options)->Wait();
+}
+
+std::unique_ptr<ExchangeWork> ExchangeGroup::Broadcast(void* data, size_t bytes,
+                                                       const std::string& root,
+                                                       const CollectiveOptions& options) {
+  auto seg = impl_->Acquire(bytes);
+  if (!seg.ok()) return std::make_unique<Work>(seg.status());
+  const bool is_root = root == impl_->local_site;
+  if (is_root && bytes > 0) std::memcpy((*seg)->base, data, bytes);
+  v1::BroadcastRequest request;
+  request.set_group(impl_->name);
+  request.set_op_id(RandomHex());
+  {
+    absl::MutexLock lock(&impl_->mu);
+    request.set_seq(impl_->next_seq++);
+  }
+  request.set_root(root);
+  (*seg)->Describe(bytes, request.mutable_buffer());
+  request.set_timeout_ms(Millis(options.timeout));
+  request.set_tag(options.tag);
+  auto impl = impl_;
+  absl::Duration timeout = options.timeout;
+  std::function<void(const v1::OpResponse&, Segment&)> finish;
+  if (!is_root && bytes > 0) {
+    finish = [data, bytes](const v1::OpResponse&, Segment& seg) {
+      std::memcpy(data, seg.base, bytes);
+    };
+  }
+  return std::make_unique<Work>(
+      impl_, request.op_id(), std::move(*seg),
+      [impl, request, timeout](grpc::ClientContext* context, Segment*) {
+        return CallOp(*impl, &v1::Exchange::Stub::Broadcast, request, timeout, context);
+      },
+      std::move(finish));
+}
+
+absl::Status ExchangeGroup::BroadcastSync(void* data, size_t bytes, const std::string& root,
+                                          const CollectiveOptions& options) {
+  return Broadcast(data, bytes, root, options)->Wait();
+}
+
 absl::Status ExchangeGroup::AllReduceSync(void* data, size_t count, DType dtype,
                                           const AllReduceOptions& options) {
   return AllReduce(data, count, dtype, options)->Wait();

@@ -201,6 +201,63 @@ class PyGroup {
     return py::none();
   }
 
+  // A new array or tensor like `tensor` with `n` times its rows (n elements
+  // for a scalar): where an all-gather of `tensor` goes.
+  static py::object GatheredLike(py::object tensor, size_t n) {
+    const bool is_torch = py::hasattr(tensor, "data_ptr") && py::hasattr(tensor, "element_size");
+    py::object like = is_torch ? tensor : py::module_::import("numpy").attr("asarray")(tensor);
+    py::list shape(like.attr("shape"));
+    if (shape.empty()) {
+      shape.append(n);
+    } else {
+      shape[0] = py::int_(shape[0].cast<size_t>() * n);
+    }
+    if (is_torch) return like.attr("new_empty")(py::tuple(shape));
+    return py::module_::import("numpy").attr("empty")(py::tuple(shape),
+                                                      py::arg("dtype") = like.attr("dtype"));
+  }
+
+  py::object AllGather(py::object tensor, double timeout, const std::string& tag) {
+    Borrowed in = Borrow(tensor, /*writable=*/false);
+    const size_t members = Live().members().size();
+    py::object gathered = GatheredLike(tensor, members);
+    Borrowed out = Borrow(gathered, /*writable=*/true);
+    CollectiveOptions options;
+    options.timeout = absl::Seconds(timeout);
+    options.tag = tag;
+    absl::Status s;
+    ExchangeStats stats;
+    {
+      py::gil_scoped_release release;
+      auto work = Live().AllGather(in.data, in.bytes, out.data, out.bytes, options);
+      s = work->Wait();
+      stats = work->Stats();
+    }
+    Check(s);
+    // The group may have lost members since `members` was read.
+    const size_t got = stats.peers + 1;
+    if (got == members) return gathered;
+    const size_t rows = got * (py::list(gathered.attr("shape"))[0].cast<size_t>() / members);
+    return gathered[py::slice(0, static_cast<py::ssize_t>(rows), 1)];
+  }
+
+  py::object Broadcast(py::object tensor, const std::string& root, double timeout,
+                       const std::string& tag, bool async_op) {
+    Borrowed b = Borrow(tensor, /*writable=*/true);
+    CollectiveOptions options;
+    options.timeout = absl::Seconds(timeout);
+    options.tag = tag;
+    std::unique_ptr<ExchangeWork> work;
+    {
+      py::gil_scoped_release release;
+      work = Live().Broadcast(b.data, b.bytes, root, options);
+    }
+    auto handle = std::make_unique<PyWork>(std::move(work), std::move(b));
+    if (async_op) return py::cast(std::move(handle));
+    handle->Wait(std::nullopt);
+    return py::none();
+  }
+
   py::object Send(const std::string& site, const std::string& tag, py::object data, double timeout,
                   bool async_op) {
     Borrowed b = Borrow(data, /*writable=*/false);
@@ -370,6 +427,18 @@ PYBIND11_MODULE(_longhaul, m) {  // re-exported by longhaul/__init__.py
            py::arg("async_op") = false,
            "In-place all-reduce of a float32/bfloat16/float16 numpy array or CPU tensor. "
            "Identical result at every site. Returns a Work if async_op.")
+      .def("allgather", &PyGroup::AllGather, py::arg("tensor"), py::arg("timeout") = 60.0,
+           py::arg("tag") = "",
+           "All-gather of a numpy array or CPU tensor (any dtype; the same shape and dtype at "
+           "every site). Returns a new array or tensor of the same kind holding every member's "
+           "input concatenated along the first axis in sorted member order (a scalar gives a "
+           "1-D result), identical at every site. Issued in the same order at every site as "
+           "allreduce and broadcast.")
+      .def("broadcast", &PyGroup::Broadcast, py::arg("tensor"), py::arg("root"),
+           py::arg("timeout") = 60.0, py::arg("tag") = "", py::arg("async_op") = false,
+           "In-place broadcast: the `root` site's numpy array or CPU tensor is copied, "
+           "bit-identical, into every other site's (the same byte length everywhere). The root "
+           "sends it to each member directly. Returns a Work if async_op.")
       .def("send", &PyGroup::Send, py::arg("site"), py::arg("tag"), py::arg("data"),
            py::arg("timeout") = 60.0, py::arg("async_op") = false)
       .def("recv", &PyGroup::Recv, py::arg("site"), py::arg("tag"), py::arg("out"),

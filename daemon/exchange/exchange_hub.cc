@@ -153,6 +153,8 @@ void ExchangeHub::Deliver(const std::string& from, Msg header, Payload payload, 
     }
     case Msg::REDUCE_DATA:
     case Msg::REDUCE_RESULT:
+    case Msg::GATHER_DATA:
+    case Msg::BCAST_DATA:
     case Msg::ABORT:
     case Msg::DONE:
       if (g != nullptr && g->formed &&
@@ -200,6 +202,15 @@ absl::StatusOr<v1::GroupView> ExchangeHub::View(const std::string& group) {
 
 OpResult ExchangeHub::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer) {
   return operations_.AllReduce(args, buffer);
+}
+
+OpResult ExchangeHub::AllGather(const GatherArgs& args, absl::Span<const uint8_t> input,
+                                absl::Span<uint8_t> output) {
+  return operations_.AllGather(args, input, output);
+}
+
+OpResult ExchangeHub::Broadcast(const GatherArgs& args, absl::Span<uint8_t> buffer) {
+  return operations_.Broadcast(args, buffer);
 }
 
 OpResult ExchangeHub::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {

@@ -13,7 +13,8 @@
 //    offer, payload memory and each sender's limits;
 //  - Membership (membership.h): groups, generations, peer loss, and whose
 //    messages a group takes;
-//  - Operations (operations.h): Join, AllReduce, Send and Recv.
+//  - Operations (operations.h): Join, AllReduce, AllGather, Broadcast, Send
+//    and Recv.
 // The hub itself is the sink of every link's reader: it admits what arrives
 // (Membership) and files it (Mailbox), and it turns a broken link into a
 // peer loss.
@@ -83,6 +84,12 @@ class ExchangeHub : private InboundSink {
   // round. With args.progress, reads each segment only once the client has
   // published it as written.
   OpResult AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer);
+  // Gathers every member's `input` (the same size everywhere) into
+  // `output`, in member order; OpResult.stats.peers + 1 parts were written.
+  OpResult AllGather(const GatherArgs& args, absl::Span<const uint8_t> input,
+                     absl::Span<uint8_t> output);
+  // Copies args.root's `buffer` into every other member's, in place.
+  OpResult Broadcast(const GatherArgs& args, absl::Span<uint8_t> buffer);
   // Sends `data` to args.peer under args.tag; done once it is on the link.
   // With args.progress, reads each segment of `data` only once the client
   // has written it (a Send whose client stalls ends at its timeout, and the

@@ -428,6 +428,63 @@ grpc::Status ExchangeService::AllReduce(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+namespace {
+
+// The hub's arguments of an AllGather or Broadcast request.
+template <typename Request>
+GatherArgs GatherArgsOf(const Request& request, grpc::ServerContext* context) {
+  GatherArgs args;
+  args.group = request.group();
+  args.op_id = request.op_id();
+  args.seq = request.seq();
+  args.tag = request.tag();
+  args.timeout = Timeout(request.timeout_ms());
+  args.client_gone = [context] { return context->IsCancelled(); };
+  return args;
+}
+
+}  // namespace
+
+grpc::Status ExchangeService::AllGather(grpc::ServerContext* context,
+                                        const v1::AllGatherRequest* request,
+                                        v1::OpResponse* response) {
+  auto input = ShmMapping::Open(segments_.get(), request->input(), max_buffer_bytes_,
+                                /*writable=*/false);
+  if (!input.ok()) {
+    SetError(input.status(), "", response->mutable_error());
+    return grpc::Status::OK;
+  }
+  // The output is members x the input: it may pass one message's limit.
+  auto output = ShmMapping::Open(segments_.get(), request->output(),
+                                 max_buffer_bytes_ * kMaxGatherMembers, /*writable=*/true);
+  if (!output.ok()) {
+    SetError(output.status(), "", response->mutable_error());
+    reaper_.Retire(*std::move(input));
+    return grpc::Status::OK;
+  }
+  Answer(hub_.AllGather(GatherArgsOf(*request, context), input->bytes(), output->bytes()),
+         response);
+  reaper_.Retire(*std::move(input));
+  reaper_.Retire(*std::move(output));
+  return grpc::Status::OK;
+}
+
+grpc::Status ExchangeService::Broadcast(grpc::ServerContext* context,
+                                        const v1::BroadcastRequest* request,
+                                        v1::OpResponse* response) {
+  auto shm = ShmMapping::Open(segments_.get(), request->buffer(), max_buffer_bytes_,
+                              /*writable=*/true);
+  if (!shm.ok()) {
+    SetError(shm.status(), "", response->mutable_error());
+    return grpc::Status::OK;
+  }
+  GatherArgs args = GatherArgsOf(*request, context);
+  args.root = request->root();
+  Answer(hub_.Broadcast(args, shm->bytes()), response);
+  reaper_.Retire(*std::move(shm));
+  return grpc::Status::OK;
+}
+
 grpc::Status ExchangeService::Send(grpc::ServerContext* context, const v1::SendRequest* request,
                                    v1::OpResponse* response) {
   // A streamed buffer is still being written: its pages fault in as the

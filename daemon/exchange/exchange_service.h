@@ -161,6 +161,10 @@ class ExchangeService final : public v1::Exchange::Service {
                      v1::GroupResponse* response) override;
   grpc::Status AllReduce(grpc::ServerContext* context, const v1::AllReduceRequest* request,
                          v1::OpResponse* response) override;
+  grpc::Status AllGather(grpc::ServerContext* context, const v1::AllGatherRequest* request,
+                         v1::OpResponse* response) override;
+  grpc::Status Broadcast(grpc::ServerContext* context, const v1::BroadcastRequest* request,
+                         v1::OpResponse* response) override;
   grpc::Status Send(grpc::ServerContext* context, const v1::SendRequest* request,
                     v1::OpResponse* response) override;
   grpc::Status Recv(grpc::ServerContext* context, const v1::RecvRequest* request,
@@ -173,6 +177,8 @@ class ExchangeService final : public v1::Exchange::Service {
   std::unique_ptr<SegmentRegistry> segments_;  // set before serving, then read-only
   // No buffer can carry more than the largest message the hub takes.
   const uint64_t max_buffer_bytes_ = HubOptions{}.max_message_bytes;
+  // An all-gather's output holds one input per member: at most this many.
+  static constexpr uint64_t kMaxGatherMembers = 64;
   MappingReaper reaper_;
 };
 

@@ -82,6 +82,18 @@ struct AllReduceArgs {
   std::optional<shm::ProgressWord> progress = std::nullopt;
 };
 
+// An all-gather or a broadcast (proto/EXCHANGE.md, All-gather, Broadcast).
+struct GatherArgs {
+  std::string group;
+  std::string op_id;
+  uint64_t seq = 0;  // shared with the all-reduces: one counter per group
+  std::string tag;
+  std::string root;  // Broadcast: the member whose buffer every member gets
+  absl::Duration timeout = absl::Seconds(60);
+  // Polled while waiting: true once the client has gone away.
+  std::function<bool()> client_gone;
+};
+
 struct P2PArgs {
   std::string group;
   std::string op_id;

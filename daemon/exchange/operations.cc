@@ -163,9 +163,10 @@ absl::StatusOr<v1::GroupView> Operations::Join(const std::string& group,
   // Drop what non-members and older generations left for this group.
   state_->mailbox.DropIf([&](const Message& m) {
     const Msg::Kind kind = m.header.kind();
-    const bool stale = (kind == Msg::REDUCE_DATA || kind == Msg::REDUCE_RESULT ||
-                        kind == Msg::DONE || kind == Msg::ABORT) &&
-                       m.header.generation() < generation;
+    const bool stale =
+        (kind == Msg::REDUCE_DATA || kind == Msg::REDUCE_RESULT || kind == Msg::GATHER_DATA ||
+         kind == Msg::BCAST_DATA || kind == Msg::DONE || kind == Msg::ABORT) &&
+        m.header.generation() < generation;
     return m.header.group() == group && (stale || !Contains(sites, m.from));
   });
   spdlog::info("exchange group {} formed: generation {} with {}", group, generation,

@@ -1,8 +1,11 @@
 #ifndef LONGHAUL_DAEMON_EXCHANGE_OPERATIONS_H_
 #define LONGHAUL_DAEMON_EXCHANGE_OPERATIONS_H_
 
-// The exchange's calls: the join round, all-reduce and point-to-point
-// (proto/EXCHANGE.md, Joining, All-reduce, Point to point).
+// The exchange's calls: the join round, all-reduce, all-gather, broadcast
+// and point-to-point (proto/EXCHANGE.md, Joining, All-reduce, All-gather,
+// Broadcast, Point to point). All-gather and broadcast (gather.cc) run on the
+// all-reduce's machinery below: its waits, sends, commit round and loss
+// handling, with their own data kinds.
 //
 // All-reduce (two algorithms, one commit round). With two members, or
 // with int8 quantization, the direct exchange: every member sends its whole
@@ -44,6 +47,7 @@
 #include "common/units.h"
 #include "daemon/exchange/client_buffer.h"
 #include "daemon/exchange/exchange_types.h"
+#include "daemon/exchange/gather_checks.h"
 #include "daemon/exchange/hub_state.h"
 #include "daemon/exchange/links.h"
 #include "daemon/exchange/sender_set.h"
@@ -64,6 +68,13 @@ class Operations {
   absl::StatusOr<v1::GroupView> Join(const std::string& group, std::vector<std::string> sites,
                                      absl::Duration timeout);
   OpResult AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer);
+  // gather.cc. `output` must hold members x input.size() bytes; on success
+  // its first members x input.size() bytes are the members' inputs in
+  // member order. `input` may lie inside `output`.
+  OpResult AllGather(const GatherArgs& args, absl::Span<const uint8_t> input,
+                     absl::Span<uint8_t> output);
+  // gather.cc. args.root's `buffer` into every member's, in place.
+  OpResult Broadcast(const GatherArgs& args, absl::Span<uint8_t> buffer);
   OpResult Send(const P2PArgs& args, absl::Span<const uint8_t> data);
   OpResult Recv(const P2PArgs& args, absl::Span<uint8_t> out);
 
@@ -100,6 +111,16 @@ class Operations {
                                        v1::ExchangePeerMessage::Kind kind) const;
   // What the peers' messages of `run` must carry.
   ReduceCall Call(const ReduceRun& run, uint32_t shards) const;
+  // gather.cc: runs an all-gather or broadcast `body` on the group as the
+  // all-reduce runs its exchange (op registration, the priority class, the
+  // clean-up of its messages, the stats); `what` names it in errors.
+  using CollectiveBody = absl::FunctionRef<ReduceOutcome(const ReduceRun&)>;
+  OpResult Collective(const GatherArgs& args, const std::string& what, CollectiveBody body);
+  // gather.cc: checks the GATHER_DATA / BCAST_DATA messages AwaitAll just
+  // took under `keys` (the i-th from peers[i]) and that none came twice.
+  absl::Status CheckGathered(const ReduceRun& run, const std::vector<std::string>& keys,
+                             const std::vector<std::string>& peers, const ReduceOutcome& out,
+                             const GatherCall& call);
   // Waits until the mailbox holds a message under each of `keys` (one per
   // peer, in run.peers order) and appends them to `taken` in that order; or
   // fails on an ABORT, a cancel, shutdown, a lost peer (naming it in

@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <cstdio>
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -166,6 +167,43 @@ TEST_F(ExchangeDaemonTest, RandomFloat32AverageIsBitIdenticalAtBothSites) {
   ASSERT_TRUE(wa->Wait().ok());
   ASSERT_EQ(0, std::memcmp(va.data(), vb.data(), count * 4));
   ASSERT_EQ(0, std::memcmp(va.data(), want.data(), count * 4));
+}
+
+// AllGather and Broadcast through the client: the concatenation in member
+// order and the root's bytes at both sites, interleaved with an all-reduce
+// on the same sequence.
+TEST_F(ExchangeDaemonTest, AllGatherAndBroadcastGiveBothSitesTheSameBytes) {
+  auto [a, b] = JoinBoth("gather");
+  ASSERT_TRUE(a && b);
+  const size_t bytes = (5 << 20) + 3;
+  std::mt19937 rng(9);
+  std::vector<uint8_t> ia(bytes), ib(bytes);
+  for (auto& x : ia) x = static_cast<uint8_t>(rng());
+  for (auto& x : ib) x = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> oa(2 * bytes), ob(2 * bytes + 100, 0xEE);
+  auto wa = a->AllGather(ia.data(), bytes, oa.data(), oa.size());
+  ASSERT_TRUE(b->AllGatherSync(ib.data(), bytes, ob.data(), ob.size()).ok());
+  ASSERT_TRUE(wa->Wait().ok());
+  EXPECT_EQ(wa->Stats().peers, 1u);
+  EXPECT_EQ(wa->Stats().bytes_sent, bytes);
+  std::vector<uint8_t> want = ia;
+  want.insert(want.end(), ib.begin(), ib.end());
+  EXPECT_TRUE(oa == want);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), ob.begin()));
+  EXPECT_EQ(ob.back(), 0xEE);  // past the result: untouched
+
+  float fa = 1, fb = 2;
+  auto ra = a->AllReduce(&fa, 1, DType::kFloat32);
+  ASSERT_TRUE(b->AllReduceSync(&fb, 1, DType::kFloat32).ok());
+  ASSERT_TRUE(ra->Wait().ok());
+  EXPECT_EQ(fa, 3);
+
+  std::vector<uint8_t> root = ib;
+  auto ba = a->Broadcast(ia.data(), bytes, "site-b");
+  ASSERT_TRUE(b->BroadcastSync(ib.data(), bytes, "site-b").ok());
+  ASSERT_TRUE(ba->Wait().ok());
+  EXPECT_TRUE(ia == root);
+  EXPECT_TRUE(ib == root);
 }
 
 TEST_F(ExchangeDaemonTest, SendRecvCancelAndTimeout) {

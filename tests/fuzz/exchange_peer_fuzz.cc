@@ -10,7 +10,9 @@
 // the input. Every REDUCE_DATA and REDUCE_RESULT header that reaches the
 // sink also goes through the sharded all-reduce's checks
 // (daemon/exchange/shards.h), which must accept exactly a message holding
-// the expected shard's bytes and never crash on any field.
+// the expected shard's bytes and never crash on any field; every GATHER_DATA
+// and BCAST_DATA header goes through the all-gather's and broadcast's
+// checks (daemon/exchange/gather.h) the same way.
 
 #include <algorithm>
 #include <array>
@@ -23,6 +25,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "daemon/exchange/gather_checks.h"
 #include "daemon/exchange/peer_reader.h"
 #include "daemon/exchange/shards.h"
 #include "daemon/transport/transport.h"
@@ -72,6 +75,24 @@ void CheckShardHeader(const Msg& h) {
   }
   if (ShardOf(h.count(), shards, shards - 1).end != h.count()) Fail("the last shard ends early");
   (void)end;
+}
+
+// Runs the all-gather's or broadcast's checks on a peer's header as a
+// member would that gathers 4096 bytes per member (or is broadcast 4096
+// bytes from site-b) at generation 1, and holds them to their contract.
+void CheckGatherHeader(const Msg& h) {
+  if (h.kind() != Msg::GATHER_DATA && h.kind() != Msg::BCAST_DATA) return;
+  longhaul::exchange::GatherCall call;
+  call.kind = h.kind();
+  call.generation = 1;
+  call.bytes = 4096;
+  call.root = h.kind() == Msg::BCAST_DATA ? "site-b" : "";
+  const absl::Status s =
+      longhaul::exchange::CheckGatherMessage("fuzz", "site-b", h, h.total_bytes(), call);
+  const bool fits = h.generation() == 1 && h.tag().empty() && h.count() == 4096 &&
+                    h.total_bytes() == 4096 &&
+                    (h.kind() == Msg::GATHER_DATA || h.root() == "site-b");
+  if (s.ok() != fits) Fail("a gather check accepted a wrong header or refused a right one");
 }
 
 // The fuzz input as the inbound channel of site "site-b".
@@ -124,6 +145,7 @@ class CheckingSink final : public InboundSink {
     if (h.total_bytes() != 0) Fail("OnMessage for a message with payload");
     if (h.kind() == Msg::DISCARD) Fail("OnMessage for a DISCARD");
     CheckShardHeader(h);
+    CheckGatherHeader(h);
   }
   std::unique_ptr<Incoming> Begin(const std::string& from, const Msg& h) override {
     if (from != "site-b") Fail("Begin from another site than the channel's");
@@ -134,6 +156,7 @@ class CheckingSink final : public InboundSink {
       Fail("a first segment of a size outside (0, segment, total]");
     }
     CheckShardHeader(h);
+    CheckGatherHeader(h);
     ++begun;
     return std::make_unique<Arriving>(this, h.total_bytes());
   }

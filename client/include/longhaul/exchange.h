@@ -20,8 +20,9 @@
 //   absl::Status s = work->Wait();
 //   if (longhaul::IsPeerLost(s)) { /* retry: the group moved to the next generation */ }
 //
-// Collective calls (AllReduce) must be issued in the same order at every
-// site of the group: they are matched by their position in that order.
+// Collective calls (AllReduce, AllGather, Broadcast) must be issued in the
+// same order at every site of the group: they are matched by their position
+// in that order (one counter for all three).
 
 #include <cstddef>
 #include <cstdint>
@@ -51,6 +52,14 @@ struct AllReduceOptions {
   absl::Duration timeout = absl::Seconds(60);
   // Optional name every site must pass for the same call; a mismatch is an
   // error instead of a silent mix of different steps' data.
+  std::string tag;
+};
+
+// Options of AllGather and Broadcast.
+struct CollectiveOptions {
+  // How long the daemon waits for the other sites before giving up.
+  absl::Duration timeout = absl::Seconds(60);
+  // Optional name every site must pass for the same call.
   std::string tag;
 };
 
@@ -106,6 +115,26 @@ class ExchangeGroup {
   // Blocking helpers.
   absl::Status AllReduceSync(void* data, size_t count, DType dtype,
                              const AllReduceOptions& options = {});
+
+  // All-gather: every member passes `bytes` at `data` (the same length
+  // everywhere); `out` (`out_capacity` bytes, at least members().size() x
+  // `bytes`) receives every member's buffer, concatenated in sorted member
+  // order, identical at every member. On success Stats().peers + 1 buffers
+  // were gathered (the group may have shrunk since members() was read); on
+  // failure `out` is untouched.
+  std::unique_ptr<ExchangeWork> AllGather(const void* data, size_t bytes, void* out,
+                                          size_t out_capacity,
+                                          const CollectiveOptions& options = {});
+  absl::Status AllGatherSync(const void* data, size_t bytes, void* out, size_t out_capacity,
+                             const CollectiveOptions& options = {});
+  // Broadcast: the `bytes` at `data` of the member `root` end up,
+  // bit-identical, at `data` of every member (each passes the same length).
+  // The root sends its buffer to every other member directly. On failure a
+  // non-root's `data` is untouched.
+  std::unique_ptr<ExchangeWork> Broadcast(void* data, size_t bytes, const std::string& root,
+                                          const CollectiveOptions& options = {});
+  absl::Status BroadcastSync(void* data, size_t bytes, const std::string& root,
+                             const CollectiveOptions& options = {});
 
   // Sends `bytes` at `data` to `site` under `tag`; returns once they are on
   // the link to that site.

@@ -58,6 +58,15 @@ SEEDS = {
                           + seg("REDUCE_RESULT", 23, 0, 8, 8,
                                 "generation: 1 count: 18446744073709551615 shards: 4294967295 "
                                 "shard: 7"),
+    "gather_data": seg("GATHER_DATA", 24, 0, 4096, 4096, "generation: 1 seq: 2 count: 4096"),
+    "gather_data_wrong": seg("GATHER_DATA", 25, 0, 64, 64, "generation: 1 seq: 2 count: 4096")
+                         + seg("GATHER_DATA", 26, 0, 8, 8,
+                               "generation: 2 seq: 2 tag: 'x' count: 18446744073709551615"),
+    "bcast_data": seg("BCAST_DATA", 27, 0, 4096, 4096,
+                      "generation: 1 seq: 3 count: 4096 root: 'site-b'")
+                  + frame("kind: DONE group: 'g' generation: 1 seq: 3 msg_id: 28"),
+    "bcast_data_other_root": seg("BCAST_DATA", 29, 0, 4096, 4096,
+                                 "generation: 1 seq: 3 count: 4096 root: 'site-a'"),
     "interleaved": seg("P2P", 8, 0, 10, 20, "tag: 'a'") + seg("P2P", 9, 0, 5, 5, "tag: 'b'")
                    + seg("P2P", 8, 10, 10, 20, "tag: 'a'"),
     "discard": seg("P2P", 10, 0, 32, 64, "tag: 't'") + frame("kind: DISCARD msg_id: 10")

@@ -1,0 +1,226 @@
+// The all-gather and the broadcast (proto/EXCHANGE.md, All-gather,
+// Broadcast): the same op registration, mailbox keys, generation checks,
+// peer-loss handling and DONE/ABORT commit round as the all-reduce, with
+// their own data kinds, GATHER_DATA and BCAST_DATA (header checks in
+// gather_checks.h).
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/exchange/deadline.h"
+#include "daemon/exchange/gather_checks.h"
+#include "daemon/exchange/operations.h"
+#include "daemon/exchange/sender_set.h"
+
+namespace longhaul::exchange {
+
+using Msg = v1::ExchangePeerMessage;
+
+absl::Status Operations::CheckGathered(const ReduceRun& run, const std::vector<std::string>& keys,
+                                       const std::vector<std::string>& peers,
+                                       const ReduceOutcome& out, const GatherCall& call) {
+  if (!out.status.ok()) return out.status;
+  const size_t first = out.taken.size() - keys.size();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const Message& m = out.taken[first + i];
+    absl::Status s = CheckGatherMessage(run.what, peers[i], m.header, m.payload.size(), call);
+    if (!s.ok()) return s;
+  }
+  absl::MutexLock lock(&state_->mu);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (state_->mailbox.Has(keys[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(run.what, ": ", peers[i], " sent its ",
+                                                     Msg::Kind_Name(call.kind), " twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+OpResult Operations::Collective(const GatherArgs& args, const std::string& what,
+                                CollectiveBody body) {
+  const Clock& clock = state_->clock;
+  // The all-reduce's machinery reads these fields of AllReduceArgs only.
+  AllReduceArgs reduce_args;
+  reduce_args.group = args.group;
+  reduce_args.op_id = args.op_id;
+  reduce_args.seq = args.seq;
+  reduce_args.tag = args.tag;
+  reduce_args.timeout = args.timeout;
+  reduce_args.client_gone = args.client_gone;
+  ReduceRun run(reduce_args);
+  run.start = clock.Now();
+  run.deadline = After(run.start, ToTimeDelta(args.timeout));
+  run.what = what;
+  run.seq_id = absl::StrCat(args.seq);
+  OpResult result;
+  {
+    absl::MutexLock lock(&state_->mu);
+    const Group* g = state_->membership.Formed(args.group);
+    if (g == nullptr) {
+      result.status = absl::FailedPreconditionError(
+          absl::StrCat("this site has not joined group ", args.group));
+      return result;
+    }
+    if (!args.root.empty() && !g->HasMember(args.root)) {
+      // A root lost earlier is the retryable loss; any other is the caller's error.
+      LostPeer lost = state_->membership.LostMember(what, *g, args.root);
+      if (!lost.status.ok()) return Lost(lost, *g);
+      result.status = absl::InvalidArgumentError(absl::StrCat(
+          what, ": the root ", args.root, " is not a member of ", Members(g->members)));
+      return result;
+    }
+    if (result.status = OpIdFree(args.op_id); !result.status.ok()) return result;
+    run.generation = g->generation;
+    run.members = g->members;
+    run.op = StartOp(args.op_id);
+  }
+  for (const auto& m : run.members) {
+    if (m != local_site_) run.peers.push_back(m);
+  }
+  std::vector<peer::PriorityGate::Scope> scopes;
+  if (gate_ != nullptr) {
+    for (const auto& p : run.peers) scopes.push_back(gate_->Enter(p, v1::EXCHANGE));
+  }
+
+  ReduceOutcome out = body(run);
+
+  absl::MutexLock lock(&state_->mu);
+  EndOp(args.op_id);
+  if (Group* g = state_->membership.Find(args.group); g != nullptr) {
+    if (g->generation == run.generation) g->finished.insert(args.seq);
+    result.view = state_->membership.ViewOf(*g);
+  }
+  for (const auto& p : run.peers) {
+    for (Msg::Kind kind : {Msg::GATHER_DATA, Msg::BCAST_DATA, Msg::DONE, Msg::ABORT}) {
+      state_->mailbox.Erase(Mailbox::Key(args.group, kind, p, run.seq_id));
+    }
+  }
+  result.status = out.status;
+  result.lost_peer = out.lost_peer;
+  uint64_t received = 0;
+  for (auto& m : out.taken) {
+    received += m.payload.size();
+    state_->pool.Recycle(std::move(m.payload));
+  }
+  result.stats.set_bytes_sent(out.sent);
+  result.stats.set_bytes_received(received);
+  result.stats.set_peers(run.peers.size());
+  result.stats.set_seconds((clock.Now() - run.start).ToSecondsF());
+  result.stats.set_generation(run.generation);
+  return result;
+}
+
+OpResult Operations::AllGather(const GatherArgs& args, absl::Span<const uint8_t> input,
+                               absl::Span<uint8_t> output) {
+  const std::string what = absl::StrCat("all-gather #", args.seq,
+                                        args.tag.empty() ? "" : absl::StrCat(" (", args.tag, ")"),
+                                        " in group ", args.group);
+  const uint64_t part = input.size();
+  return Collective(args, what, [&](const ReduceRun& run) {
+    ReduceOutcome out;
+    const uint64_t n = run.members.size();
+    if (part != 0 && output.size() / part < n) {
+      // Before any send: the peers fail on this site's ABORT.
+      out.status = absl::InvalidArgumentError(
+          absl::StrCat(what, ": the output holds ", output.size(), " bytes, ", n, " members of ",
+                       part, " bytes need ", n * part));
+      Settle(run, &out);
+      return out;
+    }
+    Msg header;
+    header.set_kind(Msg::GATHER_DATA);
+    header.set_group(args.group);
+    header.set_generation(run.generation);
+    header.set_seq(args.seq);
+    header.set_tag(args.tag);
+    header.set_count(part);
+    SenderSet senders(run.peers, state_->clock, [&](const std::string& site) {
+      return links_->Send(site, header, input, &run.op->stop);
+    });
+    std::vector<std::string> keys;
+    for (const auto& p : run.peers) {
+      keys.push_back(Mailbox::Key(args.group, Msg::GATHER_DATA, p, run.seq_id));
+    }
+    out.status = AwaitAll(run, keys, &out.taken, &out.lost_peer);
+    GatherCall call;
+    call.kind = Msg::GATHER_DATA;
+    call.generation = run.generation;
+    call.bytes = part;
+    call.tag = args.tag;
+    out.status = CheckGathered(run, keys, run.peers, out, call);
+    if (!out.status.ok()) run.op->stop = true;
+    CollectSends(run, senders, std::vector<uint64_t>(run.peers.size(), part), &out);
+    Settle(run, &out);
+    if (out.status.ok() && part > 0) {
+      // Its own part first: `input` may lie in `output`, where a peer's part
+      // would overwrite it.
+      for (size_t k = 0; k < run.members.size(); ++k) {
+        if (run.members[k] == local_site_)
+          std::memmove(output.data() + k * part, input.data(), part);
+      }
+      for (size_t i = 0; i < run.peers.size(); ++i) {
+        const size_t k =
+            std::find(run.members.begin(), run.members.end(), run.peers[i]) - run.members.begin();
+        std::memcpy(output.data() + k * part, out.taken[i].payload.data(), part);
+      }
+    }
+    return out;
+  });
+}
+
+OpResult Operations::Broadcast(const GatherArgs& args, absl::Span<uint8_t> buffer) {
+  const std::string what = absl::StrCat("broadcast #", args.seq, " from ", args.root,
+                                        args.tag.empty() ? "" : absl::StrCat(" (", args.tag, ")"),
+                                        " in group ", args.group);
+  if (args.root.empty()) {
+    OpResult result;
+    result.status = absl::InvalidArgumentError(absl::StrCat(what, ": it needs a root site"));
+    return result;
+  }
+  return Collective(args, what, [&](const ReduceRun& run) {
+    ReduceOutcome out;
+    if (args.root == local_site_) {
+      // The root sends its buffer to every member directly: its uplink
+      // carries (N - 1) buffers.
+      Msg header;
+      header.set_kind(Msg::BCAST_DATA);
+      header.set_group(args.group);
+      header.set_generation(run.generation);
+      header.set_seq(args.seq);
+      header.set_tag(args.tag);
+      header.set_count(buffer.size());
+      header.set_root(args.root);
+      SenderSet senders(run.peers, state_->clock, [&](const std::string& site) {
+        return links_->Send(site, header, buffer, &run.op->stop);
+      });
+      CollectSends(run, senders, std::vector<uint64_t>(run.peers.size(), buffer.size()), &out);
+      Settle(run, &out);
+      return out;
+    }
+    // Wait for the root's buffer alone; an ABORT from another member
+    // reaches the commit round, a loss of any member moves the group.
+    ReduceRun from_root = run;
+    from_root.peers = {args.root};
+    const std::vector<std::string> keys = {
+        Mailbox::Key(args.group, Msg::BCAST_DATA, args.root, run.seq_id)};
+    out.status = AwaitAll(from_root, keys, &out.taken, &out.lost_peer);
+    GatherCall call;
+    call.kind = Msg::BCAST_DATA;
+    call.generation = run.generation;
+    call.bytes = buffer.size();
+    call.tag = args.tag;
+    call.root = args.root;
+    out.status = CheckGathered(run, keys, from_root.peers, out, call);
+    Settle(run, &out);
+    if (out.status.ok() && !buffer.empty()) {
+      std::memcpy(buffer.data(), out.taken[0].payload.data(), buffer.size());
+    }
+    return out;
+  });
+}
+
+}  // namespace longhaul::exchange
