@@ -81,7 +81,6 @@ StarSite::StarSite(int index, int tun_fd, int stop_fd, const AccessLinkParams& l
     : index_(index),
       tun_fd_(tun_fd),
       stop_fd_(stop_fd),
-      mtu_(mtu),
       wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       uplink_(link.up, seed),
       uplink_ring_(RingCapacity(link.up), static_cast<size_t>(mtu)),

@@ -103,7 +103,6 @@ class StarSite {
   const int index_;
   const int tun_fd_;
   const int stop_fd_;
-  const int mtu_;
   const int wake_fd_;
   LinkShaper uplink_;
   PacketRing uplink_ring_;
