@@ -70,13 +70,15 @@ absl::Status WaitFilled(const shm::ProgressWord& word, uint64_t end, uint64_t to
 }  // namespace
 
 Operations::Operations(std::string local_site, std::vector<std::string> peers, HubState* state,
-                       Links* links, peer::PriorityGate* gate, Links::LostFn lose)
+                       Links* links, peer::PriorityGate* gate, Links::LostFn lose,
+                       bool sharded_all_reduce)
     : local_site_(std::move(local_site)),
       peers_(std::move(peers)),
       state_(state),
       links_(links),
       gate_(gate),
-      lose_(std::move(lose)) {}
+      lose_(std::move(lose)),
+      sharded_all_reduce_(sharded_all_reduce) {}
 
 absl::Status Operations::OpIdFree(const std::string& op_id) const {
   if (!state_->ops.contains(op_id)) return absl::OkStatus();
@@ -336,7 +338,7 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
     for (const auto& p : run.peers) scopes.push_back(gate_->Enter(p, v1::EXCHANGE));
   }
 
-  ReduceOutcome out = RunsSharded(run.members.size(), args.quantize_int8)
+  ReduceOutcome out = sharded_all_reduce_ && RunsSharded(run.members.size(), args.quantize_int8)
                           ? ShardedAllReduce(run, buffer)
                           : DirectAllReduce(run, buffer);
 
