@@ -113,7 +113,7 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
                                {"site", "listen", "state_dir", "control_socket", "control_listen",
                                 "control_token_file", "control_tokens", "tls", "exports", "peers",
                                 "transfer", "link", "log_level", "metrics", "limits", "udp",
-                                "peer_limits"}));
+                                "peer_limits", "exchange"}));
   LH_RETURN_IF_ERROR(Read(root, "site", &c.site));
   if (c.site.empty()) return absl::InvalidArgumentError("config: 'site' (this site's name) is required");
   LH_RETURN_IF_ERROR(Read(root, "listen", &c.listen));
@@ -287,6 +287,17 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   if (YAML::Node u = root["udp"]) {
     LH_RETURN_IF_ERROR(CheckKeys(u, "udp", {"coupled"}));
     LH_RETURN_IF_ERROR(Read(u, "coupled", &c.udp.coupled));
+  }
+
+  if (YAML::Node x = root["exchange"]) {
+    LH_RETURN_IF_ERROR(CheckKeys(x, "exchange", {"allreduce"}));
+    std::string algorithm = "auto";
+    LH_RETURN_IF_ERROR(Read(x, "allreduce", &algorithm));
+    if (algorithm != "auto" && algorithm != "direct") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "exchange.allreduce: unknown algorithm '", algorithm, "' (auto or direct)"));
+    }
+    c.exchange.sharded_all_reduce = algorithm == "auto";
   }
 
   if (YAML::Node m = root["metrics"]) {

@@ -131,6 +131,13 @@ struct DaemonConfig {
     bool coupled = true;
   } udp;
 
+  // Collectives between sites (deploy/CONFIG.md, "exchange").
+  struct Exchange {
+    // false ("direct"): every all-reduce runs as the all-to-all exchange,
+    // even with three or more members; for comparisons only.
+    bool sharded_all_reduce = true;
+  } exchange;
+
   std::string log_level = "info";
 
   // Prometheus /metrics and /healthz over HTTP (daemon/metrics/).

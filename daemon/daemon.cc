@@ -228,6 +228,7 @@ void Daemon::StartExchangeHub() {
   exchange::HubOptions hub_options;
   hub_options.max_unclaimed_messages_per_peer = config_.peer_limits.max_unclaimed_messages_per_peer;
   hub_options.memory_budget = memory_budget_.get();
+  hub_options.sharded_all_reduce = config_.exchange.sharded_all_reduce;
   exchange_hub_ = std::make_unique<exchange::ExchangeHub>(
       config_.site, peer_sites_,
       [this](const std::string& site) -> absl::StatusOr<std::unique_ptr<transport::Channel>> {

@@ -22,7 +22,8 @@ ExchangeHub::ExchangeHub(std::string local_site, std::vector<std::string> peers,
           clock),
       operations_(
           local_site_, std::move(peers), &state_, &links_, gate,
-          [this](const std::string& site, const std::string& reason) { PeerLost(site, reason); }) {}
+          [this](const std::string& site, const std::string& reason) { PeerLost(site, reason); },
+          options_.sharded_all_reduce) {}
 
 ExchangeHub::~ExchangeHub() { Shutdown(); }
 

@@ -55,6 +55,9 @@ struct HubOptions {
   // Not owned, may be null (no byte limit per peer): the bytes of a peer's
   // unclaimed messages are reserved here under its site while they wait.
   peer::PeerMemoryBudget* memory_budget = nullptr;
+  // false: all-reduces of three or more members run as the direct all-to-all
+  // exchange instead of sharded (every member must agree; for comparisons).
+  bool sharded_all_reduce = true;
 };
 
 struct OpResult {

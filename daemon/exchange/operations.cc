@@ -35,13 +35,15 @@ std::string DurationText(absl::Duration d) {
 }  // namespace
 
 Operations::Operations(std::string local_site, std::vector<std::string> peers, HubState* state,
-                       Links* links, peer::PriorityGate* gate, Links::LostFn lose)
+                       Links* links, peer::PriorityGate* gate, Links::LostFn lose,
+                       bool sharded_all_reduce)
     : local_site_(std::move(local_site)),
       peers_(std::move(peers)),
       state_(state),
       links_(links),
       gate_(gate),
-      lose_(std::move(lose)) {}
+      lose_(std::move(lose)),
+      sharded_all_reduce_(sharded_all_reduce) {}
 
 absl::Status Operations::OpIdFree(const std::string& op_id) const {
   if (!state_->ops.contains(op_id)) return absl::OkStatus();
@@ -305,7 +307,7 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
   ClientBuffer input(buffer, args.progress, clock, run.deadline, run.op->stop, args.client_gone,
                      state_->client_reads);
   run.input = &input;
-  ReduceOutcome out = RunsSharded(run.members.size(), args.quantize_int8)
+  ReduceOutcome out = sharded_all_reduce_ && RunsSharded(run.members.size(), args.quantize_int8)
                           ? ShardedAllReduce(run, buffer)
                           : DirectAllReduce(run, buffer);
 

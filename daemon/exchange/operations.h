@@ -63,7 +63,7 @@ class Operations {
   // `peers` are the sites this daemon may exchange with; `lose(site, why)`
   // declares a peer lost (the hub's PeerLost).
   Operations(std::string local_site, std::vector<std::string> peers, HubState* state, Links* links,
-             peer::PriorityGate* gate, Links::LostFn lose);
+             peer::PriorityGate* gate, Links::LostFn lose, bool sharded_all_reduce = true);
 
   absl::StatusOr<v1::GroupView> Join(const std::string& group, std::vector<std::string> sites,
                                      absl::Duration timeout);
@@ -177,6 +177,7 @@ class Operations {
   Links* const links_;
   peer::PriorityGate* const gate_;
   const Links::LostFn lose_;
+  const bool sharded_all_reduce_;  // false: every all-reduce runs direct
 };
 
 }  // namespace longhaul::exchange

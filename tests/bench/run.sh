@@ -6,7 +6,7 @@
 #   tests/bench/run.sh SCENARIO [--json FILE] [--smoke] [--size BYTES]
 #
 #   SCENARIO  lan wan-clean wan-lossy wan-far small-files ckpt-dcp fairness
-#             resume exchange handshake-flood
+#             resume exchange allreduce handshake-flood
 #   --json    write the result object to FILE
 #   --smoke   small data and short iperf3 runs (CI)
 #   --size    total data bytes for the bulk scenarios (e.g. 256MiB)
@@ -20,7 +20,9 @@
 #
 # handshake-flood exits 1 (after its table) when the receiving daemon died or
 # one of its two transfers did not complete and verify; the goodput ratio is
-# reported, not checked.
+# reported, not checked. allreduce exits 1 when a row did not run or a result
+# was not bit-identical to the reference at every site; its medians against
+# the target are reported, not checked.
 #
 # Environment:
 #   LONGHAUL_BIN_DIR            where longhauld, longhaul and longhaul-wanem are
@@ -33,8 +35,14 @@
 #   LONGHAUL_BENCH_KEEP         keep the work directory (logs) when set
 #   LONGHAUL_BENCH_EXCHANGE_ANCHORS  0 skips the rsync/ssh rows of `exchange`
 #                               (its raw-TCP anchor always runs) [1]
-#   LONGHAUL_PYTHONPATH         where `import longhaul` is, for `exchange`
+#   LONGHAUL_PYTHONPATH         where `import longhaul` is, for `exchange` and `allreduce`
 #                               [$LONGHAUL_BIN_DIR/../python]
+#   LONGHAUL_BENCH_ALLREDUCE_SITES  the star sizes of `allreduce`, e.g. "3" [3,4]
+#   LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH  the daemons' link.bandwidth in `allreduce` (each
+#                               exchange link's pacing cap): a rate, or "share" for the
+#                               access rate / (N - 1) [the access rate]
+#   LONGHAUL_BENCH_SLOW_START_AFTER_IDLE  net.ipv4.tcp_slow_start_after_idle in the star's
+#                               namespaces, for `allreduce` [the kernel's default, 1]
 #   LONGHAUL_BENCH_SSHD         the sshd binary of the ssh anchors [/usr/sbin/sshd,
 #                               else unpacked from openssh-server into build/]
 #   LONGHAUL_BENCH_FLOOD_CONNECTIONS  pending handshakes of `handshake-flood`
@@ -158,6 +166,7 @@ link_params() {
   case "$1" in
     lan) echo "0 0ms 0 65000" ;;
     wan-clean|small-files|ckpt-dcp|fairness|resume|exchange) echo "1Gbit 20ms 0 9000" ;;
+    allreduce) echo "1Gbit 20ms 0 9000" ;;  # each site's access link of the star
     wan-lossy) echo "1Gbit 20ms 1% 9000" ;;
     wan-far) echo "500Mbit 75ms 0.1% 1500" ;;
     handshake-flood) echo "500Mbit 10ms 0 9000" ;;
@@ -168,10 +177,15 @@ read -r L_RATE L_DELAY L_LOSS L_MTU < <(link_params "$SCENARIO") || die "unknown
 
 link_json() {
   python3 - "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU" "$1" <<'PY'
-import json, sys
+import json, os, sys
 rate, delay, loss, mtu, emu = sys.argv[1:6]
 if rate == "0":
     link = {"kind": "loopback (one namespace, no emulation)", "mtu": int(mtu)}
+elif os.environ.get("LH_STAR_LINK"):
+    d = float(delay.rstrip("ms"))
+    link = {"kind": "longhaul-wanem star", "sites": os.environ["LH_STAR_LINK"],
+            "access_rate": rate, "access_delay_ms": d, "rtt_ms": 4 * d, "loss": 0.0,
+            "queue": "1 site-to-site BDP per access link direction", "mtu": int(mtu)}
 else:
     d = float(delay.rstrip("ms"))
     l = float(loss.rstrip("%")) / (100 if loss.endswith("%") else 1)
@@ -557,6 +571,92 @@ exchange_rsync_rows() {
   done
 }
 
+# --- allreduce: a float32 all-reduce among 3 and 4 sites of a star ------------
+# For each N: the star, N daemons (one per site), ROUNDS timed rounds by every
+# site at once through the Python binding (longhaul's own algorithm: sharded
+# from 3 sites on), then the same daemons restarted with
+# `exchange.allreduce: direct` and the same rounds (the anchor: the
+# all-to-all exchange). Every round's result at every site is checked against
+# a reference reduction (lib/allreduce_bench.py).
+scenario_allreduce() {
+  local rounds=10 big=$((64 * MiB))
+  [[ $SMOKE == 1 ]] && rounds=3 big=$((4 * MiB))
+  [[ -n "$SIZE" ]] && big=$(to_bytes "$SIZE")
+  big=$((big / 4 * 4))
+  local sizes=(3 4)
+  [[ -n "${LONGHAUL_BENCH_ALLREDUCE_SITES:-}" ]] && read -r -a sizes <<<"${LONGHAUL_BENCH_ALLREDUCE_SITES//,/ }"
+  local rate_bps delay_s
+  rate_bps=$(python3 -c 'import sys; s=sys.argv[1].lower(); m={"gbit":1e9,"mbit":1e6,"kbit":1e3}; print(next(float(s[:-len(k)])*v for k,v in m.items() if s.endswith(k)))' "$L_RATE")
+  delay_s=$(awk -v d="${L_DELAY%ms}" 'BEGIN { print d / 1000 }')
+  # Site to site: two access links each way.
+  LH_RTT=$(awk -v d="${L_DELAY%ms}" 'BEGIN { print 4 * d "ms" }')
+  export LH_STAR_LINK="${sizes[*]}"
+  extra allreduce "{\"bytes\": $big, \"dtype\": \"float32\", \"op\": \"sum\", \"rounds\": $rounds, \"sites\": [$(IFS=,; echo "${sizes[*]}")], \"target\": \"median <= 1.25 x ideal\", \"ideal\": \"2(N-1)/N x bytes / access rate + 4 x delay\"}"
+  local n ideals="" ref
+  for n in "${sizes[@]}"; do
+    local ideal per_lh per_a2a
+    ideal=$(awk -v n="$n" -v b="$big" -v r="$rate_bps" -v d="$delay_s" 'BEGIN { printf "%.5f", 2 * (n - 1) / n * b * 8 / r + 4 * d }')
+    ideals+="${ideals:+, }\"$n\": $ideal"
+    # Seconds between round starts: room for a round at 2.5x its uplink
+    # time, and the digests between rounds.
+    per_lh=$(awk -v n="$n" -v b="$big" -v r="$rate_bps" -v d="$delay_s" 'BEGIN { printf "%.3f", 2.5 * 2 * (n - 1) / n * b * 8 / r + 4 * d + 0.5 }')
+    per_a2a=$(awk -v n="$n" -v b="$big" -v r="$rate_bps" -v d="$delay_s" 'BEGIN { printf "%.3f", 2.5 * (n - 1) * b * 8 / r + 4 * d + 0.5 }')
+    local sites k
+    sites=site-1; for ((k = 2; k <= n; k++)); do sites+=",site-$k"; done
+    ref="$WORK/ar-reference-$n.json"
+    log "reference reduction of $n sites, $rounds rounds"
+    PYTHONDONTWRITEBYTECODE=1 "$LH_PYTHON" "$BENCH_LIB/allreduce_bench.py" reference \
+      --sites "$sites" --bytes "$big" --rounds "$rounds" --out "$ref" || die "reference failed"
+    # The daemons pace each exchange link at link.bandwidth (the access rate
+    # unless LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH says otherwise; "share": the
+    # access rate over the N - 1 links that share the uplink).
+    LH_BANDWIDTH=$L_RATE
+    case "${LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH:-}" in
+      "") ;;
+      share) LH_BANDWIDTH="$(awk -v r="$rate_bps" -v n="$n" 'BEGIN { printf "%d", r / (n - 1) / 1e6 }')Mbit" ;;
+      *) LH_BANDWIDTH=$LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH ;;
+    esac
+    export LH_BANDWIDTH
+    star_up "$n" "$L_RATE" "$L_DELAY" "$L_MTU"
+    if [[ -n "${LONGHAUL_BENCH_SLOW_START_AFTER_IDLE:-}" ]]; then
+      for ((k = 1; k <= n; k++)); do
+        ip netns exec "${STAR_NS[$k]}" sysctl -qw \
+          "net.ipv4.tcp_slow_start_after_idle=$LONGHAUL_BENCH_SLOW_START_AFTER_IDLE" ||
+          die "cannot set tcp_slow_start_after_idle in ${STAR_NS[$k]}"
+      done
+    fi
+    LH_EXTRA_CONFIG="" longhaul_star_up "$n"
+    lh_allreduce_row "longhaul all-reduce ($n sites)" "$n" "$big" "$rounds" "$per_lh" "$ideal" "$ref"
+    longhaul_star_down
+    LH_EXTRA_CONFIG="exchange: {allreduce: direct}" longhaul_star_up "$n"
+    lh_allreduce_row "all-to-all exchange ($n sites, longhaul exchange.allreduce: direct)" \
+      "$n" "$big" "$rounds" "$per_a2a" "$ideal" "$ref"
+    longhaul_star_down
+    # The emulator's own counts over both rows, per site and direction.
+    if link_stats >"$WORK/wanem.star-$n.json" 2>/dev/null; then
+      extra "emulator_sites_$n" "$(python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+keys = ("forwarded_packets", "forwarded_bytes", "dropped_queue", "dropped_loss", "dropped_overflow")
+print(json.dumps({f"site{i}": {d: {k: s[f"site{i}"][d][k] for k in keys} for d in ("up", "down")}
+                  for i in range(1, s["sites"] + 1)}))' "$WORK/wanem.star-$n.json")"
+    fi
+    link_down
+    LINK_CTL=""
+  done
+  extra ideal_seconds "{$ideals}"
+  extra allreduce_settings "{\"link_bandwidth\": \"${LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH:-access rate}\", \"tcp_slow_start_after_idle\": \"${LONGHAUL_BENCH_SLOW_START_AFTER_IDLE:-kernel default}\"}"
+  # A row that did not run, or whose result was wrong at any site, fails the
+  # run (the medians against the target are reported, not checked).
+  local bad
+  bad=$(python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print("; ".join(r["tool"] + (": " + r["error"][:200] if "error" in r else ": not verified")
+                for r in rows if "error" in r or not r.get("verified")))' "$WORK/rows.jsonl")
+  [[ -z "$bad" ]] || SCENARIO_FAILED="$bad"
+}
+
 # --- handshake-flood: a transfer alone, then during a flood of pending handshakes ---
 FLOOD() { python3 "$BENCH_LIB/handshake_flood.py" "$@"; }
 now_s() { date +%s.%N; }
@@ -777,6 +877,7 @@ case "$SCENARIO" in
   fairness) scenario_fairness ;;
   resume) scenario_resume ;;
   exchange) scenario_exchange ;;
+  allreduce) scenario_allreduce ;;
   handshake-flood) scenario_handshake_flood ;;
 esac
 finish

@@ -53,3 +53,37 @@ in_dst() { ip netns exec "$NS_DST" "$@"; }
 # A free TCP port in the destination namespace (namespaces start empty, so
 # collisions are only with our own servers).
 free_port() { echo $((20000 + RANDOM % 20000)); }
+
+# star_up N RATE DELAY MTU: longhaul-wanem's N-site star (tests/wanem/README.md,
+# "N-site star"); site K's namespace and address in STAR_NS[K], STAR_ADDR[K]
+# (1-based). The emulator is this run's one link: link_stats and link_down
+# apply to it.
+STAR_NS=()
+STAR_ADDR=()
+star_up() {
+  local n=$1 rate=$2 delay=$3 mtu=$4
+  [[ -x "$WANEM" ]] || die "no emulator at $WANEM (build longhaul-wanem first)"
+  LINK_CTL="$WORK/wanem.sock"
+  rm -f "$WORK/wanem.ready" "$LINK_CTL"
+  "$WANEM" --sites="$n" --rate="$rate" --delay="$delay" --loss=0 --queue=bdp --mtu="$mtu" \
+    --control="$LINK_CTL" --ready-file="$WORK/wanem.ready" \
+    --stats-json="$WORK/wanem.stats.json" >"$WORK/wanem.log" 2>&1 &
+  WANEM_PID=$!
+  local i
+  for ((i = 0; i < 100; i++)); do
+    [[ -s "$WORK/wanem.ready" ]] && break
+    kill -0 "$WANEM_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  [[ -s "$WORK/wanem.ready" ]] || { cat "$WORK/wanem.log" >&2; die "emulator did not come up"; }
+  # shellcheck disable=SC1091
+  . "$WORK/wanem.ready"
+  STAR_NS=("")
+  STAR_ADDR=("")
+  for ((i = 1; i <= LHW_SITES; i++)); do
+    local ns=LHW_NS_$i addr=LHW_ADDR_$i
+    STAR_NS+=("${!ns}")
+    STAR_ADDR+=("${!addr}")
+  done
+  log "star up: $n sites (${STAR_NS[*]:1}), each access link rate=$rate delay=$delay mtu=$mtu"
+}

@@ -368,3 +368,155 @@ for k, v in json.load(open(sys.argv[1]))["extra"].items(): print(k + "=" + json.
     result "$tool $kind$label" "$bytes" "$seconds" "$cpu" "$verified" "${extra_kv[@]}" "note=$(jstr "$note")"
   done
 }
+
+# --- the allreduce scenario: N daemons on the star, one per site -------------
+# Sites are site-1 .. site-N (site-K in the star's namespace K); each lists
+# every other as a peer. LH_EXTRA_CONFIG is appended to each config.
+LH_STAR_SITES=()
+
+# longhaul_star_up N: PKI, configs and the N daemons; on failure LH_ERROR says why.
+longhaul_star_up() {
+  local n=$1 k j
+  LH_ERROR=$(longhaul_missing)
+  [[ -z "$LH_ERROR" ]] || return 1
+  LH_STAR_SITES=()
+  for ((k = 1; k <= n; k++)); do LH_STAR_SITES+=("site-$k"); done
+  rm -rf "$WORK/lh"
+  mkdir -p "$WORK/lh"
+  if ! bash "$REPO/deploy/pki.sh" "$WORK/lh/pki" "${LH_STAR_SITES[@]}" >"$WORK/lh/pki.log" 2>&1; then
+    LH_ERROR="deploy/pki.sh failed: $(tail -c 300 "$WORK/lh/pki.log" | tr '\n' ' ')"
+    return 1
+  fi
+  for ((k = 1; k <= n; k++)); do
+    local site=site-$k d="$WORK/lh/site-$k" peers=""
+    for ((j = 1; j <= n; j++)); do
+      [[ $j == "$k" ]] && continue
+      peers+="${peers:+, }{site: site-$j, address: ${STAR_ADDR[$j]}:7700}"
+    done
+    mkdir -p "$d/state"
+    cat >"$d/longhauld.yaml" <<CFG
+site: $site
+listen: ${STAR_ADDR[$k]}:7700
+control_socket: $d/control.sock
+state_dir: $d/state
+tls: {ca: $WORK/lh/pki/ca.pem, cert: $WORK/lh/pki/$site.pem, key: $WORK/lh/pki/$site.key}
+peers: [$peers]
+link: {bandwidth: $LH_BANDWIDTH, rtt: $LH_RTT}
+metrics: {listen: "127.0.0.1:0"}
+${LH_EXTRA_CONFIG:-}
+CFG
+  done
+  for ((k = 1; k <= n; k++)); do
+    lh_start "site-$k" "${STAR_NS[$k]}" || return 1
+  done
+  log "longhauld up at ${LH_STAR_SITES[*]}${LH_EXTRA_CONFIG:+ with: $LH_EXTRA_CONFIG}"
+}
+
+# longhaul_star_down: stops the star's daemons (SIGTERM, then waits).
+longhaul_star_down() {
+  local site var
+  for site in "${LH_STAR_SITES[@]}"; do
+    var=LH_PID_${site//-/_}
+    [[ -n "${!var:-}" ]] || continue
+    kill -TERM "${!var}" 2>/dev/null
+    wait "${!var}" 2>/dev/null
+    printf -v "$var" '%s' ""
+  done
+}
+
+lh_ar_py() { env PYTHONPATH="$LH_PYPATH" PYTHONDONTWRITEBYTECODE=1 "$LH_PYTHON" "$BENCH_LIB/allreduce_bench.py" "$@"; }
+
+# lh_allreduce_row TOOL N BYTES ROUNDS PERIOD IDEAL REF: every site of the star
+# runs allreduce_bench.py against its own daemon at once; one row with the
+# median round, verified against the reference digests in REF.
+lh_allreduce_row() {
+  local tool=$1 n=$2 bytes=$3 rounds=$4 period=$5 ideal=$6 ref=$7
+  local tag="n$n-${tool//[^A-Za-z0-9]/_}" sites k
+  sites=$(IFS=,; echo "${LH_STAR_SITES[*]}")
+  if [[ -n "$LH_ERROR" ]]; then
+    result_error "$tool" "$LH_ERROR"
+    return
+  fi
+  export -f lh_ar_py
+  export LH_PYPATH LH_PYTHON BENCH_LIB
+  log "$tool: $rounds rounds of a $bytes-byte all-reduce at $n sites, one every ${period}s"
+  link_mark
+  local load0 load1 host0 host1
+  load0=$(cut -d' ' -f1 /proc/loadavg)
+  host0=$(head -1 /proc/stat)
+  local pids=() outs=() cpu0=() cpu1=()
+  for ((k = 1; k <= n; k++)); do
+    local var=LH_PID_site_$k
+    cpu0+=("$(proc_cpu_threads "${!var}")")
+    outs+=("$WORK/ar-$tag-site-$k.json")
+    timeout --kill-after=10 "$TOOL_TIMEOUT" ip netns exec "${STAR_NS[$k]}" bash -c 'lh_ar_py "$@"' _ \
+      run --daemon "unix:$WORK/lh/site-$k/control.sock" --group "bench-$tag" --site "site-$k" \
+      --sites "$sites" --bytes "$bytes" --rounds "$rounds" --period "$period" \
+      --daemon-pid "${!var}" --out "$WORK/ar-$tag-site-$k.json" >"$WORK/ar-$tag-site-$k.log" 2>&1 &
+    pids+=($!)
+    BG_PIDS+=($!)
+  done
+  local rcs=() p failed=0
+  for p in "${pids[@]}"; do
+    wait "$p"
+    local rc=$?
+    rcs+=("$rc")
+    [[ $rc == 0 ]] || failed=1
+  done
+  local counters
+  counters=$(row_counters)
+  load1=$(cut -d' ' -f1 /proc/loadavg)
+  host1=$(head -1 /proc/stat)
+  # The whole machine's CPU over the row (other work shares it): busy share of
+  # all cores, and the hypervisor's steal.
+  local host
+  host=$(awk -v a="$host0" -v b="$host1" 'BEGIN {
+    n = split(a, x, " "); split(b, y, " ")
+    for (i = 2; i <= n; i++) { d = y[i] - x[i]; t += d; if (i == 5 || i == 6) idle += d; if (i == 9) st = d }
+    printf "{\"busy\": %.3f, \"steal\": %.3f, \"load_before\": %s, \"load_after\": %s}", (t - idle) / t, st / t, "'"$load0"'", "'"$load1"'" }')
+  for ((k = 1; k <= n; k++)); do
+    local var=LH_PID_site_$k
+    cpu1+=("$(proc_cpu_threads "${!var}")")
+  done
+  if [[ $failed == 1 ]]; then
+    local why
+    why=$(tail -q -c 200 "$WORK"/ar-"$tag"-site-*.log | tr '\n' ' ')
+    result_error "$tool" "allreduce_bench.py failed (exit ${rcs[*]}): $why"
+    return
+  fi
+  if ! lh_ar_py merge --reference "$ref" "${outs[@]}" >"$WORK/ar-$tag.json" 2>"$WORK/ar-$tag.err"; then
+    result_error "$tool" "merge failed: $(tail -c 300 "$WORK/ar-$tag.err" | tr '\n' ' ')"
+    return
+  fi
+  local daemons_cpu=0
+  for ((k = 0; k < n; k++)); do daemons_cpu=$(add "$daemons_cpu" "$(sub "${cpu1[$k]}" "${cpu0[$k]}")"); done
+  if ! python3 - "$WORK/ar-$tag.json" "$tool" "$n" "$bytes" "$ideal" "$daemons_cpu" "$counters" "$host" \
+      >>"$WORK/rows.jsonl" <<'PY'; then
+import json, os, sys
+s = json.load(open(sys.argv[1]))
+tool, n, size, ideal, dcpu = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+counters = json.loads(sys.argv[7] or "null")
+med = s["median_seconds"]
+row = {"tool": tool, "sites": n, "bytes": size, "seconds": round(med, 5),
+       "median_seconds": round(med, 5), "ideal_seconds": round(ideal, 5),
+       "ratio_to_ideal": round(med / ideal, 4), "target_seconds": round(1.25 * ideal, 5),
+       "meets_target": med <= 1.25 * ideal,
+       # Each site's own buffer through the all-reduce per round: size / median.
+       "goodput_mbit": round(size * 8 / med / 1e6, 1),
+       "cpu_seconds": round(s["cpu_seconds"], 3), "cpu_seconds_daemons": round(dcpu, 3),
+       "verified": s["verified"], "link_counters": counters, "host_cpu": json.loads(sys.argv[8]),
+       "link_bandwidth_config": os.environ.get("LH_BANDWIDTH", "")}
+for k in ("min_seconds", "p90_seconds", "max_seconds"):
+    row[k] = round(s[k], 5)
+for k in ("rounds", "round_seconds", "late_starts", "bytes_sent_per_site", "warmup_seconds",
+          "join_seconds"):
+    row[k] = s[k]
+if not s["verified"]:
+    row["why_not_verified"] = s["why_not_verified"]
+print(json.dumps(row))
+print(f"{tool}: median {med:.4f}s, ideal {ideal:.4f}s, ratio {med / ideal:.3f}, "
+      f"verified={s['verified']}", file=sys.stderr)
+PY
+    result_error "$tool" "summary failed"
+  fi
+}

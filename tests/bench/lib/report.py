@@ -32,11 +32,16 @@ def delta(before, after):
     except (OSError, ValueError):
         print("null")
         return
+    keys = ("forwarded_packets", "forwarded_bytes", "dropped_queue",
+            "dropped_loss", "dropped_cut", "dropped_overflow")
     out = {}
-    for d in ("a2b", "b2a"):
-        out[d] = {k: a[d][k] - b[d].get(k, 0) for k in (
-            "forwarded_packets", "forwarded_bytes", "dropped_queue",
-            "dropped_loss", "dropped_cut", "dropped_overflow")}
+    if "sites" in a:  # the N-site star: each site's uplink and downlink
+        for i in range(1, a["sites"] + 1):
+            s = f"site{i}"
+            out[s] = {d: {k: a[s][d][k] - b[s][d].get(k, 0) for k in keys} for d in ("up", "down")}
+    else:
+        for d in ("a2b", "b2a"):
+            out[d] = {k: a[d][k] - b[d].get(k, 0) for k in keys}
     print(json.dumps(out))
 
 
@@ -93,7 +98,7 @@ def final(scenario, link_path, rows_path, extra_path, out=None):
             continue
         notes = []
         for k in ("share", "resent_ratio", "note", "resent_bytes", "resent_chunks_per_stream",
-                  "retransmits", "ratio_to_alone",
+                  "retransmits", "ratio_to_alone", "sites", "ratio_to_ideal",
                   "peak_hwm_mib", "peak_threads", "peak_fds"):
             if k in r:
                 notes.append(f"{k}={fmt(r[k], 3)}")
@@ -101,7 +106,11 @@ def final(scenario, link_path, rows_path, extra_path, out=None):
             h = r["flood_held"]
             notes.append(f"flood held min/median/max={h['min']}/{fmt(h['median'], 0)}/{h['max']}")
         lc = r.get("link_counters")
-        if lc:
+        if lc and "a2b" not in lc:  # the star: per site, uplink
+            notes.append("uplink fwd/q-drop " + " ".join(
+                f"{s}={c['up']['forwarded_packets']}/{c['up']['dropped_queue']}"
+                for s, c in lc.items()))
+        elif lc:
             a = lc["a2b"]
             notes.append("link a2b fwd={} q-drop={} loss={}".format(
                 a["forwarded_packets"], a["dropped_queue"], a["dropped_loss"]))

@@ -45,7 +45,8 @@ def main(paths):
             if r["tool"].startswith("longhaul"):
                 ratios = [f"{r['goodput_mbit'] / a['goodput_mbit']:.2f}× {a['tool']}"
                           for a in rows if not a["tool"].startswith("longhaul") and
-                          a.get("goodput_mbit") and "error" not in a]
+                          a.get("goodput_mbit") and "error" not in a and
+                          a.get("sites") == r.get("sites")]  # allreduce: same star only
                 note = ", ".join(ratios)
                 if "resent_bytes" in r:
                     note += f"; resent {r['resent_bytes']}"

@@ -259,5 +259,21 @@ TEST(ConfigPeerLimitsTest, RefusesABudgetSmallerThanTwoChunksAndUnknownKeys) {
   EXPECT_FALSE(ParseConfig(std::string(kTwoSites) + "peer_limits: {max_pending_handshakes: 0}\n").ok());
 }
 
+TEST(ConfigExchangeTest, AllReduceIsShardedUnlessForcedDirect) {
+  auto c = ParseConfig(kTwoSites);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->exchange.sharded_all_reduce);
+  auto direct = ParseConfig(std::string(kTwoSites) + "exchange: {allreduce: direct}\n");
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_FALSE(direct->exchange.sharded_all_reduce);
+  auto automatic = ParseConfig(std::string(kTwoSites) + "exchange: {allreduce: auto}\n");
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_TRUE(automatic->exchange.sharded_all_reduce);
+  auto bad = ParseConfig(std::string(kTwoSites) + "exchange: {allreduce: ring}\n");
+  EXPECT_FALSE(bad.ok());
+  auto typo = ParseConfig(std::string(kTwoSites) + "exchange: {allreduc: direct}\n");
+  EXPECT_FALSE(typo.ok());
+}
+
 }  // namespace
 }  // namespace longhaul::daemon
