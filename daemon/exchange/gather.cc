@@ -42,7 +42,6 @@ absl::Status Operations::CheckGathered(const ReduceRun& run, const std::vector<s
 
 OpResult Operations::Collective(const GatherArgs& args, const std::string& what,
                                 CollectiveBody body) {
-  const Clock& clock = state_->clock;
   // The all-reduce's machinery reads these fields of AllReduceArgs only.
   AllReduceArgs reduce_args;
   reduce_args.group = args.group;
@@ -51,67 +50,10 @@ OpResult Operations::Collective(const GatherArgs& args, const std::string& what,
   reduce_args.tag = args.tag;
   reduce_args.timeout = args.timeout;
   reduce_args.client_gone = args.client_gone;
-  ReduceRun run(reduce_args);
-  run.start = clock.Now();
-  run.deadline = After(run.start, ToTimeDelta(args.timeout));
-  run.what = what;
-  run.seq_id = absl::StrCat(args.seq);
-  OpResult result;
-  {
-    absl::MutexLock lock(&state_->mu);
-    const Group* g = state_->membership.Formed(args.group);
-    if (g == nullptr) {
-      result.status = absl::FailedPreconditionError(
-          absl::StrCat("this site has not joined group ", args.group));
-      return result;
-    }
-    if (!args.root.empty() && !g->HasMember(args.root)) {
-      // A root lost earlier is the retryable loss; any other is the caller's error.
-      LostPeer lost = state_->membership.LostMember(what, *g, args.root);
-      if (!lost.status.ok()) return Lost(lost, *g);
-      result.status = absl::InvalidArgumentError(absl::StrCat(
-          what, ": the root ", args.root, " is not a member of ", Members(g->members)));
-      return result;
-    }
-    if (result.status = OpIdFree(args.op_id); !result.status.ok()) return result;
-    run.generation = g->generation;
-    run.members = g->members;
-    run.op = StartOp(args.op_id);
-  }
-  for (const auto& m : run.members) {
-    if (m != local_site_) run.peers.push_back(m);
-  }
-  std::vector<peer::PriorityGate::Scope> scopes;
-  if (gate_ != nullptr) {
-    for (const auto& p : run.peers) scopes.push_back(gate_->Enter(p, v1::EXCHANGE));
-  }
-
-  ReduceOutcome out = body(run);
-
-  absl::MutexLock lock(&state_->mu);
-  EndOp(args.op_id);
-  if (Group* g = state_->membership.Find(args.group); g != nullptr) {
-    if (g->generation == run.generation) g->finished.insert(args.seq);
-    result.view = state_->membership.ViewOf(*g);
-  }
-  for (const auto& p : run.peers) {
-    for (Msg::Kind kind : {Msg::GATHER_DATA, Msg::BCAST_DATA, Msg::DONE, Msg::ABORT}) {
-      state_->mailbox.Erase(Mailbox::Key(args.group, kind, p, run.seq_id));
-    }
-  }
-  result.status = out.status;
-  result.lost_peer = out.lost_peer;
-  uint64_t received = 0;
-  for (auto& m : out.taken) {
-    received += m.payload.size();
-    state_->pool.Recycle(std::move(m.payload));
-  }
-  result.stats.set_bytes_sent(out.sent);
-  result.stats.set_bytes_received(received);
-  result.stats.set_peers(run.peers.size());
-  result.stats.set_seconds((clock.Now() - run.start).ToSecondsF());
-  result.stats.set_generation(run.generation);
-  return result;
+  static constexpr Msg::Kind kKinds[] = {Msg::GATHER_DATA, Msg::BCAST_DATA, Msg::DONE,
+                                         Msg::ABORT};
+  return RunOp(reduce_args, args.root, what, kKinds,
+               [&](ReduceRun& run) { return body(run); });
 }
 
 OpResult Operations::AllGather(const GatherArgs& args, absl::Span<const uint8_t> input,

@@ -261,12 +261,8 @@ void Operations::SendAborts(const std::string& group, uint64_t generation, uint6
 }
 
 OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer) {
-  const Clock& clock = state_->clock;
-  ReduceRun run(args);
-  run.start = clock.Now();
-  run.deadline = After(run.start, ToTimeDelta(args.timeout));
-  OpResult result;
   const size_t es = ElementSize(args.dtype);
+  OpResult result;
   if (es == 0) {
     result.status =
         absl::InvalidArgumentError("all-reduce needs a dtype: float32, bfloat16 or float16");
@@ -278,17 +274,46 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
                      v1::ExchangeDType_Name(args.dtype), " elements"));
     return result;
   }
-  run.count = buffer.size() / es;
-  run.what = absl::StrCat("all-reduce #", args.seq,
-                          args.tag.empty() ? "" : absl::StrCat(" (", args.tag, ")"), " in group ",
-                          args.group);
+  const std::string what =
+      absl::StrCat("all-reduce #", args.seq, args.tag.empty() ? "" : absl::StrCat(" (", args.tag, ")"),
+                   " in group ", args.group);
+  static constexpr Msg::Kind kKinds[] = {Msg::REDUCE_DATA, Msg::REDUCE_RESULT, Msg::DONE,
+                                         Msg::ABORT};
+  return RunOp(args, /*root=*/"", what, kKinds, [&](ReduceRun& run) {
+    run.count = buffer.size() / es;
+    ClientBuffer input(buffer, args.progress, state_->clock, run.deadline, run.op->stop,
+                       args.client_gone, state_->client_reads);
+    run.input = &input;
+    return sharded_all_reduce_ && RunsSharded(run.members.size(), args.quantize_int8)
+               ? ShardedAllReduce(run, buffer)
+               : DirectAllReduce(run, buffer);
+  });
+}
+
+OpResult Operations::RunOp(const AllReduceArgs& args, const std::string& root,
+                           const std::string& what, absl::Span<const Msg::Kind> kinds,
+                           absl::FunctionRef<ReduceOutcome(ReduceRun&)> body) {
+  const Clock& clock = state_->clock;
+  ReduceRun run(args);
+  run.start = clock.Now();
+  run.deadline = After(run.start, ToTimeDelta(args.timeout));
+  run.what = what;
   run.seq_id = absl::StrCat(args.seq);
+  OpResult result;
   {
     absl::MutexLock lock(&state_->mu);
     const Group* g = state_->membership.Formed(args.group);
     if (g == nullptr) {
       result.status = absl::FailedPreconditionError(
           absl::StrCat("this site has not joined group ", args.group));
+      return result;
+    }
+    if (!root.empty() && !g->HasMember(root)) {
+      // A root lost earlier is the retryable loss; any other is the caller's error.
+      LostPeer lost = state_->membership.LostMember(what, *g, root);
+      if (!lost.status.ok()) return Lost(lost, *g);
+      result.status = absl::InvalidArgumentError(
+          absl::StrCat(what, ": the root ", root, " is not a member of ", Members(g->members)));
       return result;
     }
     if (result.status = OpIdFree(args.op_id); !result.status.ok()) return result;
@@ -304,12 +329,7 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
     for (const auto& p : run.peers) scopes.push_back(gate_->Enter(p, v1::EXCHANGE));
   }
 
-  ClientBuffer input(buffer, args.progress, clock, run.deadline, run.op->stop, args.client_gone,
-                     state_->client_reads);
-  run.input = &input;
-  ReduceOutcome out = sharded_all_reduce_ && RunsSharded(run.members.size(), args.quantize_int8)
-                          ? ShardedAllReduce(run, buffer)
-                          : DirectAllReduce(run, buffer);
+  ReduceOutcome out = body(run);
 
   absl::MutexLock lock(&state_->mu);
   EndOp(args.op_id);
@@ -318,9 +338,7 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
     result.view = state_->membership.ViewOf(*g);
   }
   for (const auto& p : run.peers) {
-    for (Msg::Kind kind : {Msg::REDUCE_DATA, Msg::REDUCE_RESULT, Msg::DONE, Msg::ABORT}) {
-      state_->mailbox.Erase(Mailbox::Key(args.group, kind, p, run.seq_id));
-    }
+    for (Msg::Kind kind : kinds) state_->mailbox.Erase(Mailbox::Key(args.group, kind, p, run.seq_id));
   }
   result.status = out.status;
   result.lost_peer = out.lost_peer;
@@ -464,10 +482,13 @@ Operations::ReduceOutcome Operations::DirectAllReduce(const ReduceRun& run,
   ClientBuffer& input = *run.input;
   // Each segment of the buffer is read once into `scratch`. Quantized: each
   // piece is quantized into `quantized`, which goes to every peer. Not
-  // quantized (two members at most, RunsSharded): the piece goes to the one
-  // peer and is decoded into `acc`, which so holds this site's contribution
-  // exactly as sent.
+  // quantized with one peer: the piece goes to it and is decoded into `acc`,
+  // which so holds this site's contribution exactly as sent. Not quantized
+  // with several peers (only when exchange.allreduce is direct): the pieces
+  // are copied into `copy`, which goes to every peer.
   Payload scratch = state_->pool.Take(std::min<uint64_t>(kSegmentBytes, buffer.size()));
+  const bool several = !args.quantize_int8 && run.peers.size() > 1;
+  std::vector<uint8_t> copy;
   std::vector<uint8_t> quantized;
   std::vector<float> acc;
   absl::Span<const uint8_t> own;  // what the peers get: its bytes, for the length
@@ -485,9 +506,14 @@ Operations::ReduceOutcome Operations::DirectAllReduce(const ReduceRun& run,
                    absl::MakeSpan(quantized).subspan(QuantizedSize(first), QuantizedSize(n)));
         });
     own = quantized;
+  } else if (several) {
+    copy.resize(buffer.size());
+    out.status = input.ReadPieces(0, buffer.size(), absl::MakeSpan(scratch),
+                                  [&](uint64_t offset, absl::Span<const uint8_t> piece) {
+                                    std::memcpy(copy.data() + offset, piece.data(), piece.size());
+                                  });
+    own = copy;
   } else {
-    LONGHAUL_CHECK(run.peers.size() <= 1)
-        << "an unquantized direct exchange of " << run.members.size() << " members";
     acc.resize(count);
     own = buffer;
   }
@@ -500,7 +526,7 @@ Operations::ReduceOutcome Operations::DirectAllReduce(const ReduceRun& run,
   }
   const Msg header = ReduceHeader(run, Msg::REDUCE_DATA);
   Links::StageFn stage;
-  if (!args.quantize_int8) {
+  if (!args.quantize_int8 && !several) {
     stage = [&](uint64_t offset, uint64_t n) -> absl::StatusOr<absl::Span<const uint8_t>> {
       absl::Span<uint8_t> piece = absl::MakeSpan(scratch).subspan(0, n);
       if (absl::Status s = input.Read(offset, piece); !s.ok()) return s;
@@ -537,7 +563,7 @@ Operations::ReduceOutcome Operations::DirectAllReduce(const ReduceRun& run,
   CollectSends(run, senders, std::vector<uint64_t>(run.peers.size(), own.size()), &out);
   state_->pool.Recycle(std::move(scratch));
 
-  if (out.status.ok() && args.quantize_int8) {
+  if (out.status.ok() && (args.quantize_int8 || several)) {
     acc.resize(count);
     bool first = true;
     for (const std::string& m : run.members) {
@@ -546,7 +572,7 @@ Operations::ReduceOutcome Operations::DirectAllReduce(const ReduceRun& run,
         size_t i = std::find(run.peers.begin(), run.peers.end(), m) - run.peers.begin();
         contribution = out.taken[i].payload;
       }
-      Accumulate(args.dtype, /*quantized=*/true, contribution, first, absl::MakeSpan(acc));
+      Accumulate(args.dtype, args.quantize_int8, contribution, first, absl::MakeSpan(acc));
       first = false;
     }
   } else if (out.status.ok() && !run.peers.empty()) {

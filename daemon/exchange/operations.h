@@ -111,9 +111,14 @@ class Operations {
                                        v1::ExchangePeerMessage::Kind kind) const;
   // What the peers' messages of `run` must carry.
   ReduceCall Call(const ReduceRun& run, uint32_t shards) const;
-  // gather.cc: runs an all-gather or broadcast `body` on the group as the
-  // all-reduce runs its exchange (op registration, the priority class, the
-  // clean-up of its messages, the stats); `what` names it in errors.
+  // What every collective does around its exchange `body`: the group and op
+  // registration (a `root`, if not empty, must be a member), the priority
+  // class, the clean-up of its messages of `kinds`, the stats. `what` names
+  // it in errors.
+  OpResult RunOp(const AllReduceArgs& args, const std::string& root, const std::string& what,
+                 absl::Span<const v1::ExchangePeerMessage::Kind> kinds,
+                 absl::FunctionRef<ReduceOutcome(ReduceRun&)> body);
+  // gather.cc: runs an all-gather or broadcast `body` through RunOp.
   using CollectiveBody = absl::FunctionRef<ReduceOutcome(const ReduceRun&)>;
   OpResult Collective(const GatherArgs& args, const std::string& what, CollectiveBody body);
   // gather.cc: checks the GATHER_DATA / BCAST_DATA messages AwaitAll just

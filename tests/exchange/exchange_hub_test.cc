@@ -87,8 +87,14 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, ExchangeHubTest,
                          ::testing::Values(v1::FLOAT32, v1::BFLOAT16, v1::FLOAT16),
                          [](const auto& info) { return v1::ExchangeDType_Name(info.param); });
 
-TEST(ExchangeHubGroupTest, RandomFloatsAreBitIdenticalAtEverySiteAndMatchFixedOrderSum) {
-  Net net(3);
+// At three sites, by the sharded exchange and by the direct one
+// (exchange.allreduce: direct, the benchmark's anchor) alike.
+class ExchangeHubAlgorithmTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ExchangeHubAlgorithmTest, RandomFloatsAreBitIdenticalAtEverySiteAndMatchFixedOrderSum) {
+  HubOptions options;
+  options.sharded_all_reduce = GetParam();
+  Net net(3, nullptr, options);
   net.JoinAll("g", net.names());
   const size_t count = (9u << 20) / 4;  // 9 MiB: three segments per message
   std::mt19937 rng(42);
@@ -114,6 +120,7 @@ TEST(ExchangeHubGroupTest, RandomFloatsAreBitIdenticalAtEverySiteAndMatchFixedOr
     ASSERT_EQ(got[i], want) << i;
   }
 }
+INSTANTIATE_TEST_SUITE_P(ShardedAndDirect, ExchangeHubAlgorithmTest, ::testing::Bool());
 
 TEST(ExchangeHubGroupTest, QuantizedAllReduceIsIdenticalAndCloseToTheSum) {
   Net net(2);
