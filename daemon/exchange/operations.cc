@@ -458,7 +458,9 @@ void Operations::CollectSends(const ReduceRun& run, SenderSet& senders,
 }
 
 void Operations::Settle(const ReduceRun& run, ReduceOutcome* out) {
-  if (absl::Status s = run.input->status(); !s.ok()) {
+  // An all-reduce's client that stalled or left fails it as its own fault
+  // (all-gather and broadcast read their input directly: no run.input).
+  if (absl::Status s = run.input != nullptr ? run.input->status() : absl::OkStatus(); !s.ok()) {
     out->lost_peer.clear();
     out->status = s.code() == absl::StatusCode::kAborted
                       ? absl::CancelledError(absl::StrCat(run.what, ": ", s.message()))

@@ -92,7 +92,7 @@ class Operations {
     std::shared_ptr<Op> op;
     Timestamp start;
     Timestamp deadline;
-    ClientBuffer* input = nullptr;  // the only reader of the client's buffer
+    ClientBuffer* input = nullptr;  // all-reduce: the only reader of the client's buffer
   };
   struct ReduceOutcome {
     absl::Status status;
