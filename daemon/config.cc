@@ -109,11 +109,11 @@ absl::Status ReadSites(const YAML::Node& node, const char* key, absl::string_vie
 
 absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   DaemonConfig c;
-  LH_RETURN_IF_ERROR(CheckKeys(root, "config",
-                               {"site", "listen", "state_dir", "control_socket", "control_listen",
-                                "control_token_file", "control_tokens", "tls", "exports", "peers",
-                                "transfer", "link", "log_level", "metrics", "limits", "udp",
-                                "peer_limits", "exchange"}));
+  LH_RETURN_IF_ERROR(
+      CheckKeys(root, "config",
+                {"site", "listen", "state_dir", "control_socket", "control_listen",
+                 "control_token_file", "control_tokens", "tls", "exports", "peers", "transfer",
+                 "link", "log_level", "metrics", "limits", "udp", "peer_limits", "exchange"}));
   LH_RETURN_IF_ERROR(Read(root, "site", &c.site));
   if (c.site.empty()) return absl::InvalidArgumentError("config: 'site' (this site's name) is required");
   LH_RETURN_IF_ERROR(Read(root, "listen", &c.listen));
@@ -294,8 +294,8 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
     std::string algorithm = "auto";
     LH_RETURN_IF_ERROR(Read(x, "allreduce", &algorithm));
     if (algorithm != "auto" && algorithm != "direct") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "exchange.allreduce: unknown algorithm '", algorithm, "' (auto or direct)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("exchange.allreduce: unknown algorithm '", algorithm, "' (auto or direct)"));
     }
     c.exchange.sharded_all_reduce = algorithm == "auto";
   }

@@ -395,7 +395,7 @@ class PyClient {
 }  // namespace
 }  // namespace longhaul::python
 
-PYBIND11_MODULE(_longhaul, m) {  // re-exported by longhaul/__init__.py
+PYBIND11_MODULE(_longhaul, m) {      // re-exported by longhaul/__init__.py
   using namespace longhaul::python;  // NOLINT: the module's own classes
   m.doc() = "longhaul: move training data between sites (client of the local longhauld)";
 

@@ -50,10 +50,8 @@ OpResult Operations::Collective(const GatherArgs& args, const std::string& what,
   reduce_args.tag = args.tag;
   reduce_args.timeout = args.timeout;
   reduce_args.client_gone = args.client_gone;
-  static constexpr Msg::Kind kKinds[] = {Msg::GATHER_DATA, Msg::BCAST_DATA, Msg::DONE,
-                                         Msg::ABORT};
-  return RunOp(reduce_args, args.root, what, kKinds,
-               [&](ReduceRun& run) { return body(run); });
+  static constexpr Msg::Kind kKinds[] = {Msg::GATHER_DATA, Msg::BCAST_DATA, Msg::DONE, Msg::ABORT};
+  return RunOp(reduce_args, args.root, what, kKinds, [&](ReduceRun& run) { return body(run); });
 }
 
 OpResult Operations::AllGather(const GatherArgs& args, absl::Span<const uint8_t> input,

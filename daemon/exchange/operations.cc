@@ -274,9 +274,9 @@ OpResult Operations::AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> bu
                      v1::ExchangeDType_Name(args.dtype), " elements"));
     return result;
   }
-  const std::string what =
-      absl::StrCat("all-reduce #", args.seq, args.tag.empty() ? "" : absl::StrCat(" (", args.tag, ")"),
-                   " in group ", args.group);
+  const std::string what = absl::StrCat("all-reduce #", args.seq,
+                                        args.tag.empty() ? "" : absl::StrCat(" (", args.tag, ")"),
+                                        " in group ", args.group);
   static constexpr Msg::Kind kKinds[] = {Msg::REDUCE_DATA, Msg::REDUCE_RESULT, Msg::DONE,
                                          Msg::ABORT};
   return RunOp(args, /*root=*/"", what, kKinds, [&](ReduceRun& run) {
@@ -338,7 +338,8 @@ OpResult Operations::RunOp(const AllReduceArgs& args, const std::string& root,
     result.view = state_->membership.ViewOf(*g);
   }
   for (const auto& p : run.peers) {
-    for (Msg::Kind kind : kinds) state_->mailbox.Erase(Mailbox::Key(args.group, kind, p, run.seq_id));
+    for (Msg::Kind kind : kinds)
+      state_->mailbox.Erase(Mailbox::Key(args.group, kind, p, run.seq_id));
   }
   result.status = out.status;
   result.lost_peer = out.lost_peer;
