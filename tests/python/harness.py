@@ -3,6 +3,7 @@
 import os
 import sys
 import threading
+import unittest
 
 sys.path.insert(0, os.path.join(os.environ.get(
     "LONGHAUL_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(
@@ -31,11 +32,39 @@ def in_parallel(fns):
     return results
 
 
+def raise_any(results):
+    """Raises the first exception among in_parallel's results; else returns them."""
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
 def join_all(sites, name, members):
-    groups = in_parallel([
+    return raise_any(in_parallel([
         (lambda s=s: longhaul.ExchangeGroup(sites.address(s), name, members, timeout=30.0))
-        for s in members])
-    for g in groups:
-        if isinstance(g, BaseException):
-            raise g
-    return groups
+        for s in members]))
+
+
+class GroupTestCase(unittest.TestCase):
+    """Local daemons for SITES, started once per class; each test joins a
+    group of its own name at every site (self.groups, in SITES order) and
+    closes it afterwards."""
+
+    SITES = ["site-a", "site-b"]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.sites = LocalSites(cls.SITES)
+        cls.sites.__enter__()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.sites.__exit__(None, None, None)
+
+    def setUp(self):
+        self.groups = join_all(self.sites, self.id(), self.SITES)
+
+    def tearDown(self):
+        for g in self.groups:
+            g.close()

@@ -6,28 +6,14 @@ import unittest
 import numpy as np
 import torch
 
-from harness import LocalSites, in_parallel, join_all
+from harness import GroupTestCase, in_parallel
 import longhaul
 
 SITES = ["site-a", "site-b"]
 
 
-class ExchangeTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.sites = LocalSites(SITES)
-        cls.sites.__enter__()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.sites.__exit__(None, None, None)
-
-    def setUp(self):
-        self.groups = join_all(self.sites, self.id(), SITES)
-
-    def tearDown(self):
-        for g in self.groups:
-            g.close()
+class ExchangeTest(GroupTestCase):
+    SITES = SITES
 
     def allreduce_both(self, bufs, **kw):
         res = in_parallel([lambda g=g, b=b: g.allreduce(b, **kw) for g, b in zip(self.groups, bufs)])

@@ -7,35 +7,14 @@ import unittest
 import numpy as np
 import torch
 
-from harness import LocalSites, in_parallel, join_all
+from harness import GroupTestCase, LocalSites, in_parallel, join_all, raise_any
 import longhaul
 
 SITES = ["site-a", "site-b", "site-c"]
 
 
-def raise_any(results):
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return results
-
-
-class GatherTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.sites = LocalSites(SITES)
-        cls.sites.__enter__()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.sites.__exit__(None, None, None)
-
-    def setUp(self):
-        self.groups = join_all(self.sites, self.id(), SITES)
-
-    def tearDown(self):
-        for g in self.groups:
-            g.close()
+class GatherTest(GroupTestCase):
+    SITES = SITES
 
     def test_numpy_allgather_concatenates_in_member_order(self):
         rng = np.random.default_rng(0)

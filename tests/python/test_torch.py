@@ -5,7 +5,7 @@ import unittest
 
 import torch
 
-from harness import LocalSites, in_parallel, join_all
+from harness import GroupTestCase, LocalSites, in_parallel, join_all, raise_any
 import longhaul
 import longhaul.torch as lht
 
@@ -15,13 +15,6 @@ SITES = ["site-a", "site-b", "site-c"]
 def bits(t):
     """The tensor's bytes, for bit-for-bit comparison (NaN and -0.0 included)."""
     return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def raise_any(results):
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return results
 
 
 def make_model(hidden=32):
@@ -76,22 +69,8 @@ class BucketTest(unittest.TestCase):
             buckets.flatten([torch.zeros(2)] + tensors[1:])
 
 
-class OuterStepTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.sites = LocalSites(SITES)
-        cls.sites.__enter__()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.sites.__exit__(None, None, None)
-
-    def setUp(self):
-        self.groups = join_all(self.sites, self.id(), SITES)
-
-    def tearDown(self):
-        for g in self.groups:
-            g.close()
+class OuterStepTest(GroupTestCase):
+    SITES = SITES
 
     def sites_with(self, bucket_bytes=512, optimizer=True):
         models = [make_model() for _ in SITES]
