@@ -1,15 +1,14 @@
 #include "daemon/control_service.h"
 
+#include <openssl/crypto.h>
+
 #include <algorithm>
 #include <limits>
 
-#include <openssl/crypto.h>
-
 #include "absl/strings/str_cat.h"
 #include "common/fmt_absl.h"
-#include "spdlog/spdlog.h"
-
 #include "google/protobuf/util/message_differencer.h"
+#include "spdlog/spdlog.h"
 
 namespace longhaul::daemon {
 

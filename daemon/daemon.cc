@@ -229,6 +229,7 @@ void Daemon::StartExchangeHub() {
   hub_options.max_unclaimed_messages_per_peer = config_.peer_limits.max_unclaimed_messages_per_peer;
   hub_options.memory_budget = memory_budget_.get();
   hub_options.sharded_all_reduce = config_.exchange.sharded_all_reduce;
+  hub_options.uplink = Bandwidth::BitsPerSecond(static_cast<int64_t>(config_.link.bandwidth_bps));
   exchange_hub_ = std::make_unique<exchange::ExchangeHub>(
       config_.site, peer_sites_,
       [this](const std::string& site) -> absl::StatusOr<std::unique_ptr<transport::Channel>> {
@@ -238,16 +239,7 @@ void Daemon::StartExchangeHub() {
         }
         v1::Hello hello;
         hello.set_role(v1::Hello::EXCHANGE);
-        auto channel = peer::DialSession(*tcp_, site, peer->address, hello);
-        // Paced at most at the link's rate, the kernel's congestion control
-        // cannot overshoot into the bottleneck queue while it probes (BBR's
-        // startup paces at 2.89x its estimate) and lose the message's packets
-        // to it.
-        if (channel.ok()) {
-          (*channel)->LimitPacingRate(
-              Bandwidth::BitsPerSecond(static_cast<int64_t>(config_.link.bandwidth_bps)));
-        }
-        return channel;
+        return peer::DialSession(*tcp_, site, peer->address, hello);
       },
       gate_.get(), hub_options, limiter_.get(), clock_);
   router_->Register(v1::Hello::EXCHANGE,

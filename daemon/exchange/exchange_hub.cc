@@ -19,7 +19,7 @@ ExchangeHub::ExchangeHub(std::string local_site, std::vector<std::string> peers,
       links_(
           local_site_, std::move(dialer), limiter,
           [this](const std::string& site, const std::string& reason) { PeerLost(site, reason); },
-          clock),
+          clock, options_.uplink),
       operations_(
           local_site_, std::move(peers), &state_, &links_, gate,
           [this](const std::string& site, const std::string& reason) { PeerLost(site, reason); },

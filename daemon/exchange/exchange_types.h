@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/units.h"
 #include "daemon/peer/memory_budget.h"
 #include "longhaul/shm_progress.h"
 #include "longhaul/v1/exchange.pb.h"
@@ -55,6 +56,10 @@ struct HubOptions {
   // Not owned, may be null (no byte limit per peer): the bytes of a peer's
   // unclaimed messages are reserved here under its site while they wait.
   peer::PeerMemoryBudget* memory_budget = nullptr;
+  // This site's uplink rate (config link.bandwidth): each exchange link is
+  // paced at most at it, and the links a collective sends on at once share
+  // it (Links, Pacing). Zero: unpaced.
+  Bandwidth uplink = Bandwidth::Zero();
   // false: all-reduces of three or more members run as the direct all-to-all
   // exchange instead of sharded (every member must agree; for comparisons).
   bool sharded_all_reduce = true;

@@ -35,12 +35,13 @@ bool LogDue(const std::optional<Timestamp>& logged, Timestamp now) {
 }  // namespace
 
 Links::Links(std::string local_site, Dialer dialer, peer::RateLimiter* limiter, LostFn on_lost,
-             const Clock& clock)
+             const Clock& clock, Bandwidth uplink)
     : local_site_(std::move(local_site)),
       dialer_(std::move(dialer)),
       limiter_(limiter),
       on_lost_(std::move(on_lost)),
       clock_(clock),
+      uplink_(uplink),
       drain_thread_([this] { DrainLoop(); }) {}
 
 Links::~Links() {
@@ -77,8 +78,39 @@ absl::StatusOr<std::shared_ptr<Links::Outbound>> Links::LinkTo(const std::string
     link->channel->Abort();
     return absl::UnavailableError("the daemon is shutting down");
   }
+  if (!uplink_.IsZero()) link->channel->LimitPacingRate(PacingOfLocked(site));
   outbound_[site] = link;
   return link;
+}
+
+Links::UplinkShare::UplinkShare(Links& links, std::vector<std::string> sites)
+    : links_(links), sites_(std::move(sites)) {
+  absl::MutexLock lock(&links_.mu_);
+  for (const std::string& site : sites_) ++links_.shares_[site];
+  links_.Repace();
+}
+
+Links::UplinkShare::~UplinkShare() {
+  absl::MutexLock lock(&links_.mu_);
+  for (const std::string& site : sites_) {
+    if (--links_.shares_[site] == 0) links_.shares_.erase(site);
+  }
+  links_.Repace();
+}
+
+Bandwidth Links::PacingOf(const std::string& site) {
+  absl::MutexLock lock(&mu_);
+  return PacingOfLocked(site);
+}
+
+Bandwidth Links::PacingOfLocked(const std::string& site) {
+  if (!shares_.contains(site)) return uplink_;
+  return Bandwidth::BitsPerSecond(uplink_.ToBitsPerSecond() / static_cast<int64_t>(shares_.size()));
+}
+
+void Links::Repace() {
+  if (uplink_.IsZero()) return;
+  for (const auto& [site, link] : outbound_) link->channel->LimitPacingRate(PacingOfLocked(site));
 }
 
 void Links::Break(Outbound& link, const std::string& site, const absl::Status& why) {

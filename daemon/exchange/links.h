@@ -19,6 +19,15 @@
 // later in the path's (FIFO) bottleneck queue, so the hold ends there, not a
 // round trip later with the acknowledgements.
 //
+// Pacing. Each outbound link is paced at most at the uplink's rate (the
+// config's link.bandwidth), so the kernel's congestion control cannot
+// overshoot into the bottleneck queue while it probes (BBR's startup paces
+// at 2.89x its estimate) and lose a message's packets there. A collective
+// sends to all its peers at once through the one uplink: while an
+// UplinkShare names them, each link in a share is paced at the uplink's
+// rate over the number of such links, so together they fill the uplink
+// without overfilling its queue.
+//
 // Thread-safe. Links has its own mutex, never held while it calls out (the
 // dialer, the sink, `on_lost`), so the hub may call it under its state
 // mutex: the lock order is the hub's state mutex, then this one.
@@ -69,9 +78,10 @@ class Links {
   // `limiter` (not owned, may be null) holds the operators' caps: every
   // payload segment is charged to the `exchange` class cap and to the cap of
   // the peer it goes to before it is written. `clock` (not owned, outlives
-  // this) times deadlines, holds and the refusal log.
+  // this) times deadlines, holds and the refusal log. `uplink` paces the
+  // links (see Pacing above); zero leaves them unpaced.
   Links(std::string local_site, Dialer dialer, peer::RateLimiter* limiter, LostFn on_lost,
-        const Clock& clock);
+        const Clock& clock, Bandwidth uplink = Bandwidth::Zero());
   // Shuts down and joins the drain thread.
   ~Links();
   Links(const Links&) = delete;
@@ -111,6 +121,22 @@ class Links {
   // no unsent bytes, the link breaks, or kDrainLimit passes.
   void HoldUntilSent(const std::string& site, peer::PriorityGate::Scope scope);
 
+  // While it lives, the links to `sites` share the uplink (see Pacing
+  // above). Shares may overlap; a site in two counts once.
+  class UplinkShare {
+   public:
+    UplinkShare(Links& links, std::vector<std::string> sites);
+    ~UplinkShare();
+    UplinkShare(const UplinkShare&) = delete;
+    UplinkShare& operator=(const UplinkShare&) = delete;
+
+   private:
+    Links& links_;
+    const std::vector<std::string> sites_;
+  };
+  // The pacing cap the link to `site` has, or would have once dialed.
+  Bandwidth PacingOf(const std::string& site);
+
   // Breaks and forgets the outbound link to `site`.
   void Drop(const std::string& site);
   // Aborts every link, refuses new ones and waits for every Serve to
@@ -147,6 +173,9 @@ class Links {
   // The unbroken outbound link to `site`, or null.
   std::shared_ptr<Outbound> Existing(const std::string& site);
   void Break(Outbound& link, const std::string& site, const absl::Status& why);
+  // Sets every outbound link's pacing cap from shares_.
+  void Repace() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Bandwidth PacingOfLocked(const std::string& site) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The thread that releases the holds of HoldUntilSent.
   void DrainLoop();
 
@@ -155,6 +184,7 @@ class Links {
   peer::RateLimiter* const limiter_;
   const LostFn on_lost_;
   const Clock& clock_;
+  const Bandwidth uplink_;
   std::atomic<uint64_t> next_msg_id_{1};
   std::atomic<uint64_t> refusals_received_{0};
 
@@ -164,6 +194,8 @@ class Links {
   absl::flat_hash_map<std::string, std::shared_ptr<Outbound>> outbound_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Sending>> sending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, RefusalLog> refusal_log_ ABSL_GUARDED_BY(mu_);
+  // How many live UplinkShares name each site (absent: none).
+  absl::flat_hash_map<std::string, int> shares_ ABSL_GUARDED_BY(mu_);
   // The inbound links Serve is reading (its own lock); closed by Shutdown.
   transport::ChannelRegistry inbound_;
 

@@ -329,7 +329,12 @@ OpResult Operations::RunOp(const AllReduceArgs& args, const std::string& root,
     for (const auto& p : run.peers) scopes.push_back(gate_->Enter(p, v1::EXCHANGE));
   }
 
-  ReduceOutcome out = body(run);
+  ReduceOutcome out;
+  {
+    // A collective sends to all its peers at once.
+    Links::UplinkShare share(*links_, run.peers);
+    out = body(run);
+  }
 
   absl::MutexLock lock(&state_->mu);
   EndOp(args.op_id);
@@ -343,7 +348,7 @@ OpResult Operations::RunOp(const AllReduceArgs& args, const std::string& root,
   }
   result.status = out.status;
   result.lost_peer = out.lost_peer;
-  uint64_t received = 0;
+  uint64_t received = out.released;
   for (auto& m : out.taken) {
     received += m.payload.size();
     state_->pool.Recycle(std::move(m.payload));

@@ -99,6 +99,7 @@ class Operations {
     std::string lost_peer;
     uint64_t sent = 0;           // payload bytes the peers took
     std::vector<Message> taken;  // every message whose payload this op used
+    uint64_t released = 0;       // payload bytes of taken messages given back early
   };
 
   // The direct exchange and the sharded one (sharded_all_reduce.cc); each
@@ -137,13 +138,15 @@ class Operations {
   // its message; the first failed send fails the op.
   void CollectSends(const ReduceRun& run, SenderSet& senders, const std::vector<uint64_t>& bytes,
                     ReduceOutcome* out);
-  // Checks the sharded messages AwaitAll just took under `keys` (the last
-  // keys.size() of out.taken; the i-th from run.peers[i]): each must hold
-  // shard want_shard(i) (CheckShardMessage), and no second one may be
-  // queued under its key (a duplicate). Returns out.status if it failed.
-  absl::Status CheckAll(const ReduceRun& run, const std::vector<std::string>& keys,
-                        const ReduceOutcome& out, const ReduceCall& call,
-                        absl::FunctionRef<uint32_t(size_t)> want_shard);
+  // sharded_all_reduce.cc: waits for the next `kind` message of the sharded
+  // all-reduce from each of `from`, takes them into out->taken (in `from`
+  // order) and checks each is piece `piece` of shard shard_of(sender)
+  // (CheckShardMessage) and, if that is the shard's last piece, that no
+  // further piece is queued behind it (a duplicate).
+  absl::Status TakePieces(const ReduceRun& run, const std::vector<std::string>& from,
+                          v1::ExchangePeerMessage::Kind kind, const ReduceCall& call,
+                          absl::FunctionRef<uint32_t(const std::string&)> shard_of, uint32_t piece,
+                          ReduceOutcome* out);
   // The commit round if `out` succeeded so far, else ABORT to the peers
   // unless the failure is a lost peer. A client that stalled or left while
   // its streamed buffer was being read fails the op as its own failure

@@ -19,23 +19,60 @@ namespace longhaul::exchange {
 
 using Msg = v1::ExchangePeerMessage;
 
-absl::Status Operations::CheckAll(const ReduceRun& run, const std::vector<std::string>& keys,
-                                  const ReduceOutcome& out, const ReduceCall& call,
-                                  absl::FunctionRef<uint32_t(size_t)> want_shard) {
-  if (!out.status.ok()) return out.status;
-  const size_t first = out.taken.size() - keys.size();
+namespace {
+
+// How far the owner has reduced its shard: its result senders wait here for
+// each piece.
+class ReducedPieces {
+ public:
+  void Add() {
+    absl::MutexLock lock(&mu_);
+    ++reduced_;
+  }
+  void Fail() {
+    absl::MutexLock lock(&mu_);
+    failed_ = true;
+  }
+  // Waits until piece `i` is reduced (true) or the reduction failed (false).
+  bool Await(uint32_t i) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reduced_ > i || failed_; };
+    mu_.Await(absl::Condition(&ready));
+    return reduced_ > i;
+  }
+
+ private:
+  absl::Mutex mu_;
+  uint32_t reduced_ ABSL_GUARDED_BY(mu_) = 0;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+absl::Status Operations::TakePieces(const ReduceRun& run, const std::vector<std::string>& from,
+                                    Msg::Kind kind, const ReduceCall& call,
+                                    absl::FunctionRef<uint32_t(const std::string&)> shard_of,
+                                    uint32_t piece, ReduceOutcome* out) {
+  std::vector<std::string> keys;
+  for (const std::string& p : from)
+    keys.push_back(Mailbox::Key(run.args.group, kind, p, run.seq_id));
+  if (absl::Status s = AwaitAll(run, keys, &out->taken, &out->lost_peer); !s.ok()) return s;
+  const size_t first = out->taken.size() - keys.size();
   for (size_t i = 0; i < keys.size(); ++i) {
-    const Message& m = out.taken[first + i];
-    absl::Status s =
-        CheckShardMessage(run.what, run.peers[i], m.header, m.payload.size(), call, want_shard(i));
+    const Message& m = out->taken[first + i];
+    absl::Status s = CheckShardMessage(run.what, from[i], m.header, m.payload.size(), call,
+                                       shard_of(from[i]), piece);
     if (!s.ok()) return s;
   }
+  const size_t es = ElementSize(call.dtype);
   absl::MutexLock lock(&state_->mu);
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (state_->mailbox.Has(keys[i])) {
+    const uint32_t shard = shard_of(from[i]);
+    if (piece + 1 == PieceCount(ShardOf(call.count, call.shards, shard), es) &&
+        state_->mailbox.Has(keys[i])) {
       return absl::InvalidArgumentError(
-          absl::StrCat(run.what, ": ", run.peers[i], " sent its ",
-                       Msg::Kind_Name(out.taken[first + i].header.kind()), " twice"));
+          absl::StrCat(run.what, ": ", from[i], " sent more pieces of its ", Msg::Kind_Name(kind),
+                       " than shard ", shard, " has"));
     }
   }
   return absl::OkStatus();
@@ -50,110 +87,127 @@ Operations::ReduceOutcome Operations::ShardedAllReduce(const ReduceRun& run,
     return static_cast<uint32_t>(std::find(run.members.begin(), run.members.end(), site) -
                                  run.members.begin());
   };
-  auto shard_bytes = [&](uint32_t k) {
-    const ShardRange r = ShardOf(run.count, shards, k);
-    return buffer.subspan(r.begin * es, r.size() * es);
-  };
+  auto shard_of = [&](uint32_t k) { return ShardOf(run.count, shards, k); };
+  auto bytes_of = [&](const ShardRange& r) { return buffer.subspan(r.begin * es, r.size() * es); };
   const uint32_t mine = index_of(local_site_);
+  const ShardRange own = shard_of(mine);
+  const uint32_t own_pieces = PieceCount(own, es);
   Msg header = ReduceHeader(run, Msg::REDUCE_DATA);
   header.set_shards(shards);
   const ReduceCall call = Call(run, shards);
 
-  // Reduce-scatter: each owner gets this site's part of its shard, read out
-  // of `buffer` once, a segment at a time, into its sender's scratch.
+  // Reduce-scatter: each owner gets this site's part of its shard piece by
+  // piece, each read out of `buffer` once into its sender's scratch.
   // `buffer` is read until `contributions` is finished, so the result goes
   // to it only after that.
   std::vector<uint64_t> contribution_bytes;
   for (const std::string& p : run.peers)
-    contribution_bytes.push_back(shard_bytes(index_of(p)).size());
+    contribution_bytes.push_back(bytes_of(shard_of(index_of(p))).size());
   SenderSet contributions(run.peers, state_->clock, [&](const std::string& site) {
     Msg h = header;
     h.set_shard(index_of(site));
-    const absl::Span<uint8_t> part = shard_bytes(h.shard());
-    const uint64_t begin = part.data() - buffer.data();
-    Payload scratch = state_->pool.Take(std::min<uint64_t>(kSegmentBytes, part.size()));
-    absl::Status s =
-        links_->Send(site, h, part, &run.op->stop, Timestamp::Infinite(), nullptr,
-                     [&](uint64_t offset, uint64_t n) -> absl::StatusOr<absl::Span<const uint8_t>> {
-                       absl::Span<uint8_t> piece = absl::MakeSpan(scratch).subspan(0, n);
-                       if (absl::Status r = run.input->Read(begin + offset, piece); !r.ok())
-                         return r;
-                       return piece;
-                     });
+    const ShardRange shard = shard_of(h.shard());
+    Payload scratch = state_->pool.Take(std::min<uint64_t>(kShardPieceBytes, shard.size() * es));
+    absl::Status s;
+    for (uint32_t i = 0; s.ok() && i < PieceCount(shard, es); ++i) {
+      const ShardRange piece = PieceOf(shard, es, i);
+      const absl::Span<uint8_t> bytes = absl::MakeSpan(scratch).subspan(0, piece.size() * es);
+      h.set_piece(i);
+      s = run.input->Read(piece.begin * es, bytes);
+      if (s.ok()) s = links_->Send(site, h, bytes, &run.op->stop);
+    }
     state_->pool.Recycle(std::move(scratch));
     return s;
   });
-  std::vector<std::string> keys;
-  for (const auto& p : run.peers) {
-    keys.push_back(Mailbox::Key(args.group, Msg::REDUCE_DATA, p, run.seq_id));
-  }
-  ReduceOutcome out;
-  out.status = AwaitAll(run, keys, &out.taken, &out.lost_peer);
-  out.status = CheckAll(run, keys, out, call, [&](size_t) { return mine; });
 
-  // Reduce this site's shard in member order, its own part included, as
-  // soon as its parts are here; then send the result to every peer at once.
-  Payload result;
-  std::optional<SenderSet> results;
-  std::vector<float> acc;
-  if (out.status.ok()) {
-    const absl::Span<uint8_t> own = shard_bytes(mine);
-    const uint64_t own_begin = own.data() - buffer.data();
-    acc.resize(own.size() / es);
-    Payload scratch = state_->pool.Take(std::min<uint64_t>(kSegmentBytes, own.size()));
-    bool first = true;
-    for (const std::string& m : run.members) {
-      if (m == local_site_) {
-        // This site's part, read once into `scratch` a segment at a time.
-        out.status = run.input->ReadPieces(
-            own_begin, own.size(), absl::MakeSpan(scratch),
-            [&](uint64_t offset, absl::Span<const uint8_t> piece) {
-              Accumulate(args.dtype, /*quantized=*/false, piece, first,
-                         absl::MakeSpan(acc).subspan((offset - own_begin) / es, piece.size() / es));
-            });
-      } else {
-        const size_t i = std::find(run.peers.begin(), run.peers.end(), m) - run.peers.begin();
-        Accumulate(args.dtype, /*quantized=*/false, out.taken[i].payload, first,
-                   absl::MakeSpan(acc));
+  // This site's shard, reduced a piece at a time in member order as soon as
+  // every peer's part of that piece is here; each reduced piece goes to
+  // every peer at once while the next is reduced.
+  Payload result(own.size() * es);
+  ReducedPieces reduced;
+  Msg result_header = header;
+  result_header.set_kind(Msg::REDUCE_RESULT);
+  result_header.set_shard(mine);
+  SenderSet results(run.peers, state_->clock, [&](const std::string& site) {
+    Msg h = result_header;
+    for (uint32_t i = 0; i < own_pieces; ++i) {
+      if (!reduced.Await(i)) return absl::CancelledError("the shard's reduction failed");
+      h.set_piece(i);
+      const ShardRange piece = PieceOf(own, es, i);
+      absl::Status s = links_->Send(
+          site, h,
+          absl::MakeSpan(result).subspan((piece.begin - own.begin) * es, piece.size() * es),
+          &run.op->stop);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
+  ReduceOutcome out;
+  {
+    std::vector<float> acc;
+    Payload scratch = state_->pool.Take(std::min<uint64_t>(kShardPieceBytes, own.size() * es));
+    for (uint32_t i = 0; out.status.ok() && i < own_pieces; ++i) {
+      const size_t first_part = out.taken.size();
+      out.status = TakePieces(
+          run, run.peers, Msg::REDUCE_DATA, call, [&](const std::string&) { return mine; }, i,
+          &out);
+      if (!out.status.ok()) break;
+      const ShardRange piece = PieceOf(own, es, i);
+      acc.resize(piece.size());
+      bool first = true;
+      for (const std::string& m : run.members) {
+        if (m == local_site_) {
+          const absl::Span<uint8_t> part = absl::MakeSpan(scratch).subspan(0, piece.size() * es);
+          out.status = run.input->Read(piece.begin * es, part);
+          if (!out.status.ok()) break;
+          Accumulate(args.dtype, /*quantized=*/false, part, first, absl::MakeSpan(acc));
+        } else {
+          const size_t p = std::find(run.peers.begin(), run.peers.end(), m) - run.peers.begin();
+          Accumulate(args.dtype, /*quantized=*/false, out.taken[first_part + p].payload, first,
+                     absl::MakeSpan(acc));
+        }
+        first = false;
       }
-      first = false;
+      if (!out.status.ok()) break;
+      Finish(args.dtype, args.op, run.members.size(), acc,
+             absl::MakeSpan(result).subspan((piece.begin - own.begin) * es, piece.size() * es));
+      // The parts are reduced: give their memory back now, not at the end.
+      while (out.taken.size() > first_part) {
+        out.released += out.taken.back().payload.size();
+        state_->pool.Recycle(std::move(out.taken.back().payload));
+        out.taken.pop_back();
+      }
+      reduced.Add();
     }
     state_->pool.Recycle(std::move(scratch));
   }
-  if (out.status.ok()) {
-    result.resize(shard_bytes(mine).size());
-    Finish(args.dtype, args.op, run.members.size(), acc, absl::MakeSpan(result));
-    Msg h = header;
-    h.set_kind(Msg::REDUCE_RESULT);
-    h.set_shard(mine);
-    results.emplace(run.peers, state_->clock, [this, &run, &result, h](const std::string& site) {
-      return links_->Send(site, h, result, &run.op->stop);
-    });
-  }
+  if (!out.status.ok()) reduced.Fail();
 
-  // All-gather: every other owner's result.
-  const size_t contributions_taken = out.taken.size();
-  if (out.status.ok()) {
-    keys.clear();
-    for (const auto& p : run.peers) {
-      keys.push_back(Mailbox::Key(args.group, Msg::REDUCE_RESULT, p, run.seq_id));
+  // All-gather: every other owner's result, piece i of each owner's shard
+  // at a time; `placed` is where each taken piece goes.
+  uint32_t most_pieces = 0;
+  for (const std::string& p : run.peers) {
+    most_pieces = std::max(most_pieces, PieceCount(shard_of(index_of(p)), es));
+  }
+  const size_t first_result = out.taken.size();
+  std::vector<ShardRange> placed;
+  for (uint32_t i = 0; out.status.ok() && i < most_pieces; ++i) {
+    std::vector<std::string> owners;
+    for (const std::string& p : run.peers) {
+      if (i < PieceCount(shard_of(index_of(p)), es)) owners.push_back(p);
     }
-    out.status = AwaitAll(run, keys, &out.taken, &out.lost_peer);
-    out.status = CheckAll(run, keys, out, call, [&](size_t i) { return index_of(run.peers[i]); });
+    out.status = TakePieces(run, owners, Msg::REDUCE_RESULT, call, index_of, i, &out);
+    for (const std::string& p : owners) placed.push_back(PieceOf(shard_of(index_of(p)), es, i));
   }
   if (!out.status.ok()) run.op->stop = true;
   CollectSends(run, contributions, contribution_bytes, &out);
-  if (results) {
-    CollectSends(run, *results, std::vector<uint64_t>(run.peers.size(), result.size()), &out);
-  }
+  CollectSends(run, results, std::vector<uint64_t>(run.peers.size(), result.size()), &out);
   Settle(run, &out);
   if (out.status.ok()) {
-    auto place = [&](uint32_t k, const Payload& bytes) {
-      if (!bytes.empty()) std::memcpy(shard_bytes(k).data(), bytes.data(), bytes.size());
-    };
-    place(mine, result);
-    for (size_t i = 0; i < run.peers.size(); ++i) {
-      place(index_of(run.peers[i]), out.taken[contributions_taken + i].payload);
+    std::memcpy(bytes_of(own).data(), result.data(), result.size());
+    for (size_t j = 0; j < placed.size(); ++j) {
+      const Payload& piece = out.taken[first_result + j].payload;
+      if (!piece.empty()) std::memcpy(bytes_of(placed[j]).data(), piece.data(), piece.size());
     }
   }
   state_->pool.Recycle(std::move(result));

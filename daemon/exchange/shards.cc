@@ -1,5 +1,7 @@
 #include "daemon/exchange/shards.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "daemon/exchange/reduce.h"
@@ -14,6 +16,22 @@ ShardRange ShardOf(uint64_t count, uint32_t shards, uint32_t k) {
   using Wide = unsigned __int128;
   return {static_cast<uint64_t>(Wide{k} * count / shards),
           static_cast<uint64_t>(Wide{k + 1ull} * count / shards)};
+}
+
+namespace {
+uint64_t PieceElements(size_t element_size) { return kShardPieceBytes / element_size; }
+}  // namespace
+
+uint32_t PieceCount(const ShardRange& shard, size_t element_size) {
+  const uint64_t per_piece = PieceElements(element_size);
+  return static_cast<uint32_t>(std::max<uint64_t>(1, (shard.size() + per_piece - 1) / per_piece));
+}
+
+ShardRange PieceOf(const ShardRange& shard, size_t element_size, uint32_t i) {
+  LONGHAUL_CHECK(i < PieceCount(shard, element_size)) << "piece " << i;
+  const uint64_t per_piece = PieceElements(element_size);
+  const uint64_t begin = shard.begin + i * per_piece;
+  return {begin, std::min(shard.end, begin + per_piece)};
 }
 
 bool RunsSharded(size_t members, bool quantized) { return members >= 3 && !quantized; }
@@ -42,8 +60,8 @@ absl::Status CheckReduceHeader(const std::string& what, const std::string& from,
 }
 
 absl::Status CheckShardMessage(const std::string& what, const std::string& from, const Msg& h,
-                               uint64_t payload_bytes, const ReduceCall& call,
-                               uint32_t want_shard) {
+                               uint64_t payload_bytes, const ReduceCall& call, uint32_t want_shard,
+                               uint32_t want_piece) {
   if (absl::Status s = CheckReduceHeader(what, from, h, call); !s.ok()) return s;
   const char* kind = h.kind() == Msg::REDUCE_RESULT ? "result" : "contribution";
   if (h.shard() != want_shard) {
@@ -51,12 +69,18 @@ absl::Status CheckShardMessage(const std::string& what, const std::string& from,
                                                    " for shard ", h.shard(), ", expected shard ",
                                                    want_shard, " of ", call.shards));
   }
-  const uint64_t want =
-      ShardOf(call.count, call.shards, want_shard).size() * ElementSize(call.dtype);
+  const size_t es = ElementSize(call.dtype);
+  const ShardRange shard = ShardOf(call.count, call.shards, want_shard);
+  if (h.piece() != want_piece) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", from, " sent piece ", h.piece(), " of shard ", want_shard, "'s ",
+                     kind, ", expected piece ", want_piece, " of ", PieceCount(shard, es)));
+  }
+  const uint64_t want = PieceOf(shard, es, want_piece).size() * es;
   if (payload_bytes != want) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", from, " sent a ", kind, " of ",
-                                                   payload_bytes, " bytes for shard ", want_shard,
-                                                   ", which has ", want));
+                                                   payload_bytes, " bytes for piece ", want_piece,
+                                                   " of shard ", want_shard, ", which has ", want));
   }
   return absl::OkStatus();
 }

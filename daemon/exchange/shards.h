@@ -28,6 +28,18 @@ struct ShardRange {
 // is empty when count < shards.
 ShardRange ShardOf(uint64_t count, uint32_t shards, uint32_t k);
 
+// A shard travels as pieces of at most kShardPieceBytes of whole elements
+// (the last may be shorter), each its own message, so that its owner
+// reduces and forwards one piece while the next is still on the wire.
+inline constexpr uint64_t kShardPieceBytes = 1ull << 20;
+
+// The pieces of `shard` in elements of `element_size` (> 0) bytes: at least
+// one, as an empty shard is one empty piece.
+uint32_t PieceCount(const ShardRange& shard, size_t element_size);
+
+// Piece `i` (< PieceCount) of `shard`, in elements of the whole buffer.
+ShardRange PieceOf(const ShardRange& shard, size_t element_size, uint32_t i);
+
 // Whether an all-reduce of `members` sites runs sharded (reduce-scatter,
 // then all-gather) rather than as the direct all-to-all exchange: from three
 // members on, and never with int8 quantization (its error bound is that of
@@ -52,13 +64,13 @@ absl::Status CheckReduceHeader(const std::string& what, const std::string& from,
                                const v1::ExchangePeerMessage& h, const ReduceCall& call);
 
 // Checks a sharded REDUCE_DATA or REDUCE_RESULT from `from` with
-// `payload_bytes` of payload: CheckReduceHeader, then that it holds shard
-// `want_shard` (a contribution: the receiver's own shard; a result: the
-// shard its sender owns) and exactly that shard's bytes in call.dtype
-// (InvalidArgument).
+// `payload_bytes` of payload: CheckReduceHeader, then that it holds piece
+// `want_piece` of shard `want_shard` (a contribution: the receiver's own
+// shard; a result: the shard its sender owns) and exactly that piece's bytes
+// in call.dtype (InvalidArgument).
 absl::Status CheckShardMessage(const std::string& what, const std::string& from,
                                const v1::ExchangePeerMessage& h, uint64_t payload_bytes,
-                               const ReduceCall& call, uint32_t want_shard);
+                               const ReduceCall& call, uint32_t want_shard, uint32_t want_piece);
 
 }  // namespace longhaul::exchange
 

@@ -160,8 +160,8 @@ TEST(ExchangeHubGroupTest, PeerLostMidAllReduceIsRetryableAndTheNextGenerationWo
   // sending to it.
   std::thread killer([&] {
     ASSERT_TRUE(Eventually([&] {
-      return net.hub("site-c").unclaimed_messages("site-a") == 1 &&
-             net.hub("site-c").unclaimed_messages("site-b") == 1;
+      return net.hub("site-c").unclaimed_messages("site-a") >= 1 &&
+             net.hub("site-c").unclaimed_messages("site-b") >= 1;
     }));
     net.hub("site-c").Shutdown();
   });

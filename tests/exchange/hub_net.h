@@ -42,6 +42,7 @@ class SocketChannel final : public transport::Channel {
     explicit Socket(int fd) : fd(fd) {}
     ~Socket() { close(fd); }
     const int fd;
+    std::atomic<int64_t> pacing_bps{0};  // the last LimitPacingRate; 0: never paced
   };
   std::weak_ptr<Socket> socket() const { return socket_; }
 
@@ -70,6 +71,7 @@ class SocketChannel final : public transport::Channel {
   const std::string& peer_address() const override { return address_; }
   transport::LinkStats Stats() const override { return {}; }
   uint64_t UnsentBytes() const override { return unsent_ != nullptr ? unsent_->load() : 0; }
+  void LimitPacingRate(Bandwidth rate) override { socket_->pacing_bps = rate.ToBitsPerSecond(); }
 
  private:
   std::shared_ptr<Socket> socket_;
@@ -140,6 +142,18 @@ class Net {
       ASSERT_TRUE(view.ok()) << view.status();
       EXPECT_EQ(view->members_size(), static_cast<int>(sites.size()));
     }
+  }
+
+  // The pacing cap of the last link `from` dialed to `to` (bits/s; 0:
+  // never paced, -1: no such link).
+  int64_t Pacing(const std::string& from, const std::string& to) {
+    absl::MutexLock lock(&mu_);
+    for (auto it = links_.rbegin(); it != links_.rend(); ++it) {
+      if (it->from != from || it->to != to) continue;
+      auto socket = it->socket.lock();
+      return socket ? socket->pacing_bps.load() : -1;
+    }
+    return -1;
   }
 
   // Feeds raw bytes to `site` as if `from` had dialed it.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <map>
 #include <random>
 #include <string>
@@ -111,7 +112,7 @@ class ShardedAllReduceTest
     : public ::testing::TestWithParam<std::tuple<int, v1::ExchangeDType, v1::ReduceOp>> {};
 
 // Counts not divisible by the sites, fewer elements than sites (empty
-// shards), an empty buffer, and one of several 4 MiB segments per shard.
+// shards), an empty buffer, and shards of several 1 MiB pieces.
 TEST_P(ShardedAllReduceTest, BitIdenticalAtEverySiteAndEqualToTheFixedOrderReduction) {
   const auto [sites, dtype, op] = GetParam();
   Net net(sites);
@@ -148,6 +149,43 @@ TEST(ShardedAllReduceStatsTest, EachSiteSendsTwiceNMinusOneOverNOfTheBuffer) {
       EXPECT_NEAR(results[s].stats.bytes_received(), want, 2 * n * 4) << n << " sites, " << s;
       EXPECT_EQ(results[s].stats.peers(), static_cast<uint32_t>(n - 1));
     }
+  }
+}
+
+// While an all-reduce runs, the links it sends on share the uplink: each of
+// site-a's two is paced at half the uplink's rate; once it is over, each
+// gets the whole rate back.
+TEST(ShardedAllReduceStatsTest, TheLinksOfAnOpShareTheUplinkWhileItRuns) {
+  HubOptions options;
+  options.uplink = Bandwidth::GbitsPerSecond(1);
+  Net net(3, nullptr, options);
+  net.JoinAll("g", net.names());
+  const size_t count = 3000;
+  Buffers buffers = RandomInputs(net.names(), v1::FLOAT32, count, 8);
+  const std::vector<uint8_t> want = Reference(buffers, v1::FLOAT32, v1::SUM);
+  const AllReduceArgs args = Args(0, v1::FLOAT32);
+  auto run = [&](const std::string& s) {
+    AllReduceArgs a = args;
+    a.op_id += s;
+    return std::async(std::launch::async,
+                      [&, s, a] { return net.hub(s).AllReduce(a, absl::MakeSpan(buffers[s])); });
+  };
+  // site-c has not called yet: site-a sent its parts and waits for site-c's.
+  auto a = run("site-a");
+  auto b = run("site-b");
+  const int64_t half = 500'000'000;
+  EXPECT_TRUE(Eventually([&] {
+    return net.Pacing("site-a", "site-b") == half && net.Pacing("site-a", "site-c") == half;
+  })) << net.Pacing("site-a", "site-b")
+      << " " << net.Pacing("site-a", "site-c");
+  auto c = run("site-c");
+  for (auto* f : {&a, &b, &c}) {
+    OpResult r = f->get();
+    ASSERT_TRUE(r.status.ok()) << r.status;
+  }
+  EXPECT_TRUE(buffers["site-a"] == want);
+  for (const char* to : {"site-b", "site-c"}) {
+    EXPECT_EQ(net.Pacing("site-a", to), 1'000'000'000) << to;
   }
 }
 
@@ -373,13 +411,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Plant(raw, Header(Msg::REDUCE_DATA, gen, count, 1), Bytes(part)).ok());
                 },
                 1, "site-c sent a contribution for shard 1, expected shard 0 of 3"},
-        Hostile{"WrongSize",
-                [](transport::Channel& raw, uint64_t gen, size_t count) {
-                  auto part = Floats(1001);
-                  ASSERT_TRUE(
-                      Plant(raw, Header(Msg::REDUCE_DATA, gen, count, 0), Bytes(part)).ok());
-                },
-                1, "site-c sent a contribution of 4004 bytes for shard 0, which has 4000"},
+        Hostile{
+            "WrongSize",
+            [](transport::Channel& raw, uint64_t gen, size_t count) {
+              auto part = Floats(1001);
+              ASSERT_TRUE(Plant(raw, Header(Msg::REDUCE_DATA, gen, count, 0), Bytes(part)).ok());
+            },
+            1, "site-c sent a contribution of 4004 bytes for piece 0 of shard 0, which has 4000"},
         Hostile{
             "ShardOutOfRange",
             [](transport::Channel& raw, uint64_t gen, size_t count) {
@@ -404,7 +442,7 @@ INSTANTIATE_TEST_SUITE_P(
                         Plant(raw, Header(Msg::REDUCE_DATA, gen, count, 0), Bytes(part)).ok());
                   }
                 },
-                2, "site-c sent its REDUCE_DATA twice"},
+                2, "site-c sent more pieces of its REDUCE_DATA than shard 0 has"},
         Hostile{"DuplicateResult",
                 [](transport::Channel& raw, uint64_t gen, size_t count) {
                   auto part = Floats(1000);
@@ -416,7 +454,15 @@ INSTANTIATE_TEST_SUITE_P(
                         Plant(raw, Header(Msg::REDUCE_RESULT, gen, count, 2), Bytes(result)).ok());
                   }
                 },
-                3, "site-c sent its REDUCE_RESULT twice"},
+                3, "site-c sent more pieces of its REDUCE_RESULT than shard 2 has"},
+        Hostile{"PieceOutOfOrder",
+                [](transport::Channel& raw, uint64_t gen, size_t count) {
+                  auto part = Floats(1000);
+                  Msg h = Header(Msg::REDUCE_DATA, gen, count, 0);
+                  h.set_piece(1);
+                  ASSERT_TRUE(Plant(raw, h, Bytes(part)).ok());
+                },
+                1, "site-c sent piece 1 of shard 0's contribution, expected piece 0 of 1"},
         Hostile{"NotSharded",
                 [](transport::Channel& raw, uint64_t gen, size_t count) {
                   auto part = Floats(1000);

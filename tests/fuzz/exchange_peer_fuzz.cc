@@ -59,10 +59,11 @@ void CheckShardHeader(const Msg& h) {
   call.tag = "";
   call.shards = 3;
   const uint32_t want = 1;
-  const absl::Status s = CheckShardMessage("fuzz", "site-b", h, h.total_bytes(), call, want);
+  const absl::Status s = CheckShardMessage("fuzz", "site-b", h, h.total_bytes(), call, want, 0);
   const bool fits = h.generation() == 1 && h.dtype() == call.dtype && h.op() == call.op &&
                     h.count() == call.count && !h.quantized() && h.tag().empty() &&
-                    h.shards() == 3 && h.shard() == want && h.total_bytes() == 1000 * 4;
+                    h.shards() == 3 && h.shard() == want && h.piece() == 0 &&
+                    h.total_bytes() == 1000 * 4;
   if (s.ok() != fits) Fail("a shard check accepted a wrong header or refused a right one");
   // The shards of any count and number tile the buffer.
   const uint32_t shards = static_cast<uint32_t>(h.shards() % 1024) + 1;
@@ -74,6 +75,14 @@ void CheckShardHeader(const Msg& h) {
     end = r.end;
   }
   if (ShardOf(h.count(), shards, shards - 1).end != h.count()) Fail("the last shard ends early");
+  // The pieces of a shard tile it, in order (a buffer is far below 2^40
+  // elements: its pieces are counted in 32 bits).
+  const auto shard = ShardOf(h.count() % (1ull << 40), shards, 0);
+  const uint32_t pieces = longhaul::exchange::PieceCount(shard, 4);
+  if (longhaul::exchange::PieceOf(shard, 4, 0).begin != shard.begin ||
+      longhaul::exchange::PieceOf(shard, 4, pieces - 1).end != shard.end) {
+    Fail("the pieces do not tile their shard");
+  }
   (void)end;
 }
 
