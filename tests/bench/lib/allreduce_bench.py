@@ -17,7 +17,9 @@ the result" = max(done) - max(start).
 A site's input is deterministic: float32 standard normals seeded by the site's
 name, with the round number stamped into the first and last elements, so a
 stale result fails the check. After each round (outside the timed part) the
-site records the SHA-256 of its result. `reference` computes, for every
+site records the SHA-256 of its result, once the round's window is nearly
+over (VERIFY_SECONDS before the next start), so that it never takes CPU from
+sites still in the round. `reference` computes, for every
 round, the same sum in numpy float32 in the group's member order (sorted site
 names): the daemon accumulates in float32, in member order, one element at a
 time (daemon/exchange/reduce.cc), so the reference is bit-identical to a
@@ -41,6 +43,11 @@ import sys
 import time
 
 import numpy as np
+
+
+# What the checksum of a result and the copy of the next input take, at
+# most, of the end of a round's window.
+VERIFY_SECONDS = 0.4
 
 
 def now():
@@ -120,19 +127,25 @@ def run(args):
     rounds = []
     cpu0 = own_cpu() + daemon_cpu(args.daemon_pid)
     t = t_start
+    np.copyto(buf, base)
+    stamp(buf, me, 0)
     for r in range(args.rounds):
-        np.copyto(buf, base)
-        stamp(buf, me, r)
         start = max(t, now())
         sleep_until(start)
         work = group.allreduce(buf, op="sum", timeout=args.op_timeout, tag=f"r{r}", async_op=True)
         work.wait()
         done = now()
         stats = work.stats()
+        # The other sites may still be in this round: the checksum and the
+        # next round's input wait for the end of the round's window, so
+        # that the harness takes no CPU from the sites still running it.
+        sleep_until(t + args.period - VERIFY_SECONDS)
         rounds.append({"start": start, "scheduled": t, "done": done, "digest": digest(buf),
                        "bytes_sent": int(stats.get("bytes_sent", 0)),
                        "bytes_received": int(stats.get("bytes_received", 0)),
                        "daemon_seconds": float(stats.get("seconds", 0))})
+        np.copyto(buf, base)
+        stamp(buf, me, r + 1)
         t += args.period
     cpu = own_cpu() + daemon_cpu(args.daemon_pid) - cpu0
     group.close()
