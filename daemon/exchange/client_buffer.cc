@@ -17,25 +17,43 @@ constexpr absl::Duration kGonePoll = absl::Milliseconds(50);
 
 }  // namespace
 
-absl::Status WaitFilled(const shm::ProgressWord& word, uint64_t end, uint64_t total,
-                        const Clock& clock, Timestamp deadline, const std::atomic<bool>& stop,
-                        const std::function<bool()>& client_gone, std::atomic<uint64_t>& looks) {
+absl::StatusOr<uint64_t> FillProgress::Load() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t ready = word_.Ready();
+  if (ready > total_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "its client says ", ready, " bytes of its buffer of ", total_, " are written"));
+  }
+  if (ready < seen_) {
+    return absl::InvalidArgumentError(absl::StrCat("its client's progress word went back from ",
+                                                   seen_, " to ", ready,
+                                                   " bytes written (it may only grow)"));
+  }
+  seen_ = ready;
+  return ready;
+}
+
+absl::Status FillProgress::WaitFilled(uint64_t end, const Clock& clock, Timestamp deadline,
+                                      const std::atomic<bool>& stop,
+                                      const std::function<bool()>& client_gone,
+                                      std::atomic<uint64_t>& looks) {
   absl::Duration nap = absl::Microseconds(20);
   absl::Duration napped;  // since `client_gone` was last asked
   while (true) {
-    const uint64_t ready = word.Ready();
-    if (ready >= end) return absl::OkStatus();
+    const absl::StatusOr<uint64_t> ready = Load();
+    if (!ready.ok()) return ready.status();
+    if (*ready >= end) return absl::OkStatus();
     ++looks;
     if (stop.load()) return absl::CancelledError("stopped");
     const Timestamp now = clock.Now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("its client had written only ", ready,
-                                                      " of the ", total, " bytes of the buffer"));
+      return absl::DeadlineExceededError(absl::StrCat("its client had written only ", *ready,
+                                                      " of the ", total_, " bytes of the buffer"));
     }
     if (client_gone && napped >= kGonePoll) {
       if (client_gone()) {
-        return absl::AbortedError(absl::StrCat("its client went away after writing ", ready,
-                                               " of the ", total, " bytes of the buffer"));
+        return absl::AbortedError(absl::StrCat("its client went away after writing ", *ready,
+                                               " of the ", total_, " bytes of the buffer"));
       }
       napped = absl::ZeroDuration();
     }
@@ -50,8 +68,8 @@ absl::Status ClientBuffer::Read(uint64_t offset, absl::Span<uint8_t> out) {
   LONGHAUL_CHECK(out.size() <= kSegmentBytes && offset + out.size() <= bytes_.size())
       << "a read of " << out.size() << " bytes at " << offset << " of " << bytes_.size();
   if (progress_ && !out.empty()) {
-    absl::Status s = WaitFilled(*progress_, offset + out.size(), bytes_.size(), clock_, deadline_,
-                                stop_, client_gone_, counters_.unfilled);
+    absl::Status s = progress_->WaitFilled(offset + out.size(), clock_, deadline_, stop_,
+                                           client_gone_, counters_.unfilled);
     if (!s.ok()) {
       if (s.code() != absl::StatusCode::kCancelled) {
         absl::MutexLock lock(&mu_);

@@ -21,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
@@ -29,16 +30,38 @@
 
 namespace longhaul::exchange {
 
-// Waits until the client of a streamed buffer has written the first `end` of
-// its `total` bytes. The client writes at memory speed, far ahead of the
-// link, so this waits only for the first segment unless the client stalls:
-// it naps from 20 us up to 1 ms, so `clock` is read at least every
-// millisecond. Cancelled once `stop` is set; DeadlineExceeded at `deadline`;
-// Aborted once `client_gone` (asked every 50 ms of naps) says the client has
-// gone away. Counts every look that finds the bytes unwritten in `looks`.
-absl::Status WaitFilled(const shm::ProgressWord& word, uint64_t end, uint64_t total,
-                        const Clock& clock, Timestamp deadline, const std::atomic<bool>& stop,
-                        const std::function<bool()>& client_gone, std::atomic<uint64_t>& looks);
+// The daemon's reading of a streamed buffer's progress word
+// (longhaul/shm_progress.h). The client only ever raises the word, up to the
+// buffer's length; a word that goes back or past the length is the client's
+// error (InvalidArgument), and no byte is read on its say-so. Thread-safe:
+// an op's sender threads wait on it at once. Does not own the word.
+class FillProgress {
+ public:
+  FillProgress(shm::ProgressWord word, uint64_t total) : word_(word), total_(total) {}
+
+  // Waits until the client has written the first `end` of the buffer's
+  // bytes. The client writes at memory speed, far ahead of the link, so
+  // this waits only for the first segment unless the client stalls: it naps
+  // from 20 us up to 1 ms, so `clock` is read at least every millisecond.
+  // Cancelled once `stop` is set; DeadlineExceeded at `deadline`; Aborted
+  // once `client_gone` (asked every 50 ms of naps) says the client has gone
+  // away; InvalidArgument once the word goes back or past the length.
+  // Counts every look that finds the bytes unwritten in `looks`.
+  absl::Status WaitFilled(uint64_t end, const Clock& clock, Timestamp deadline,
+                          const std::atomic<bool>& stop, const std::function<bool()>& client_gone,
+                          std::atomic<uint64_t>& looks);
+
+ private:
+  // What the word says is written, checked against what it said before.
+  absl::StatusOr<uint64_t> Load();
+
+  const shm::ProgressWord word_;
+  const uint64_t total_;
+  absl::Mutex mu_;
+  // The largest value loaded so far. Loads are made under mu_, so an honest
+  // client's word is seen never to decrease, whichever thread looks.
+  uint64_t seen_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // What the hub counts of its reads of client buffers. Thread-safe.
 struct ClientReadCounters {
@@ -56,19 +79,21 @@ class ClientBuffer {
                const Clock& clock, Timestamp deadline, const std::atomic<bool>& stop,
                const std::function<bool()>& client_gone, ClientReadCounters& counters)
       : bytes_(bytes),
-        progress_(progress),
         clock_(clock),
         deadline_(deadline),
         stop_(stop),
         client_gone_(client_gone),
-        counters_(counters) {}
+        counters_(counters) {
+    if (progress) progress_.emplace(*progress, bytes.size());
+  }
 
   uint64_t size() const { return bytes_.size(); }
 
   // Copies bytes [offset, offset + out.size()) into `out` (private memory;
   // at most kSegmentBytes), once the client has written them. Each range
   // must be read once. Fails, and remembers it in status() unless the op was
-  // stopped, when the client stalls past the deadline or goes away.
+  // stopped, when the client stalls past the deadline, goes away or breaks
+  // its progress word (FillProgress).
   absl::Status Read(uint64_t offset, absl::Span<uint8_t> out);
 
   // Reads bytes [offset, offset + bytes) a piece of at most
@@ -82,7 +107,7 @@ class ClientBuffer {
 
  private:
   const absl::Span<const uint8_t> bytes_;
-  const std::optional<shm::ProgressWord> progress_;
+  std::optional<FillProgress> progress_;  // set once, in the constructor
   const Clock& clock_;
   const Timestamp deadline_;
   const std::atomic<bool>& stop_;

@@ -129,7 +129,8 @@ class Operations {
   // Waits until the mailbox holds a message under each of `keys` (one per
   // peer, in run.peers order) and appends them to `taken` in that order; or
   // fails on an ABORT, a cancel, shutdown, a lost peer (naming it in
-  // `lost_peer`) or the deadline (naming the peers it waited for).
+  // `lost_peer`), a failed read of run.input (its client's fault) or the
+  // deadline (naming the peers it waited for).
   absl::Status AwaitAll(const ReduceRun& run, const std::vector<std::string>& keys,
                         std::vector<Message>* taken, std::string* lost_peer);
   // Finishes `senders` (cutting the links of those still sending 2 s past
