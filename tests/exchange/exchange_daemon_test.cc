@@ -1,6 +1,7 @@
 // Real daemons (deploy/local-sites.sh on loopback) and the C++ client:
-// all-reduce through shared memory and the EXCHANGE peer links; and raw
-// local clients of the Exchange service, as hostile ones would be.
+// all-reduce through shared memory and the EXCHANGE peer links, two sites
+// and three; and raw local clients of the Exchange service, as hostile ones
+// would be.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -29,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "client/exchange_testing.h"
 #include "common/fd_passing.h"
 #include "gtest/gtest.h"
 #include "longhaul/client.h"
@@ -111,6 +113,7 @@ class ExchangeDaemonTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { StopSites(kSites, dir_); }
   void SetUp() override { ASSERT_TRUE(ok_) << "local sites did not start; see " << dir_; }
+  void TearDown() override { client_internal::SetPiecePublishedForTesting(nullptr); }
 
   // Both sites join `name`.
   std::pair<std::unique_ptr<ExchangeGroup>, std::unique_ptr<ExchangeGroup>> JoinBoth(
@@ -204,9 +207,14 @@ TEST_F(ExchangeDaemonTest, AllReduceEachDtypeMatchesTheLocalSumAtBothSites) {
   }
 }
 
+// Streamed (both clients copy their buffers in while the daemons work), the
+// average is the same bytes at both sites, and the fixed-order one.
 TEST_F(ExchangeDaemonTest, RandomFloat32AverageIsBitIdenticalAtBothSites) {
   auto [a, b] = JoinBoth("bits");
   ASSERT_TRUE(a && b);
+  std::atomic<int> streamed{0};  // copies that published their last piece
+  client_internal::SetPiecePublishedForTesting(
+      [&](size_t published, size_t total) { streamed += published == total; });
   const size_t count = 4 << 20;  // 16 MiB
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0, 1);
@@ -222,6 +230,7 @@ TEST_F(ExchangeDaemonTest, RandomFloat32AverageIsBitIdenticalAtBothSites) {
   ASSERT_TRUE(wa->Wait().ok());
   ASSERT_EQ(0, std::memcmp(va.data(), vb.data(), count * 4));
   ASSERT_EQ(0, std::memcmp(va.data(), want.data(), count * 4));
+  EXPECT_EQ(streamed.load(), 2);
 }
 
 // AllGather and Broadcast through the client: the concatenation in member
@@ -523,6 +532,70 @@ void CapExchange(const std::string& address, uint64_t bits_per_second) {
 }
 constexpr uint64_t kCountOnly = uint64_t{1} << 40;  // 1 Tbit/s
 
+// The daemon reduces and sends a streamed all-reduce's buffer while its
+// client is still copying it in. With site-a's copy held after 8 of 32 MiB
+// (and site-b not called yet), site-a's daemon puts exactly those 8 MiB on
+// the link to site-b, and nothing it was not told is written. Released, the
+// call gives both sites the sum.
+TEST_F(ExchangeDaemonTest, StreamedAllReduceSendsWhileTheClientIsStillCopying) {
+  auto [a, b] = JoinBoth("overlap");
+  ASSERT_TRUE(a && b);
+  CapExchange(site_a_, kCountOnly);
+  struct Uncap {
+    ~Uncap() { CapExchange(site, 0); }
+    std::string site;
+  } uncap{site_a_};
+  const Metrics metrics(dir_, "site-a");
+
+  const size_t count = 8 * kMiB;  // 32 MiB of float32
+  std::vector<float> va(count), vb(count), want(count);
+  for (size_t i = 0; i < count; ++i) {
+    va[i] = static_cast<float>(i % 1000) / 4;
+    vb[i] = static_cast<float>((i * 7) % 1000) / 2;
+    want[i] = va[i] + vb[i];
+  }
+  // The first copy to publish 8 MiB waits there until released: site-a's,
+  // the only one running until then.
+  std::atomic<bool> holding{false};
+  std::atomic<size_t> held_at{0};
+  absl::Notification held, release;
+  client_internal::SetPiecePublishedForTesting([&](size_t published, size_t) {
+    if (published < 8 * kMiB || holding.exchange(true)) return;
+    held_at = published;
+    held.Notify();
+    release.WaitForNotificationWithTimeout(absl::Seconds(60));
+  });
+  struct Release {
+    ~Release() {
+      if (!n.HasBeenNotified()) n.Notify();
+    }
+    absl::Notification& n;
+  } release_on_exit{release};
+
+  const uint64_t before = metrics.ExchangeBytesCapped();
+  AllReduceOptions options;
+  options.timeout = absl::Seconds(30);
+  auto wa = a->AllReduce(va.data(), count, DType::kFloat32, options);
+  ASSERT_TRUE(held.WaitForNotificationWithTimeout(absl::Seconds(20)))
+      << "site-a's client never streamed its buffer";
+  ASSERT_EQ(held_at.load(), 8 * kMiB);
+  ASSERT_TRUE(Eventually([&] { return metrics.ExchangeBytesCapped() - before >= 8 * kMiB; },
+                         absl::Seconds(30)))
+      << "site-a sent " << metrics.ExchangeBytesCapped() - before
+      << " bytes of the 8 MiB its client had published";
+  EXPECT_EQ(metrics.ExchangeBytesCapped() - before, 8 * kMiB) << "it sent what was not written";
+  EXPECT_FALSE(wa->Test());
+  release.Notify();
+
+  ASSERT_TRUE(b->AllReduceSync(vb.data(), count, DType::kFloat32, options).ok());
+  absl::Status sa = wa->Wait(absl::Seconds(60));
+  ASSERT_TRUE(sa.ok()) << sa;
+  EXPECT_EQ(wa->Stats().bytes_sent, count * 4);
+  EXPECT_EQ(metrics.ExchangeBytesCapped() - before, count * 4);
+  ASSERT_EQ(0, std::memcmp(va.data(), want.data(), count * 4));
+  ASSERT_EQ(0, std::memcmp(vb.data(), want.data(), count * 4));
+}
+
 // A raw local client at site-a streams all-reduces through a progress word
 // it never fills, pushes past its buffer, or moves back; site-b calls
 // through the C++ client with a longer deadline. Each such call fails at
@@ -663,6 +736,60 @@ TEST_F(ExchangeDaemonTest, HostileStreamedAllReducesFailAtTheirSiteAndTheGroupGo
   leave.set_group("hostile");
   v1::LeaveResponse left;
   stub->Leave(&context, leave, &left);
+}
+
+// Starts site-a, site-b and site-c for the whole suite and always stops them.
+class ExchangeDaemonThreeSitesTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ok_ = StartSites(kSites, &dir_);
+    for (const auto& s : kSites)
+      addresses_.push_back(absl::StrCat("unix:", dir_, "/", s, "/control.sock"));
+  }
+  static void TearDownTestSuite() { StopSites(kSites, dir_); }
+  void SetUp() override { ASSERT_TRUE(ok_) << "local sites did not start; see " << dir_; }
+  void TearDown() override { client_internal::SetPiecePublishedForTesting(nullptr); }
+
+  static inline const std::vector<std::string> kSites = {"site-a", "site-b", "site-c"};
+  static inline std::string dir_;
+  static inline bool ok_ = false;
+  static inline std::vector<std::string> addresses_;
+};
+
+// Streamed at every site (the sharded exchange reads each shard as it is
+// copied in), each round gives every site the same bytes: the fixed-order
+// float32 sum, (a + b) + c.
+TEST_F(ExchangeDaemonThreeSitesTest, StreamedAllReduceIsBitIdenticalAtEverySite) {
+  auto groups = JoinAll(addresses_, kSites, "bits3");
+  ASSERT_EQ(groups.size(), 3u);
+  std::atomic<int> streamed{0};  // copies that published their last piece
+  client_internal::SetPiecePublishedForTesting(
+      [&](size_t published, size_t total) { streamed += published == total; });
+  const size_t count = (10 * kMiB + 12) / 4;  // shards that straddle wire segments
+  std::mt19937 rng(17);
+  std::normal_distribution<float> dist(0, 1);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::vector<float>> in(3, std::vector<float>(count));
+    for (auto& v : in) {
+      for (auto& x : v) x = dist(rng);
+    }
+    std::vector<float> want(count);
+    for (size_t i = 0; i < count; ++i) want[i] = (in[0][i] + in[1][i]) + in[2][i];
+    std::vector<std::unique_ptr<ExchangeWork>> works;
+    for (int k = 0; k < 3; ++k) {
+      works.push_back(groups[k]->AllReduce(in[k].data(), count, DType::kFloat32));
+    }
+    for (int k = 0; k < 3; ++k) {
+      absl::Status s = works[k]->Wait(absl::Seconds(60));
+      ASSERT_TRUE(s.ok()) << kSites[k] << ": " << s;
+      EXPECT_EQ(works[k]->Stats().peers, 2u);
+    }
+    for (int k = 0; k < 3; ++k) {
+      ASSERT_EQ(0, std::memcmp(in[k].data(), want.data(), count * 4))
+          << kSites[k] << ", round " << round;
+    }
+  }
+  EXPECT_EQ(streamed.load(), 6);
 }
 
 }  // namespace
