@@ -14,6 +14,9 @@ namespace {
 
 // How often (in time napped) a waiting read asks whether its client left.
 constexpr absl::Duration kGonePoll = absl::Milliseconds(50);
+// How often a sender waiting for a FanOutReader's piece asks whether its op
+// stopped.
+constexpr absl::Duration kStopPoll = absl::Milliseconds(50);
 
 }  // namespace
 
@@ -103,6 +106,66 @@ absl::Status ClientBuffer::ReadPieces(
 absl::Status ClientBuffer::status() const {
   absl::MutexLock lock(&mu_);
   return status_;
+}
+
+FanOutReader::FanOutReader(ClientBuffer& input, size_t senders,
+                           std::vector<absl::Span<uint8_t>> slots, const std::atomic<bool>& stop)
+    : input_(input), slots_(std::move(slots)), stop_(stop), at_(senders, 0) {
+  LONGHAUL_CHECK(!slots_.empty()) << "a fan-out reader needs a slot";
+  for (absl::Span<uint8_t> slot : slots_) {
+    LONGHAUL_CHECK(slot.size() == std::min<uint64_t>(kSegmentBytes, input.size()))
+        << "a slot of " << slot.size() << " bytes for a buffer of " << input.size();
+  }
+}
+
+uint64_t FanOutReader::Slowest() const {
+  uint64_t slowest = kDone;
+  for (uint64_t at : at_) slowest = std::min(slowest, at);
+  return slowest;
+}
+
+absl::StatusOr<absl::Span<const uint8_t>> FanOutReader::Piece(size_t sender, uint64_t offset,
+                                                              uint64_t n) {
+  const uint64_t k = offset / kSegmentBytes;
+  LONGHAUL_CHECK(offset % kSegmentBytes == 0 && n > 0 &&
+                 n == std::min<uint64_t>(kSegmentBytes, input_.size() - offset))
+      << "piece of " << n << " bytes at " << offset << " of " << input_.size();
+  const uint64_t window = slots_.size();
+  absl::MutexLock lock(&mu_);
+  // Asking for piece k lets go of piece k - 1. A sender asks for piece k
+  // only once it had piece k - 1, so k <= read_.
+  at_[sender] = k;
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !failed_.ok() || k < read_ || (!reading_ && read_ < Slowest() + window);
+  };
+  while (true) {
+    if (!failed_.ok()) return failed_;
+    const absl::Span<uint8_t> slot = slots_[k % window].subspan(0, n);
+    // Piece k stays in its slot while this sender holds it: piece k +
+    // window, the next one to use the slot, is read only once every sender
+    // is past k.
+    if (k < read_) return slot;
+    if (!reading_ && read_ < Slowest() + window) {
+      reading_ = true;
+      mu_.Unlock();
+      absl::Status s = input_.Read(offset, slot);
+      mu_.Lock();
+      reading_ = false;
+      if (!s.ok()) {
+        failed_ = s;
+        return s;
+      }
+      ++read_;
+      return slot;
+    }
+    if (stop_.load()) return absl::CancelledError("stopped");
+    mu_.AwaitWithTimeout(absl::Condition(&ready), kStopPoll);
+  }
+}
+
+void FanOutReader::Done(size_t sender) {
+  absl::MutexLock lock(&mu_);
+  at_[sender] = kDone;
 }
 
 }  // namespace longhaul::exchange

@@ -463,9 +463,8 @@ void Operations::CollectSends(const ReduceRun& run, SenderSet& senders,
 }
 
 void Operations::Settle(const ReduceRun& run, ReduceOutcome* out) {
-  // An all-reduce's client that stalled, left or broke its progress word
-  // fails it as its own fault (all-gather and broadcast read their input
-  // directly: no run.input).
+  // A client that stalled, left or broke its progress word fails the op as
+  // its own fault.
   if (absl::Status s = run.input != nullptr ? run.input->status() : absl::OkStatus(); !s.ok()) {
     out->lost_peer.clear();
     if (s.code() == absl::StatusCode::kAborted) {
