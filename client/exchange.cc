@@ -24,6 +24,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "client/deadline.h"
+#include "client/exchange_testing.h"
 #include "common/fd_passing.h"
 #include "longhaul/shm_progress.h"
 #include "longhaul/v1/exchange.grpc.pb.h"
@@ -35,9 +36,9 @@ constexpr absl::string_view kPeerLostPayload = "type.longhaul.dev/exchange.peer-
 // Headroom for the daemon to answer after its own deadline passed.
 constexpr absl::Duration kRpcSlack = absl::Seconds(30);
 constexpr size_t kMaxFreeSegments = 4;
-// A streamed Send writes its buffer into the segment in pieces of this size,
-// publishing each: the daemon's first 4 MiB wire segment is ready after a
-// millisecond instead of after the whole copy.
+// A streamed Send or AllReduce writes its buffer into the segment in pieces
+// of this size, publishing each: the daemon's first 4 MiB wire segment is
+// ready after a millisecond instead of after the whole copy.
 constexpr size_t kFillPieceBytes = 1 << 20;
 // How often a streamed Recv copies out what has landed while the rest
 // arrives (the link brings ~125 KB per millisecond at 1 Gbit/s).
@@ -239,8 +240,11 @@ struct ExchangeGroup::Impl {
   std::string local_site;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Exchange::Stub> stub;
-  // The daemon said at Join that it takes streamed Send and Recv buffers.
+  // The daemon said at Join that it takes streamed Send and Recv buffers
+  // (JoinResponse.streamed_buffers), and streamed all-reduce buffers
+  // (JoinResponse.streamed_all_reduce).
   bool streamed = false;
+  bool streamed_all_reduce = false;
   // Where the daemon takes segments (JoinResponse.segment_socket, as seen
   // from here).
   std::string segment_socket;
@@ -442,6 +446,52 @@ absl::StatusOr<v1::OpResponse> CallOpWorking(ExchangeGroup::Impl& g, Prepare pre
   return response;
 }
 
+// The hook of client_internal::SetPiecePublishedForTesting; null unless a
+// test set one.
+ABSL_CONST_INIT absl::Mutex g_hook_mu(absl::kConstInit);
+client_internal::PiecePublished* g_piece_published ABSL_GUARDED_BY(g_hook_mu) = nullptr;
+
+// Readies `seg` for a call that reads `bytes` at `data`: a streamed call
+// starts with nothing published (FillStreamed writes the buffer once the
+// call has started); otherwise the buffer is copied whole now.
+void Stage(Segment& seg, const void* data, size_t bytes, bool streamed) {
+  if (streamed) {
+    seg.progress().PublishReady(0);
+  } else if (bytes > 0) {
+    std::memcpy(seg.base, data, bytes);
+  }
+}
+
+// Copies `bytes` at `src` into `seg`'s buffer in pieces of kFillPieceBytes,
+// publishing each in the progress word, so the daemon works on the first
+// pieces while the rest is copied (a streamed Send or AllReduce).
+void FillStreamed(Segment& seg, const uint8_t* src, size_t bytes) {
+  client_internal::PiecePublished hook;
+  {
+    absl::MutexLock lock(&g_hook_mu);
+    if (g_piece_published != nullptr) hook = *g_piece_published;
+  }
+  for (size_t done = 0; done < bytes;) {
+    const size_t n = std::min(kFillPieceBytes, bytes - done);
+    std::memcpy(seg.base + done, src + done, n);
+    done += n;
+    seg.progress().PublishReady(done);
+    if (hook) hook(done, bytes);
+  }
+}
+
+// As CallOp, for a call whose buffer was staged as streamed: starts the call,
+// then fills the segment from `src` while the daemon works on it.
+template <typename Request, typename Prepare>
+absl::StatusOr<v1::OpResponse> CallStreamed(ExchangeGroup::Impl& g, Prepare prepare,
+                                            const Request& request, absl::Duration timeout,
+                                            grpc::ClientContext* context, Segment* seg,
+                                            const uint8_t* src, size_t bytes) {
+  return CallOpWorking(
+      g, prepare, request, timeout, context, [seg, src, bytes] { FillStreamed(*seg, src, bytes); },
+      nullptr, absl::ZeroDuration());
+}
+
 // Where a streamed Recv's copy out of the segment stands.
 struct Drained {
   uint32_t epoch = 0;  // of the bytes copied; 0: none yet
@@ -460,6 +510,13 @@ void CopyLanded(Segment& seg, uint8_t* out, size_t capacity, Drained& drained) {
 }
 
 }  // namespace
+
+void client_internal::SetPiecePublishedForTesting(PiecePublished hook) {
+  auto* fresh = hook ? new PiecePublished(std::move(hook)) : nullptr;
+  absl::MutexLock lock(&g_hook_mu);
+  delete g_piece_published;
+  g_piece_published = fresh;
+}
 
 ExchangeGroup::ExchangeGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -503,6 +560,7 @@ absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(
   if (absl::Status s = FromExchangeError(response.error()); !s.ok()) return s;
   impl->local_site = response.view().local_site();
   impl->streamed = response.streamed_buffers();
+  impl->streamed_all_reduce = response.streamed_all_reduce();
   impl->segment_socket = SegmentSocketPath(daemon_address, response.segment_socket());
   impl->Observe(response.view());
   return std::unique_ptr<ExchangeGroup>(new ExchangeGroup(std::move(impl)));
@@ -513,7 +571,10 @@ std::unique_ptr<ExchangeWork> ExchangeGroup::AllReduce(void* data, size_t count,
   const size_t bytes = count * ElementSize(dtype);
   auto seg = impl_->Acquire(bytes);
   if (!seg.ok()) return std::make_unique<Work>(seg.status());
-  std::memcpy((*seg)->base, data, bytes);
+  // A daemon that takes it reduces and sends the first pieces while the rest
+  // is copied in; an older one gets the buffer whole before the call.
+  const bool streamed = impl_->streamed_all_reduce && bytes > 0;
+  Stage(**seg, data, bytes, streamed);
   v1::AllReduceRequest request;
   request.set_group(impl_->name);
   request.set_op_id(RandomHex());
@@ -527,13 +588,23 @@ std::unique_ptr<ExchangeWork> ExchangeGroup::AllReduce(void* data, size_t count,
   request.set_quantize_int8(options.quantize_int8);
   request.set_timeout_ms(Millis(options.timeout));
   request.set_tag(options.tag);
+  request.set_streamed(streamed);
   auto impl = impl_;
   absl::Duration timeout = options.timeout;
+  auto src = static_cast<const uint8_t*>(data);
   return std::make_unique<Work>(
       impl_, request.op_id(), std::move(*seg),
-      [impl, request, timeout](grpc::ClientContext* context, Segment*) {
-        return CallOp(*impl, &v1::Exchange::Stub::AllReduce, request, timeout, context);
+      [impl, request, timeout, streamed, src, bytes](grpc::ClientContext* context, Segment* seg) {
+        if (!streamed) {
+          return CallOp(*impl, &v1::Exchange::Stub::AllReduce, request, timeout, context);
+        }
+        return CallStreamed(*impl, &v1::Exchange::Stub::PrepareAsyncAllReduce, request, timeout,
+                            context, seg, src, bytes);
       },
+      // Only after a successful answer: a failed call leaves the caller's
+      // buffer holding its input, so a peer-lost all-reduce can be retried
+      // with it as it is. The segment holds the result, or whatever a failed
+      // call left there.
       [data, bytes](const v1::OpResponse&, Segment& seg) { std::memcpy(data, seg.base, bytes); });
 }
 
@@ -630,11 +701,7 @@ std::unique_ptr<Work> StartSend(const std::shared_ptr<ExchangeGroup::Impl>& grou
   auto seg = group->Acquire(bytes);
   if (!seg.ok()) return std::make_unique<Work>(seg.status());
   const bool streamed = group->streamed && bytes > 0;
-  if (streamed) {
-    (*seg)->progress().PublishReady(0);
-  } else {
-    std::memcpy((*seg)->base, data, bytes);
-  }
+  Stage(**seg, data, bytes, streamed);
   v1::SendRequest request;
   request.set_group(group->name);
   request.set_op_id(RandomHex());
@@ -649,16 +716,8 @@ std::unique_ptr<Work> StartSend(const std::shared_ptr<ExchangeGroup::Impl>& grou
       group, request.op_id(), std::move(*seg),
       [impl, request, timeout, streamed, src, bytes](grpc::ClientContext* context, Segment* seg) {
         if (!streamed) return CallOp(*impl, &v1::Exchange::Stub::Send, request, timeout, context);
-        auto fill = [seg, src, bytes] {
-          for (size_t done = 0; done < bytes;) {
-            const size_t n = std::min(kFillPieceBytes, bytes - done);
-            std::memcpy(seg->base + done, src + done, n);
-            done += n;
-            seg->progress().PublishReady(done);
-          }
-        };
-        return CallOpWorking(*impl, &v1::Exchange::Stub::PrepareAsyncSend, request, timeout,
-                             context, fill, nullptr, absl::ZeroDuration());
+        return CallStreamed(*impl, &v1::Exchange::Stub::PrepareAsyncSend, request, timeout, context,
+                            seg, src, bytes);
       },
       nullptr, on_caller);
 }

@@ -426,7 +426,9 @@ PYBIND11_MODULE(_longhaul, m) {      // re-exported by longhaul/__init__.py
            py::arg("quantize") = false, py::arg("timeout") = 60.0, py::arg("tag") = "",
            py::arg("async_op") = false,
            "In-place all-reduce of a float32/bfloat16/float16 numpy array or CPU tensor. "
-           "Identical result at every site. Returns a Work if async_op.")
+           "Identical result at every site. The array is read while the call runs and written "
+           "only when it succeeds: after an error it still holds its input, ready for a retry. "
+           "Returns a Work if async_op (leave the array untouched until it is done).")
       .def("allgather", &PyGroup::AllGather, py::arg("tensor"), py::arg("timeout") = 60.0,
            py::arg("tag") = "",
            "All-gather of a numpy array or CPU tensor (any dtype; the same shape and dtype at "

@@ -86,9 +86,13 @@ class ExchangeHub : private InboundSink {
   OpResult AllReduce(const AllReduceArgs& args, absl::Span<uint8_t> buffer);
   // Gathers every member's `input` (the same size everywhere) into
   // `output`, in member order; OpResult.stats.peers + 1 parts were written.
+  // Reads `input` once, a segment at a time into private memory, and sends
+  // that copy to every peer (client_buffer.h, FanOutReader), so a client
+  // writing it meanwhile cannot make the peers receive different bytes.
   OpResult AllGather(const GatherArgs& args, absl::Span<const uint8_t> input,
                      absl::Span<uint8_t> output);
-  // Copies args.root's `buffer` into every other member's, in place.
+  // Copies args.root's `buffer` into every other member's, in place. The
+  // root reads it as AllGather reads `input`.
   OpResult Broadcast(const GatherArgs& args, absl::Span<uint8_t> buffer);
   // Sends `data` to args.peer under args.tag; done once it is on the link.
   // With args.progress, reads each segment of `data` only once the client
@@ -131,9 +135,9 @@ class ExchangeHub : private InboundSink {
   // next segment not yet written; a Send waiting for its client adds one at
   // least every millisecond.
   uint64_t unfilled_looks() const { return state_.client_reads.unfilled.load(); }
-  // Bytes all-reduces have copied out of their clients' buffers (each byte
-  // once), and the largest single copy (at most kSegmentBytes: no
-  // whole-buffer copy).
+  // Bytes collectives (all-reduce, all-gather, broadcast) have copied out of
+  // their clients' buffers (each byte once), and the largest single copy (at
+  // most kSegmentBytes: no whole-buffer copy).
   uint64_t client_bytes_read() const { return state_.client_reads.bytes.load(); }
   uint64_t largest_client_read() const { return state_.client_reads.largest.load(); }
   // REFUSED notices this hub has received from its peers.

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -44,9 +45,10 @@ void Answer(OpResult result, v1::OpResponse* response) {
   *response->mutable_view() = std::move(result.view);
 }
 
-// A streamed call's progress word goes to the hub. An empty buffer has
-// nothing to stream.
-absl::Status ShareProgress(bool streamed, const ShmMapping& shm, P2PArgs& args) {
+// A streamed call's progress word goes to the hub (P2PArgs::progress,
+// AllReduceArgs::progress). An empty buffer has nothing to stream.
+absl::Status ShareProgress(bool streamed, const ShmMapping& shm,
+                           std::optional<shm::ProgressWord>& progress) {
   if (!streamed || shm.bytes().empty()) return absl::OkStatus();
   uint64_t* word = shm.progress_word();
   if (word == nullptr) {
@@ -54,7 +56,7 @@ absl::Status ShareProgress(bool streamed, const ShmMapping& shm, P2PArgs& args) 
         absl::StrCat("a streamed buffer must start at least ", shm::kDataOffset,
                      " bytes into its segment (the progress word comes first)"));
   }
-  args.progress.emplace(word);
+  progress.emplace(word);
   return absl::OkStatus();
 }
 
@@ -382,6 +384,7 @@ grpc::Status ExchangeService::Join(grpc::ServerContext*, const v1::JoinRequest* 
   } else {
     *response->mutable_view() = *view;
     response->set_streamed_buffers(true);
+    response->set_streamed_all_reduce(true);
     if (segments_) response->set_segment_socket(segments_->path());
   }
   return grpc::Status::OK;
@@ -407,8 +410,9 @@ grpc::Status ExchangeService::Group(grpc::ServerContext*, const v1::GroupRequest
 grpc::Status ExchangeService::AllReduce(grpc::ServerContext* context,
                                         const v1::AllReduceRequest* request,
                                         v1::OpResponse* response) {
+  // A streamed buffer's pages fault in as the hub reads it, as a Send's do.
   auto shm = ShmMapping::Open(segments_.get(), request->buffer(), max_buffer_bytes_,
-                              /*writable=*/true);
+                              /*writable=*/true, /*populate=*/!request->streamed());
   if (!shm.ok()) {
     SetError(shm.status(), "", response->mutable_error());
     return grpc::Status::OK;
@@ -423,6 +427,10 @@ grpc::Status ExchangeService::AllReduce(grpc::ServerContext* context,
   args.tag = request->tag();
   args.timeout = Timeout(request->timeout_ms());
   args.client_gone = [context] { return context->IsCancelled(); };
+  if (absl::Status s = ShareProgress(request->streamed(), *shm, args.progress); !s.ok()) {
+    SetError(s, "", response->mutable_error());
+    return grpc::Status::OK;
+  }
   Answer(hub_.AllReduce(args, shm->bytes()), response);
   reaper_.Retire(*std::move(shm));
   return grpc::Status::OK;
@@ -498,7 +506,7 @@ grpc::Status ExchangeService::Send(grpc::ServerContext* context, const v1::SendR
     return grpc::Status::OK;
   }
   P2PArgs args = P2PArgsOf(*request, context);
-  if (absl::Status s = ShareProgress(request->streamed(), *shm, args); !s.ok()) {
+  if (absl::Status s = ShareProgress(request->streamed(), *shm, args.progress); !s.ok()) {
     SetError(s, "", response->mutable_error());
     return grpc::Status::OK;
   }
@@ -516,7 +524,7 @@ grpc::Status ExchangeService::Recv(grpc::ServerContext* context, const v1::RecvR
     return grpc::Status::OK;
   }
   P2PArgs args = P2PArgsOf(*request, context);
-  if (absl::Status s = ShareProgress(request->streamed(), *shm, args); !s.ok()) {
+  if (absl::Status s = ShareProgress(request->streamed(), *shm, args.progress); !s.ok()) {
     SetError(s, "", response->mutable_error());
     return grpc::Status::OK;
   }

@@ -8,8 +8,8 @@
 // a segment socket (SegmentRegistry): sealed against shrinking, they cannot
 // be truncated under the mapping, so no client can make the daemon fault.
 // Errors, including a lost peer, are answered in the response's
-// ExchangeError, with the hub's words. A streamed Send or Recv shares the
-// segment's progress word with the hub for the call.
+// ExchangeError, with the hub's words. A streamed Send, Recv or AllReduce
+// shares the segment's progress word with the hub for the call.
 //
 // Thread-safe (gRPC calls it from its own threads).
 

@@ -2,23 +2,85 @@
 // Broadcast): the same op registration, mailbox keys, generation checks,
 // peer-loss handling and DONE/ABORT commit round as the all-reduce, with
 // their own data kinds, GATHER_DATA and BCAST_DATA (header checks in
-// gather_checks.h).
+// gather_checks.h). The buffer a member sends to every peer is read out of
+// its client's segment once, a piece at a time (FanOutReader), so every
+// peer gets the same bytes.
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/exchange/client_buffer.h"
 #include "daemon/exchange/deadline.h"
 #include "daemon/exchange/gather_checks.h"
+#include "daemon/exchange/mailbox.h"
 #include "daemon/exchange/operations.h"
 #include "daemon/exchange/sender_set.h"
 
 namespace longhaul::exchange {
 
 using Msg = v1::ExchangePeerMessage;
+
+namespace {
+
+// Pieces of a fanned-out buffer held at once: the fastest sender may be one
+// piece ahead of the slowest one.
+constexpr size_t kFanOutSlots = 2;
+
+// The sends of one buffer, `payload` (read only through `input`), to every
+// one of `peers`: one sender thread each, every piece read once into one of
+// kFanOutSlots slots from `pool` and written to every peer from there.
+// Not thread-safe; owned by the op's thread. The arguments outlive it.
+class FanOut {
+ public:
+  FanOut(const std::vector<std::string>& peers, const Msg& header,
+         absl::Span<const uint8_t> payload, ClientBuffer& input, const std::atomic<bool>& stop,
+         Links& links, BufferPool& pool, const Clock& clock)
+      : pool_(pool) {
+    std::vector<absl::Span<uint8_t>> slots;
+    if (!payload.empty()) {
+      slots_.reserve(kFanOutSlots);
+      for (size_t i = 0; i < kFanOutSlots; ++i) {
+        slots_.push_back(pool.Take(std::min<uint64_t>(kSegmentBytes, payload.size())));
+        slots.push_back(absl::MakeSpan(slots_.back()));
+      }
+      reader_.emplace(input, peers.size(), std::move(slots), stop);
+    }
+    // `payload` by value: the parameter ends with the constructor.
+    senders_.emplace(
+        peers, clock, [&peers, &header, payload, &stop, &links, this](const std::string& site) {
+          const size_t i = std::find(peers.begin(), peers.end(), site) - peers.begin();
+          Links::StageFn stage;
+          if (reader_) {
+            stage = [this, i](uint64_t offset, uint64_t n) { return reader_->Piece(i, offset, n); };
+          }
+          absl::Status s =
+              links.Send(site, header, payload, &stop, Timestamp::Infinite(), nullptr, stage);
+          if (reader_) reader_->Done(i);
+          return s;
+        });
+  }
+  ~FanOut() {
+    senders_.reset();  // joins them: nothing reads the slots after this
+    for (Payload& slot : slots_) pool_.Recycle(std::move(slot));
+  }
+  FanOut(const FanOut&) = delete;
+  FanOut& operator=(const FanOut&) = delete;
+
+  SenderSet& senders() { return *senders_; }
+
+ private:
+  BufferPool& pool_;
+  std::vector<Payload> slots_;
+  std::optional<FanOutReader> reader_;  // none for an empty buffer
+  std::optional<SenderSet> senders_;
+};
+
+}  // namespace
 
 absl::Status Operations::CheckGathered(const ReduceRun& run, const std::vector<std::string>& keys,
                                        const std::vector<std::string>& peers,
@@ -41,7 +103,7 @@ absl::Status Operations::CheckGathered(const ReduceRun& run, const std::vector<s
 }
 
 OpResult Operations::Collective(const GatherArgs& args, const std::string& what,
-                                CollectiveBody body) {
+                                absl::Span<const uint8_t> input, CollectiveBody body) {
   // The all-reduce's machinery reads these fields of AllReduceArgs only.
   AllReduceArgs reduce_args;
   reduce_args.group = args.group;
@@ -51,7 +113,12 @@ OpResult Operations::Collective(const GatherArgs& args, const std::string& what,
   reduce_args.timeout = args.timeout;
   reduce_args.client_gone = args.client_gone;
   static constexpr Msg::Kind kKinds[] = {Msg::GATHER_DATA, Msg::BCAST_DATA, Msg::DONE, Msg::ABORT};
-  return RunOp(reduce_args, args.root, what, kKinds, [&](ReduceRun& run) { return body(run); });
+  return RunOp(reduce_args, args.root, what, kKinds, [&](ReduceRun& run) {
+    ClientBuffer buffer(input, std::nullopt, state_->clock, run.deadline, run.op->stop,
+                        args.client_gone, state_->client_reads);
+    run.input = &buffer;
+    return body(run);
+  });
 }
 
 OpResult Operations::AllGather(const GatherArgs& args, absl::Span<const uint8_t> input,
@@ -60,7 +127,7 @@ OpResult Operations::AllGather(const GatherArgs& args, absl::Span<const uint8_t>
                                         args.tag.empty() ? "" : absl::StrCat(" (", args.tag, ")"),
                                         " in group ", args.group);
   const uint64_t part = input.size();
-  return Collective(args, what, [&](const ReduceRun& run) {
+  return Collective(args, what, input, [&](const ReduceRun& run) {
     ReduceOutcome out;
     const uint64_t n = run.members.size();
     if (part != 0 && output.size() / part < n) {
@@ -78,9 +145,8 @@ OpResult Operations::AllGather(const GatherArgs& args, absl::Span<const uint8_t>
     header.set_seq(args.seq);
     header.set_tag(args.tag);
     header.set_count(part);
-    SenderSet senders(run.peers, state_->clock, [&](const std::string& site) {
-      return links_->Send(site, header, input, &run.op->stop);
-    });
+    FanOut sends(run.peers, header, input, *run.input, run.op->stop, *links_, state_->pool,
+                 state_->clock);
     std::vector<std::string> keys;
     for (const auto& p : run.peers) {
       keys.push_back(Mailbox::Key(args.group, Msg::GATHER_DATA, p, run.seq_id));
@@ -93,11 +159,13 @@ OpResult Operations::AllGather(const GatherArgs& args, absl::Span<const uint8_t>
     call.tag = args.tag;
     out.status = CheckGathered(run, keys, run.peers, out, call);
     if (!out.status.ok()) run.op->stop = true;
-    CollectSends(run, senders, std::vector<uint64_t>(run.peers.size(), part), &out);
+    CollectSends(run, sends.senders(), std::vector<uint64_t>(run.peers.size(), part), &out);
     Settle(run, &out);
     if (out.status.ok() && part > 0) {
       // Its own part first: `input` may lie in `output`, where a peer's part
-      // would overwrite it.
+      // would overwrite it. Read from the client's buffer again, so a client
+      // that rewrote it meanwhile sees its rewrite there: its own output,
+      // which it may write anyway; the peers all got the same bytes.
       for (size_t k = 0; k < run.members.size(); ++k) {
         if (run.members[k] == local_site_)
           std::memmove(output.data() + k * part, input.data(), part);
@@ -121,7 +189,7 @@ OpResult Operations::Broadcast(const GatherArgs& args, absl::Span<uint8_t> buffe
     result.status = absl::InvalidArgumentError(absl::StrCat(what, ": it needs a root site"));
     return result;
   }
-  return Collective(args, what, [&](const ReduceRun& run) {
+  return Collective(args, what, buffer, [&](const ReduceRun& run) {
     ReduceOutcome out;
     if (args.root == local_site_) {
       // The root sends its buffer to every member directly: its uplink
@@ -134,10 +202,10 @@ OpResult Operations::Broadcast(const GatherArgs& args, absl::Span<uint8_t> buffe
       header.set_tag(args.tag);
       header.set_count(buffer.size());
       header.set_root(args.root);
-      SenderSet senders(run.peers, state_->clock, [&](const std::string& site) {
-        return links_->Send(site, header, buffer, &run.op->stop);
-      });
-      CollectSends(run, senders, std::vector<uint64_t>(run.peers.size(), buffer.size()), &out);
+      FanOut sends(run.peers, header, buffer, *run.input, run.op->stop, *links_, state_->pool,
+                   state_->clock);
+      CollectSends(run, sends.senders(), std::vector<uint64_t>(run.peers.size(), buffer.size()),
+                   &out);
       Settle(run, &out);
       return out;
     }

@@ -393,17 +393,21 @@ absl::Status Operations::AwaitAll(const ReduceRun& run, const std::vector<std::s
   const AllReduceArgs& args = run.args;
   const std::string& what = run.what;
   Op& op = *run.op;
+  // A sender thread that found this site's client at fault (a broken
+  // progress word) ends the op: the peers wait for what it did not send.
+  auto client_failed = [&] { return run.input != nullptr && !run.input->status().ok(); };
   absl::MutexLock lock(&state_->mu);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
     return state_->shutdown || op.cancelled ||
            AbortFrom(args.group, run.seq_id, run.peers) != nullptr || HoldsAll(keys) ||
-           GroupMoved(args.group, run.generation);
+           GroupMoved(args.group, run.generation) || client_failed();
   };
   while (!ready() && clock.Now() < run.deadline) {
     state_->mu.AwaitWithTimeout(absl::Condition(&ready),
                                 std::min(WaitSlice(clock, run.deadline), kPoll));
     if (!op.cancelled && args.client_gone && args.client_gone()) op.cancelled = true;
   }
+  if (client_failed()) return run.input->status();  // Settle says whose fault
   if (const Message* abort = AbortFrom(args.group, run.seq_id, run.peers); abort != nullptr) {
     const Message& m = *abort;
     return absl::AbortedError(
@@ -464,15 +468,18 @@ void Operations::CollectSends(const ReduceRun& run, SenderSet& senders,
 }
 
 void Operations::Settle(const ReduceRun& run, ReduceOutcome* out) {
-  // An all-reduce's client that stalled or left fails it as its own fault
-  // (all-gather and broadcast read their input directly: no run.input).
+  // A client that stalled, left or broke its progress word fails the op as
+  // its own fault.
   if (absl::Status s = run.input != nullptr ? run.input->status() : absl::OkStatus(); !s.ok()) {
     out->lost_peer.clear();
-    out->status = s.code() == absl::StatusCode::kAborted
-                      ? absl::CancelledError(absl::StrCat(run.what, ": ", s.message()))
-                      : absl::DeadlineExceededError(absl::StrCat(run.what, " timed out after ",
-                                                                 DurationText(run.args.timeout),
-                                                                 ": ", s.message()));
+    if (s.code() == absl::StatusCode::kAborted) {
+      out->status = absl::CancelledError(absl::StrCat(run.what, ": ", s.message()));
+    } else if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+      out->status = absl::DeadlineExceededError(absl::StrCat(
+          run.what, " timed out after ", DurationText(run.args.timeout), ": ", s.message()));
+    } else {
+      out->status = absl::Status(s.code(), absl::StrCat(run.what, ": ", s.message()));
+    }
   }
   if (out->status.ok()) {
     out->status = Commit(run.args, run.what, run.generation, run.peers, &out->lost_peer);
@@ -632,11 +639,13 @@ OpResult Operations::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
   header.set_generation(generation);
   header.set_tag(args.tag);
   const Timestamp deadline = After(start, ToTimeDelta(args.timeout));
+  std::optional<FillProgress> progress;
   Links::ReadyFn filled;
   if (args.progress) {
+    progress.emplace(*args.progress, data.size());
     filled = [&](uint64_t end) {
-      return WaitFilled(*args.progress, end, data.size(), clock, deadline, op->stop,
-                        args.client_gone, state_->client_reads.unfilled);
+      return progress->WaitFilled(end, clock, deadline, op->stop, args.client_gone,
+                                  state_->client_reads.unfilled);
     };
   }
   // On this thread: one peer needs no sender thread, and a small message
@@ -657,6 +666,8 @@ OpResult Operations::Send(const P2PArgs& args, absl::Span<const uint8_t> data) {
           absl::StrCat(what, " timed out after ", DurationText(args.timeout), ": ", s.message()));
     } else if (s.code() == absl::StatusCode::kAborted) {
       result.status = absl::CancelledError(absl::StrCat(what, ": ", s.message()));
+    } else if (s.code() == absl::StatusCode::kInvalidArgument) {  // its progress word
+      result.status = absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));
     } else if (s.code() == absl::StatusCode::kResourceExhausted) {
       result.status = absl::ResourceExhaustedError(absl::StrCat(what, ": ", s.message()));
     } else if (s.code() == absl::StatusCode::kCancelled && !op->cancelled && !state_->shutdown) {

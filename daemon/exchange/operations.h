@@ -92,7 +92,7 @@ class Operations {
     std::shared_ptr<Op> op;
     Timestamp start;
     Timestamp deadline;
-    ClientBuffer* input = nullptr;  // all-reduce: the only reader of the client's buffer
+    ClientBuffer* input = nullptr;  // the only reader of the client's buffer
   };
   struct ReduceOutcome {
     absl::Status status;
@@ -119,9 +119,11 @@ class Operations {
   OpResult RunOp(const AllReduceArgs& args, const std::string& root, const std::string& what,
                  absl::Span<const v1::ExchangePeerMessage::Kind> kinds,
                  absl::FunctionRef<ReduceOutcome(ReduceRun&)> body);
-  // gather.cc: runs an all-gather or broadcast `body` through RunOp.
+  // gather.cc: runs an all-gather or broadcast `body` through RunOp, with
+  // run.input reading `input`, the client's buffer it sends.
   using CollectiveBody = absl::FunctionRef<ReduceOutcome(const ReduceRun&)>;
-  OpResult Collective(const GatherArgs& args, const std::string& what, CollectiveBody body);
+  OpResult Collective(const GatherArgs& args, const std::string& what,
+                      absl::Span<const uint8_t> input, CollectiveBody body);
   // gather.cc: checks the GATHER_DATA / BCAST_DATA messages AwaitAll just
   // took under `keys` (the i-th from peers[i]) and that none came twice.
   absl::Status CheckGathered(const ReduceRun& run, const std::vector<std::string>& keys,
@@ -130,7 +132,8 @@ class Operations {
   // Waits until the mailbox holds a message under each of `keys` (one per
   // peer, in run.peers order) and appends them to `taken` in that order; or
   // fails on an ABORT, a cancel, shutdown, a lost peer (naming it in
-  // `lost_peer`) or the deadline (naming the peers it waited for).
+  // `lost_peer`), a failed read of run.input (its client's fault) or the
+  // deadline (naming the peers it waited for).
   absl::Status AwaitAll(const ReduceRun& run, const std::vector<std::string>& keys,
                         std::vector<Message>* taken, std::string* lost_peer);
   // Finishes `senders` (cutting the links of those still sending 2 s past

@@ -2,19 +2,23 @@
 #define LONGHAUL_PROTO_LONGHAUL_SHM_PROGRESS_H_
 
 // The progress word of a streamed exchange buffer: how a client and its
-// daemon share one shared-memory segment while a Send or Recv runs, so the
-// client's copy into (or out of) the segment overlaps the transfer instead
-// of adding to it (exchange.proto, SendRequest.streamed / RecvRequest.streamed).
+// daemon share one shared-memory segment while a Send, Recv or AllReduce
+// runs, so the client's copy into (or out of) the segment overlaps the
+// transfer instead of adding to it (exchange.proto, SendRequest.streamed,
+// RecvRequest.streamed, AllReduceRequest.streamed).
 //
 // Layout of a streamed segment:
 //   [0, 8)                 the progress word, a little-endian uint64, 8-aligned
 //   [8, kDataOffset)       reserved (zero)
 //   [kDataOffset, ...)     the buffer (ShmRegion.offset = kDataOffset)
 //
-// Send: the word is the number of leading buffer bytes the client has
-// written. Only the client stores it, with release order after writing the
-// bytes; it never decreases during a call. The daemon loads it with acquire
-// order and reads no buffer byte at or past it.
+// Send, AllReduce: the word is the number of leading buffer bytes the client
+// has written. Only the client stores it, with release order after writing
+// the bytes; it never decreases during a call and never exceeds the
+// buffer's length (the daemon fails a call whose word does either). The
+// daemon loads it with acquire order and reads no buffer byte at or past
+// it. An all-reduce's result is written into the buffer after the call's
+// last load of the word, and only when the call succeeds.
 //
 // Recv: the word is Landed{epoch, bytes}, packed as epoch << kLandedBits |
 // bytes. Only the daemon stores it, with release order after writing the
@@ -58,7 +62,7 @@ class ProgressWord {
 
   void Reset() const { Ref().store(0, std::memory_order_release); }
 
-  // Send.
+  // Send, AllReduce.
   void PublishReady(uint64_t bytes) const { Ref().store(bytes, std::memory_order_release); }
   uint64_t Ready() const { return Ref().load(std::memory_order_acquire); }
 

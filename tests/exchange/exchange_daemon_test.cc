@@ -1,27 +1,50 @@
-// Two real daemons (deploy/local-sites.sh on loopback) and the C++ client:
-// all-reduce through shared memory and the EXCHANGE peer links.
+// Real daemons (deploy/local-sites.sh on loopback) and the C++ client:
+// all-reduce through shared memory and the EXCHANGE peer links, two sites
+// and three; and raw local clients of the Exchange service, as hostile ones
+// would be.
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <random>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "client/exchange_testing.h"
+#include "common/fd_passing.h"
 #include "gtest/gtest.h"
+#include "longhaul/client.h"
 #include "longhaul/exchange.h"
+#include "longhaul/shm_progress.h"
 #include "longhaul/v1/exchange.grpc.pb.h"
+#include "tests/test_tools/eventually.h"
 
 namespace longhaul {
 namespace {
+
+using ::longhaul::testing::Eventually;
+
+constexpr size_t kMiB = 1 << 20;
 
 std::string Shell(const std::string& command) {
   std::string out;
@@ -33,39 +56,74 @@ std::string Shell(const std::string& command) {
   return out;
 }
 
+// deploy/local-sites.sh with LONGHAUL_LOCAL_SITES set to `sites`.
+std::string LocalSites(const std::vector<std::string>& sites, const std::string& verb,
+                       const std::string& dir) {
+  return Shell(absl::StrCat("LONGHAUL_BIN=", LONGHAUL_BIN_DIR, " LONGHAUL_LOCAL_SITES='",
+                            absl::StrJoin(sites, " "), "' ", LONGHAUL_SOURCE_DIR,
+                            "/deploy/local-sites.sh ", verb, " ", dir));
+}
+
+// Starts local daemons of `sites` in a new temporary directory, returned
+// in `dir`; true once every one runs.
+bool StartSites(const std::vector<std::string>& sites, std::string* dir) {
+  char tmpl[] = "/tmp/longhaul-exchange-test-XXXXXX";
+  *dir = mkdtemp(tmpl);
+  const std::string out = LocalSites(sites, "up", *dir);
+  return std::all_of(sites.begin(), sites.end(), [&](const std::string& s) {
+    std::string var = s.substr(s.find('-') + 1);
+    std::transform(var.begin(), var.end(), var.begin(), ::toupper);
+    return out.find("LONGHAUL_SITE_" + var) != std::string::npos;
+  });
+}
+
+void StopSites(const std::vector<std::string>& sites, const std::string& dir) {
+  LocalSites(sites, "down", dir);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// Every one of `sites` (daemons at `addresses`) joins `name` at once.
+std::vector<std::unique_ptr<ExchangeGroup>> JoinAll(const std::vector<std::string>& addresses,
+                                                    const std::vector<std::string>& sites,
+                                                    const std::string& name) {
+  std::vector<std::future<absl::StatusOr<std::unique_ptr<ExchangeGroup>>>> joins;
+  for (const std::string& address : addresses) {
+    joins.push_back(std::async(std::launch::async, [&, address] {
+      return ExchangeGroup::Join(address, name, sites, absl::Seconds(20));
+    }));
+  }
+  std::vector<std::unique_ptr<ExchangeGroup>> groups;
+  for (auto& j : joins) {
+    auto g = j.get();
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (!g.ok()) return {};
+    groups.push_back(*std::move(g));
+  }
+  return groups;
+}
+
 // Starts site-a and site-b for the whole suite and always stops them.
 class ExchangeDaemonTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/longhaul-exchange-test-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    std::string env = absl::StrCat("LONGHAUL_BIN=", LONGHAUL_BIN_DIR, " ");
-    std::string out = Shell(absl::StrCat(env, LONGHAUL_SOURCE_DIR, "/deploy/local-sites.sh up ", dir_));
-    ok_ = out.find("LONGHAUL_SITE_B") != std::string::npos;
+    ok_ = StartSites(kSites, &dir_);
     site_a_ = absl::StrCat("unix:", dir_, "/site-a/control.sock");
     site_b_ = absl::StrCat("unix:", dir_, "/site-b/control.sock");
   }
-  static void TearDownTestSuite() {
-    Shell(absl::StrCat(LONGHAUL_SOURCE_DIR, "/deploy/local-sites.sh down ", dir_));
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
+  static void TearDownTestSuite() { StopSites(kSites, dir_); }
   void SetUp() override { ASSERT_TRUE(ok_) << "local sites did not start; see " << dir_; }
+  void TearDown() override { client_internal::SetPiecePublishedForTesting(nullptr); }
 
   // Both sites join `name`.
   std::pair<std::unique_ptr<ExchangeGroup>, std::unique_ptr<ExchangeGroup>> JoinBoth(
       const std::string& name) {
-    auto fb = std::async(std::launch::async, [&] {
-      return ExchangeGroup::Join(site_b_, name, {"site-a", "site-b"}, absl::Seconds(20));
-    });
-    auto a = ExchangeGroup::Join(site_a_, name, {"site-a", "site-b"}, absl::Seconds(20));
-    auto b = fb.get();
-    EXPECT_TRUE(a.ok()) << a.status();
-    EXPECT_TRUE(b.ok()) << b.status();
-    if (!a.ok() || !b.ok()) return {};
-    return {std::move(*a), std::move(*b)};
+    auto groups = JoinAll({site_a_, site_b_}, kSites, name);
+    if (groups.size() != 2) return {};
+    return {std::move(groups[0]), std::move(groups[1])};
   }
 
+  static inline const std::vector<std::string> kSites = {"site-a", "site-b"};
   static inline std::string dir_;
   static inline bool ok_ = false;
   static inline std::string site_a_, site_b_;
@@ -149,9 +207,14 @@ TEST_F(ExchangeDaemonTest, AllReduceEachDtypeMatchesTheLocalSumAtBothSites) {
   }
 }
 
+// Streamed (both clients copy their buffers in while the daemons work), the
+// average is the same bytes at both sites, and the fixed-order one.
 TEST_F(ExchangeDaemonTest, RandomFloat32AverageIsBitIdenticalAtBothSites) {
   auto [a, b] = JoinBoth("bits");
   ASSERT_TRUE(a && b);
+  std::atomic<int> streamed{0};  // copies that published their last piece
+  client_internal::SetPiecePublishedForTesting(
+      [&](size_t published, size_t total) { streamed += published == total; });
   const size_t count = 4 << 20;  // 16 MiB
   std::mt19937 rng(3);
   std::normal_distribution<float> dist(0, 1);
@@ -167,6 +230,7 @@ TEST_F(ExchangeDaemonTest, RandomFloat32AverageIsBitIdenticalAtBothSites) {
   ASSERT_TRUE(wa->Wait().ok());
   ASSERT_EQ(0, std::memcmp(va.data(), vb.data(), count * 4));
   ASSERT_EQ(0, std::memcmp(va.data(), want.data(), count * 4));
+  EXPECT_EQ(streamed.load(), 2);
 }
 
 // AllGather and Broadcast through the client: the concatenation in member
@@ -351,6 +415,381 @@ TEST_F(ExchangeDaemonTest, StreamedRecvOfAMessageThatArrivedFirst) {
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(*n, msg.size());
   EXPECT_TRUE(out == msg);
+}
+
+// --------------------------------------------------------- streamed all-reduce
+
+// A sealed memfd segment a raw client registered on a daemon's segment
+// socket (exchange.proto, ShmRegion), laid out as longhaul/shm_progress.h
+// says: the progress word, then `bytes` of buffer at shm::kDataOffset.
+class RawSegment {
+ public:
+  RawSegment(const std::string& socket_path, size_t bytes) : bytes_(bytes) {
+    const int fd = memfd_create("longhaul-raw", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, mapped()), 0);
+    EXPECT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+    void* base = mmap(nullptr, mapped(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    EXPECT_NE(base, MAP_FAILED);
+    mapping_ = static_cast<uint8_t*>(base);
+    conn_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(connect(conn_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0)
+        << socket_path;
+    EXPECT_EQ(SendByteWithFd(conn_, 'S', fd, MSG_NOSIGNAL), 1);
+    close(fd);
+    std::string answer;
+    char c;
+    while (read(conn_, &c, 1) == 1 && c != '\n') answer += c;
+    EXPECT_EQ(answer.substr(0, 3), "ok ") << answer;
+    token_ = answer.substr(3);
+  }
+  ~RawSegment() {
+    munmap(mapping_, mapped());
+    close(conn_);  // unregisters it
+  }
+  RawSegment(const RawSegment&) = delete;
+  RawSegment& operator=(const RawSegment&) = delete;
+
+  float* floats() { return reinterpret_cast<float*>(mapping_ + shm::kDataOffset); }
+  shm::ProgressWord progress() { return shm::ProgressWord(reinterpret_cast<uint64_t*>(mapping_)); }
+  // Names the buffer, starting `offset` bytes into the segment.
+  void Describe(v1::ShmRegion* region, uint64_t offset = shm::kDataOffset) const {
+    region->set_segment(token_);
+    region->set_offset(offset);
+    region->set_length(bytes_);
+  }
+
+ private:
+  size_t mapped() const { return shm::kDataOffset + bytes_; }
+  const size_t bytes_;
+  uint8_t* mapping_ = nullptr;
+  int conn_ = -1;
+  std::string token_;
+};
+
+// One site's daemon's /metrics (its log names the port).
+class Metrics {
+ public:
+  Metrics(const std::string& dir, const std::string& site) {
+    std::ifstream log(dir + "/" + site + "/longhauld.log");
+    std::stringstream text;
+    text << log.rdbuf();
+    const std::string s = text.str();
+    std::smatch m;
+    if (std::regex_search(s, m, std::regex(R"(metrics on http://127\.0\.0\.1:(\d+)/metrics)"))) {
+      port_ = std::stoi(m[1]);
+    }
+    EXPECT_NE(port_, 0) << "no metrics port in " << site << "'s log";
+  }
+
+  // The bytes the daemon has charged to the exchange class's cap
+  // (longhaul_rate_capped_bytes_total): every payload segment it put on a
+  // peer link while a cap was set, charged before it is written.
+  uint64_t ExchangeBytesCapped() const {
+    const std::string page = Get();
+    std::smatch m;
+    static const std::regex kLine(
+        R"re(\nlonghaul_rate_capped_bytes_total\{scope="class",name="exchange"\} (\S+))re");
+    if (!std::regex_search(page, m, kLine)) return 0;
+    return static_cast<uint64_t>(std::stod(m[1]));
+  }
+
+ private:
+  std::string Get() const {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::string page;
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+      const std::string request =
+          "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+      if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+        char buf[4096];
+        for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) page.append(buf, n);
+      }
+    }
+    close(fd);
+    return page;
+  }
+  int port_ = 0;
+};
+
+// Sets (or with 0, lifts) a cap on the exchange class at the daemon at
+// `address`; a cap far above what loopback carries only counts the bytes.
+void CapExchange(const std::string& address, uint64_t bits_per_second) {
+  auto control = Client::Connect(address);
+  ASSERT_TRUE(control.ok()) << control.status();
+  v1::RateLimit cap;
+  cap.set_priority(v1::EXCHANGE);
+  cap.set_bits_per_second(bits_per_second);
+  auto limits = (*control)->SetLimit(cap);
+  ASSERT_TRUE(limits.ok()) << limits.status();
+}
+constexpr uint64_t kCountOnly = uint64_t{1} << 40;  // 1 Tbit/s
+
+// The daemon reduces and sends a streamed all-reduce's buffer while its
+// client is still copying it in. With site-a's copy held after 8 of 32 MiB
+// (and site-b not called yet), site-a's daemon puts exactly those 8 MiB on
+// the link to site-b, and nothing it was not told is written. Released, the
+// call gives both sites the sum.
+TEST_F(ExchangeDaemonTest, StreamedAllReduceSendsWhileTheClientIsStillCopying) {
+  auto [a, b] = JoinBoth("overlap");
+  ASSERT_TRUE(a && b);
+  CapExchange(site_a_, kCountOnly);
+  struct Uncap {
+    ~Uncap() { CapExchange(site, 0); }
+    std::string site;
+  } uncap{site_a_};
+  const Metrics metrics(dir_, "site-a");
+
+  const size_t count = 8 * kMiB;  // 32 MiB of float32
+  std::vector<float> va(count), vb(count), want(count);
+  for (size_t i = 0; i < count; ++i) {
+    va[i] = static_cast<float>(i % 1000) / 4;
+    vb[i] = static_cast<float>((i * 7) % 1000) / 2;
+    want[i] = va[i] + vb[i];
+  }
+  // The first copy to publish 8 MiB waits there until released: site-a's,
+  // the only one running until then.
+  std::atomic<bool> holding{false};
+  std::atomic<size_t> held_at{0};
+  absl::Notification held, release;
+  client_internal::SetPiecePublishedForTesting([&](size_t published, size_t) {
+    if (published < 8 * kMiB || holding.exchange(true)) return;
+    held_at = published;
+    held.Notify();
+    release.WaitForNotificationWithTimeout(absl::Seconds(60));
+  });
+  struct Release {
+    ~Release() {
+      if (!n.HasBeenNotified()) n.Notify();
+    }
+    absl::Notification& n;
+  } release_on_exit{release};
+
+  const uint64_t before = metrics.ExchangeBytesCapped();
+  AllReduceOptions options;
+  options.timeout = absl::Seconds(30);
+  auto wa = a->AllReduce(va.data(), count, DType::kFloat32, options);
+  ASSERT_TRUE(held.WaitForNotificationWithTimeout(absl::Seconds(20)))
+      << "site-a's client never streamed its buffer";
+  ASSERT_EQ(held_at.load(), 8 * kMiB);
+  ASSERT_TRUE(Eventually([&] { return metrics.ExchangeBytesCapped() - before >= 8 * kMiB; },
+                         absl::Seconds(30)))
+      << "site-a sent " << metrics.ExchangeBytesCapped() - before
+      << " bytes of the 8 MiB its client had published";
+  EXPECT_EQ(metrics.ExchangeBytesCapped() - before, 8 * kMiB) << "it sent what was not written";
+  EXPECT_FALSE(wa->Test());
+  release.Notify();
+
+  ASSERT_TRUE(b->AllReduceSync(vb.data(), count, DType::kFloat32, options).ok());
+  absl::Status sa = wa->Wait(absl::Seconds(60));
+  ASSERT_TRUE(sa.ok()) << sa;
+  EXPECT_EQ(wa->Stats().bytes_sent, count * 4);
+  EXPECT_EQ(metrics.ExchangeBytesCapped() - before, count * 4);
+  ASSERT_EQ(0, std::memcmp(va.data(), want.data(), count * 4));
+  ASSERT_EQ(0, std::memcmp(vb.data(), want.data(), count * 4));
+}
+
+// A raw local client at site-a streams all-reduces through a progress word
+// it never fills, pushes past its buffer, or moves back; site-b calls
+// through the C++ client with a longer deadline. Each such call fails at
+// site-a alone, with an error that says what its client did (not a lost
+// peer); site-b fails on site-a's ABORT, which names site-a and carries the
+// reason (retryable, but not peer-lost), and keeps its input; and the
+// daemon serves the group's next all-reduce.
+TEST_F(ExchangeDaemonTest, HostileStreamedAllReducesFailAtTheirSiteAndTheGroupGoesOn) {
+  auto stub =
+      v1::Exchange::NewStub(grpc::CreateChannel(site_a_, grpc::InsecureChannelCredentials()));
+  auto joining_b = std::async(std::launch::async, [&] {
+    return ExchangeGroup::Join(site_b_, "hostile", kSites, absl::Seconds(20));
+  });
+  v1::JoinRequest join;
+  join.set_group("hostile");
+  for (const auto& s : kSites) join.add_sites(s);
+  join.set_timeout_ms(20000);
+  v1::JoinResponse joined;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->Join(&context, join, &joined).ok());
+  }
+  ASSERT_EQ(joined.error().code(), 0) << joined.error().message();
+  EXPECT_TRUE(joined.streamed_all_reduce());
+  auto b = joining_b.get();
+  ASSERT_TRUE(b.ok()) << b.status();
+  CapExchange(site_a_, kCountOnly);
+  struct Uncap {
+    ~Uncap() { CapExchange(site, 0); }
+    std::string site;
+  } uncap{site_a_};
+  const Metrics metrics(dir_, "site-a");
+
+  const size_t count = 4 * kMiB;  // 16 MiB of float32
+  RawSegment seg(joined.segment_socket(), count * 4);
+  uint64_t seq = 0;
+  // Site-a's raw all-reduce of `seg` (streamed, the next seq) beside
+  // site-b's of a buffer of 2s; `meanwhile` runs while both are under way.
+  auto run = [&](uint32_t timeout_ms, const std::function<void()>& meanwhile = nullptr) {
+    v1::AllReduceRequest request;
+    request.set_group("hostile");
+    request.set_op_id(absl::StrCat("hostile-", seq));
+    request.set_seq(seq++);
+    seg.Describe(request.mutable_buffer());
+    request.set_dtype(v1::FLOAT32);
+    request.set_timeout_ms(timeout_ms);
+    request.set_streamed(true);
+    auto at_a = std::async(std::launch::async, [&stub, request] {
+      grpc::ClientContext context;
+      v1::OpResponse response;
+      EXPECT_TRUE(stub->AllReduce(&context, request, &response).ok());
+      return response;
+    });
+    std::vector<float> vb(count, 2.0f);
+    AllReduceOptions options;
+    options.timeout = absl::Seconds(30);
+    auto at_b = (*b)->AllReduce(vb.data(), count, DType::kFloat32, options);
+    if (meanwhile) meanwhile();
+    v1::OpResponse a_response = at_a.get();
+    absl::Status b_status = at_b->Wait();
+    return std::make_tuple(a_response, b_status, vb);
+  };
+  auto expect_b_aborted = [](const absl::Status& s, const std::vector<float>& vb,
+                             const std::string& reason) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_NE(s.message().find("site-a gave up on it"), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find(reason), absl::string_view::npos) << s;
+    EXPECT_FALSE(IsPeerLost(s)) << s;
+    EXPECT_TRUE(std::all_of(vb.begin(), vb.end(), [](float x) { return x == 2.0f; }))
+        << "a failed all-reduce changed site-b's buffer";
+  };
+
+  {  // Never filled: site-a's deadline, its own failure.
+    seg.progress().PublishReady(0);
+    auto [a, b_status, vb] = run(1000);
+    EXPECT_EQ(a.error().code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+    EXPECT_NE(a.error().message().find(
+                  "timed out after 1s: its client had written only 0 of the 16777216 bytes"),
+              std::string::npos)
+        << a.error().message();
+    EXPECT_EQ(a.error().lost_peer(), "");
+    expect_b_aborted(b_status, vb, "its client had written only 0");
+  }
+  {  // Past the buffer.
+    seg.progress().PublishReady(count * 4 + 1);
+    auto [a, b_status, vb] = run(30000);
+    EXPECT_EQ(a.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(a.error().message().find(
+                  "its client says 16777217 bytes of its buffer of 16777216 are written"),
+              std::string::npos)
+        << a.error().message();
+    EXPECT_EQ(a.error().lost_peer(), "");
+    expect_b_aborted(b_status, vb, "16777217 bytes");
+  }
+  {  // Back: once site-a has sent a segment, it has seen the word at 8 MiB.
+    seg.progress().PublishReady(8 * kMiB);
+    const uint64_t before = metrics.ExchangeBytesCapped();
+    auto [a, b_status, vb] = run(30000, [&] {
+      EXPECT_TRUE(
+          Eventually([&] { return metrics.ExchangeBytesCapped() > before; }, absl::Seconds(30)));
+      seg.progress().PublishReady(4 * kMiB);
+    });
+    EXPECT_EQ(a.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(a.error().message().find(
+                  "its client's progress word went back from 8388608 to 4194304 bytes"),
+              std::string::npos)
+        << a.error().message();
+    EXPECT_EQ(a.error().lost_peer(), "");
+    expect_b_aborted(b_status, vb, "went back");
+  }
+  {  // A streamed buffer with no room for the word before it: refused
+     // before the call runs, so it takes no seq.
+    v1::AllReduceRequest request;
+    request.set_group("hostile");
+    request.set_op_id("hostile-offset");
+    request.set_seq(seq);
+    seg.Describe(request.mutable_buffer(), /*offset=*/0);
+    request.set_dtype(v1::FLOAT32);
+    request.set_streamed(true);
+    grpc::ClientContext context;
+    v1::OpResponse response;
+    ASSERT_TRUE(stub->AllReduce(&context, request, &response).ok());
+    EXPECT_EQ(response.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(response.error().message().find("must start at least 4096 bytes into its segment"),
+              std::string::npos)
+        << response.error().message();
+  }
+  // The group's next all-reduce, written and published in full.
+  std::fill(seg.floats(), seg.floats() + count, 1.0f);
+  seg.progress().PublishReady(count * 4);
+  auto [a, b_status, vb] = run(30000);
+  ASSERT_EQ(a.error().code(), 0) << a.error().message();
+  ASSERT_TRUE(b_status.ok()) << b_status;
+  EXPECT_TRUE(std::all_of(seg.floats(), seg.floats() + count, [](float x) { return x == 3.0f; }));
+  EXPECT_TRUE(std::all_of(vb.begin(), vb.end(), [](float x) { return x == 3.0f; }));
+  grpc::ClientContext context;
+  v1::LeaveRequest leave;
+  leave.set_group("hostile");
+  v1::LeaveResponse left;
+  stub->Leave(&context, leave, &left);
+}
+
+// Starts site-a, site-b and site-c for the whole suite and always stops them.
+class ExchangeDaemonThreeSitesTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ok_ = StartSites(kSites, &dir_);
+    for (const auto& s : kSites)
+      addresses_.push_back(absl::StrCat("unix:", dir_, "/", s, "/control.sock"));
+  }
+  static void TearDownTestSuite() { StopSites(kSites, dir_); }
+  void SetUp() override { ASSERT_TRUE(ok_) << "local sites did not start; see " << dir_; }
+  void TearDown() override { client_internal::SetPiecePublishedForTesting(nullptr); }
+
+  static inline const std::vector<std::string> kSites = {"site-a", "site-b", "site-c"};
+  static inline std::string dir_;
+  static inline bool ok_ = false;
+  static inline std::vector<std::string> addresses_;
+};
+
+// Streamed at every site (the sharded exchange reads each shard as it is
+// copied in), each round gives every site the same bytes: the fixed-order
+// float32 sum, (a + b) + c.
+TEST_F(ExchangeDaemonThreeSitesTest, StreamedAllReduceIsBitIdenticalAtEverySite) {
+  auto groups = JoinAll(addresses_, kSites, "bits3");
+  ASSERT_EQ(groups.size(), 3u);
+  std::atomic<int> streamed{0};  // copies that published their last piece
+  client_internal::SetPiecePublishedForTesting(
+      [&](size_t published, size_t total) { streamed += published == total; });
+  const size_t count = (10 * kMiB + 12) / 4;  // shards that straddle wire segments
+  std::mt19937 rng(17);
+  std::normal_distribution<float> dist(0, 1);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::vector<float>> in(3, std::vector<float>(count));
+    for (auto& v : in) {
+      for (auto& x : v) x = dist(rng);
+    }
+    std::vector<float> want(count);
+    for (size_t i = 0; i < count; ++i) want[i] = (in[0][i] + in[1][i]) + in[2][i];
+    std::vector<std::unique_ptr<ExchangeWork>> works;
+    for (int k = 0; k < 3; ++k) {
+      works.push_back(groups[k]->AllReduce(in[k].data(), count, DType::kFloat32));
+    }
+    for (int k = 0; k < 3; ++k) {
+      absl::Status s = works[k]->Wait(absl::Seconds(60));
+      ASSERT_TRUE(s.ok()) << kSites[k] << ": " << s;
+      EXPECT_EQ(works[k]->Stats().peers, 2u);
+    }
+    for (int k = 0; k < 3; ++k) {
+      ASSERT_EQ(0, std::memcmp(in[k].data(), want.data(), count * 4))
+          << kSites[k] << ", round " << round;
+    }
+  }
+  EXPECT_EQ(streamed.load(), 6);
 }
 
 }  // namespace

@@ -817,6 +817,49 @@ TEST(ExchangeHubStreamedTest, SendWhoseClientStallsTimesOutAndThePeerDropsThePar
   EXPECT_TRUE(std::equal(next.begin(), next.end(), out.begin()));
 }
 
+// A progress word that claims more than the buffer, or goes back, is the
+// client's error: the Send fails with InvalidArgument, reads nothing on its
+// say-so, and the peer drops what it got.
+TEST(ExchangeHubStreamedTest, SendWhoseProgressWordIsImpossibleFails) {
+  Net net(2);
+  net.JoinAll("g", net.names());
+  const std::vector<uint8_t> message = Pattern(10 * kMiB, 29);
+  Word word;
+  word.view().PublishReady(~uint64_t{0});
+  P2PArgs send{"g", "s1", "site-b", "t", absl::Seconds(30), nullptr, word.view()};
+  OpResult s = net.hub("site-a").Send(send, absl::MakeConstSpan(message));
+  EXPECT_EQ(s.status.code(), absl::StatusCode::kInvalidArgument) << s.status;
+  EXPECT_THAT(std::string(s.status.message()),
+              HasSubstr("its client says 18446744073709551615 bytes of its buffer of 10485760 "
+                        "are written"));
+
+  word.view().PublishReady(5 * kMiB);  // the first segment may go, not the second
+  send.op_id = "s2";
+  auto sent = std::async(std::launch::async, [&] {
+    return net.hub("site-a").Send(send, absl::MakeConstSpan(message));
+  });
+  // A look that found the second segment unwritten came after one that saw 5 MiB.
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").unfilled_looks() > 0; }));
+  word.view().PublishReady(kMiB);
+  s = sent.get();
+  EXPECT_EQ(s.status.code(), absl::StatusCode::kInvalidArgument) << s.status;
+  EXPECT_THAT(std::string(s.status.message()),
+              HasSubstr("its client's progress word went back from 5242880 to 1048576 bytes"));
+
+  // The peer dropped the part it got: the next message under the tag
+  // arrives whole and alone.
+  const std::vector<uint8_t> next = Pattern(kMiB, 31);
+  send.op_id = "s3";
+  send.progress.reset();
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(next)).status.ok());
+  std::vector<uint8_t> out(message.size());
+  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(10), nullptr};
+  OpResult r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.bytes, next.size());
+  EXPECT_TRUE(std::equal(next.begin(), next.end(), out.begin()));
+}
+
 // A client that goes away while writing: the Send ends without waiting for
 // its timeout.
 TEST(ExchangeHubStreamedTest, SendWhoseClientGoesAwayEndsEarly) {

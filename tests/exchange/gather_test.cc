@@ -1,9 +1,12 @@
 // The all-gather and the broadcast (daemon/exchange/gather.cc,
 // proto/EXCHANGE.md, All-gather and Broadcast) on ExchangeHubs of two to
 // four sites in one process: results bit-identical at every site and in
-// member order, the bytes each site sends, a hostile member's sizes, and a
-// site lost during each op with the survivors failing, then continuing.
+// member order, the bytes each site sends, a hostile member's sizes, a site
+// lost during each op with the survivors failing, then continuing, and a
+// client that scribbles over its buffer while it is sent.
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -13,7 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "common/clock.h"
 #include "daemon/exchange/exchange_hub.h"
+#include "daemon/peer/rate_limiter.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/exchange/hub_net.h"
@@ -472,6 +478,120 @@ TEST(GatherLossTest, BroadcastFromALostRootIsRetryable) {
   OpResult r = net.hub("site-a").Broadcast(a, absl::MakeSpan(buffer));
   EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable) << r.status;
   EXPECT_EQ(r.lost_peer, "site-c");
+}
+
+// ------------------------------------------------- reading the client buffer
+
+// site-a's sends to site-c wait on a cap (on a clock that stands still)
+// after their first 4 MiB segment, while those to site-b go through; site-b
+// has called no op yet, so what site-a sends it is held there whole. Then
+// site-a's client rewrites its whole buffer and the cap is lifted. Each
+// segment was read out of the client's buffer once, before the rewrite, and
+// both peers got that copy: the same bytes, the buffer as it was. Read
+// twice, site-c's second segment would be the rewritten bytes.
+class GatherRewriteTest : public ::testing::Test {
+ protected:
+  GatherRewriteTest() : limiter_(clock_), net_(3, &limiter_, {}, 0, clock_) {
+    net_.JoinAll("g", net_.names());
+    limiter_.SetPeerLimit("site-c", Bandwidth::MbitsPerSecond(8));
+  }
+
+  // Once site-b holds site-a's message whole, rewrites `buffer` (site-a's
+  // client) and lifts the cap.
+  void RewriteWhenSiteBHasItAll(std::vector<uint8_t>& buffer) {
+    ASSERT_TRUE(Eventually([&] {
+      return net_.hub("site-b").messages_held() == 1 &&
+             limiter_.ChargedToPeer("site-c") == kSegmentBytes;
+    }));
+    for (uint8_t& x : buffer) x = ~x;
+    limiter_.SetPeerLimit("site-c", Bandwidth::Zero());
+  }
+
+  static constexpr size_t kBytes = kSegmentBytes + 4099;  // two segments
+  FakeClock clock_;
+  peer::RateLimiter limiter_;
+  Net net_;
+};
+
+TEST_F(GatherRewriteTest, AllGatherSendsEveryMemberTheCopyItReadOnce) {
+  Buffers inputs = RandomBytes(net_.names(), kBytes, 21);
+  const std::vector<uint8_t> sent = inputs["site-a"];
+  Buffers outputs;
+  for (const auto& s : net_.names()) outputs[s].assign(3 * kBytes, 0xEE);
+  auto op = [&](const std::string& s) {
+    GatherArgs a = GArgs(0);
+    a.op_id += s;
+    return std::async(std::launch::async, [&, s, a] {
+      return net_.hub(s).AllGather(a, inputs[s], absl::MakeSpan(outputs[s]));
+    });
+  };
+  auto at_a = op("site-a");
+  RewriteWhenSiteBHasItAll(inputs["site-a"]);
+  auto at_b = op("site-b");
+  auto at_c = op("site-c");
+  for (auto* f : {&at_a, &at_b, &at_c}) {
+    OpResult r = f->get();
+    ASSERT_TRUE(r.status.ok()) << r.status;
+  }
+  // site-a is member 0: its part comes first.
+  for (const std::string s : {"site-b", "site-c"}) {
+    EXPECT_TRUE(std::equal(sent.begin(), sent.end(), outputs[s].begin()))
+        << s << " did not get site-a's buffer as it was read";
+  }
+  EXPECT_EQ(net_.hub("site-a").client_bytes_read(), kBytes) << "not read once";
+  EXPECT_LE(net_.hub("site-a").largest_client_read(), kSegmentBytes);
+}
+
+TEST_F(GatherRewriteTest, BroadcastSendsEveryMemberTheCopyItReadOnce) {
+  Buffers buffers = RandomBytes(net_.names(), kBytes, 23);
+  const std::vector<uint8_t> sent = buffers["site-a"];
+  auto op = [&](const std::string& s) {
+    GatherArgs a = GArgs(0);
+    a.op_id += s;
+    a.root = "site-a";
+    return std::async(std::launch::async,
+                      [&, s, a] { return net_.hub(s).Broadcast(a, absl::MakeSpan(buffers[s])); });
+  };
+  auto at_a = op("site-a");
+  RewriteWhenSiteBHasItAll(buffers["site-a"]);
+  auto at_b = op("site-b");
+  auto at_c = op("site-c");
+  for (auto* f : {&at_a, &at_b, &at_c}) {
+    OpResult r = f->get();
+    ASSERT_TRUE(r.status.ok()) << r.status;
+  }
+  EXPECT_TRUE(buffers["site-b"] == sent) << "site-b did not get the buffer as it was read";
+  EXPECT_TRUE(buffers["site-c"] == sent) << "site-c did not get the buffer as it was read";
+  EXPECT_EQ(net_.hub("site-a").client_bytes_read(), kBytes) << "not read once";
+  EXPECT_LE(net_.hub("site-a").largest_client_read(), kSegmentBytes);
+}
+
+// Buffers of many segments, and a peer that takes them slower than the
+// others (a cap, on a clock that moves), so the faster senders of each
+// buffer wait for it: every member gets every byte, and each byte is read
+// out of its client's buffer once, a segment at most at a time.
+TEST(GatherFanOutTest, ManySegmentsPastASlowPeerArriveWholeAndAreReadOnce) {
+  FakeClock clock;
+  peer::RateLimiter limiter(clock);
+  Net net(4, &limiter, {}, 0, clock);
+  net.JoinAll("g", net.names());
+  limiter.SetPeerLimit("site-d", Bandwidth::MbitsPerSecond(800));
+  std::atomic<bool> done{false};
+  std::thread ticker([&] {
+    while (!done.load()) {
+      clock.Advance(TimeDelta::Milliseconds(2));
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  });
+  ExpectGathers(net, net.names(), 0, (17u << 20) + 3);  // five segments
+  ExpectBroadcasts(net, net.names(), 1, "site-b", (13u << 20) + 1);
+  done = true;
+  ticker.join();
+  for (const auto& s : net.names()) {
+    EXPECT_LE(net.hub(s).largest_client_read(), kSegmentBytes) << s;
+  }
+  EXPECT_EQ(net.hub("site-b").client_bytes_read(), (17u << 20) + 3 + (13u << 20) + 1)
+      << "each byte read once";
 }
 
 }  // namespace

@@ -579,8 +579,39 @@ TEST_P(ClientBufferTest, ScribblingClientCannotMakeSitesDisagree) {
   }
 }
 
+// Starts the all-reduce seq 0 at every site of `net` on `buffers`, site-a's
+// buffer streamed through `word`.
+std::map<std::string, std::future<OpResult>> StartStreamedAtSiteA(Net& net, Buffers& buffers,
+                                                                  uint64_t* word) {
+  std::map<std::string, std::future<OpResult>> futures;
+  for (const auto& s : net.names()) {
+    AllReduceArgs args = Args(0, v1::FLOAT32);
+    args.op_id += s;
+    if (s == "site-a") args.progress.emplace(word);
+    futures[s] = std::async(std::launch::async, [&net, &buffers, s, args] {
+      return net.hub(s).AllReduce(args, absl::MakeSpan(buffers[s]));
+    });
+  }
+  return futures;
+}
+
+// The other sites of a failed op fail on site-a's ABORT, which names it and
+// carries its reason; none of them counts site-a lost.
+void ExpectThePeersAbortNamingSiteA(std::map<std::string, std::future<OpResult>>& futures,
+                                    const std::string& reason) {
+  for (auto& [s, f] : futures) {
+    if (s == "site-a") continue;
+    OpResult r = f.get();
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kAborted) << s << ": " << r.status;
+    EXPECT_THAT(std::string(r.status.message()), HasSubstr("site-a gave up on it")) << s;
+    EXPECT_THAT(std::string(r.status.message()), HasSubstr(reason)) << s;
+    EXPECT_TRUE(r.lost_peer.empty()) << s;
+  }
+}
+
 // A streamed client that never writes its buffer fails its op at the
-// deadline as its own failure, not a lost peer; the others fail too.
+// deadline as its own failure, not a lost peer; the others (given longer)
+// fail on its ABORT, which names it and why.
 TEST_P(ClientBufferTest, StalledStreamedClientTimesOut) {
   Net net(GetParam());
   net.JoinAll("g", net.names());
@@ -588,7 +619,8 @@ TEST_P(ClientBufferTest, StalledStreamedClientTimesOut) {
   alignas(8) uint64_t word = 0;
   std::map<std::string, std::future<OpResult>> futures;
   for (const auto& s : net.names()) {
-    AllReduceArgs args = Args(0, v1::FLOAT32, v1::SUM, absl::Milliseconds(500));
+    AllReduceArgs args =
+        Args(0, v1::FLOAT32, v1::SUM, s == "site-a" ? absl::Milliseconds(500) : absl::Seconds(20));
     args.op_id += s;
     if (s == "site-a") args.progress.emplace(&word);
     futures[s] = std::async(std::launch::async, [&net, &buffers, s, args] {
@@ -599,11 +631,49 @@ TEST_P(ClientBufferTest, StalledStreamedClientTimesOut) {
   EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
   EXPECT_THAT(r.status.message(), HasSubstr("its client had written only 0"));
   EXPECT_TRUE(r.lost_peer.empty());
-  for (auto& [s, f] : futures) {
-    if (s != "site-a") {
-      EXPECT_FALSE(f.get().status.ok()) << s;
-    }
-  }
+  ExpectThePeersAbortNamingSiteA(futures, "its client had written only 0");
+}
+
+// A progress word past the buffer's length is the client's error, not a
+// licence to read: the op fails at once with InvalidArgument here, the
+// buffer keeps its input, and the others fail on this site's ABORT.
+TEST_P(ClientBufferTest, StreamedClientClaimingMoreThanItsBufferFails) {
+  Net net(GetParam());
+  net.JoinAll("g", net.names());
+  Buffers buffers = RandomInputs(net.names(), v1::FLOAT32, (6u << 20) / 4, 11);
+  const std::vector<uint8_t> input = buffers["site-a"];
+  alignas(8) uint64_t word = 0;
+  shm::ProgressWord(&word).PublishReady(input.size() + 1);
+  auto futures = StartStreamedAtSiteA(net, buffers, &word);
+  OpResult r = futures["site-a"].get();
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument) << r.status;
+  EXPECT_THAT(std::string(r.status.message()),
+              HasSubstr("its client says 6291457 bytes of its buffer of 6291456 are written"));
+  EXPECT_TRUE(r.lost_peer.empty());
+  EXPECT_TRUE(buffers["site-a"] == input) << "a failed op changed its buffer";
+  ExpectThePeersAbortNamingSiteA(futures, "6291457 bytes");
+}
+
+// A progress word may only grow: one that goes back fails the op with
+// InvalidArgument as soon as the hub looks at it again.
+TEST_P(ClientBufferTest, StreamedClientWhoseProgressGoesBackFails) {
+  Net net(GetParam());
+  net.JoinAll("g", net.names());
+  Buffers buffers = RandomInputs(net.names(), v1::FLOAT32, (16u << 20) / 4, 13);
+  alignas(8) uint64_t word = 0;
+  shm::ProgressWord progress(&word);
+  progress.PublishReady(8 * kMiB);  // half of it
+  auto futures = StartStreamedAtSiteA(net, buffers, &word);
+  // Once a piece was read, the hub has seen the word at 8 MiB; some read
+  // still waits for the second half and looks at the word again.
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-a").client_bytes_read() > 0; }));
+  progress.PublishReady(4 * kMiB);
+  OpResult r = futures["site-a"].get();
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument) << r.status;
+  EXPECT_THAT(std::string(r.status.message()),
+              HasSubstr("its client's progress word went back from 8388608 to 4194304 bytes"));
+  EXPECT_TRUE(r.lost_peer.empty());
+  ExpectThePeersAbortNamingSiteA(futures, "went back");
 }
 
 INSTANTIATE_TEST_SUITE_P(Sites, ClientBufferTest, ::testing::Values(2, 3, 4));

@@ -76,6 +76,26 @@ class ExchangeTest(GroupTestCase):
         with self.assertRaises(TypeError):
             self.groups[0].allreduce(np.ones(4, np.int32))
 
+    def test_failed_allreduce_keeps_the_input_for_the_retry(self):
+        """A failed all-reduce (here site-a's deadline, site-b then aborted)
+        leaves both arrays holding their input, although the client streamed
+        them to the daemon; retried with them as they are, it gives the sum."""
+        rng = np.random.default_rng(5)
+        a = rng.standard_normal(3 << 20).astype(np.float32)  # 12 MiB: three wire segments
+        b = rng.standard_normal(3 << 20).astype(np.float32)
+        ra, rb = a.copy(), b.copy()
+        with self.assertRaises(longhaul.TimeoutError):
+            self.groups[0].allreduce(ra, timeout=0.3)
+        with self.assertRaises(longhaul.Error) as ctx:
+            self.groups[1].allreduce(rb)
+        self.assertIn("site-a gave up", str(ctx.exception))
+        self.assertTrue(ctx.exception.retryable)
+        np.testing.assert_array_equal(ra, a)
+        np.testing.assert_array_equal(rb, b)
+        self.allreduce_both([ra, rb])
+        np.testing.assert_array_equal(ra, a + b)
+        self.assertEqual(ra.tobytes(), rb.tobytes())
+
     def test_send_recv_by_tag(self):
         x = torch.arange(100000, dtype=torch.float64)
         self.groups[0].send("site-b", "weights", x)

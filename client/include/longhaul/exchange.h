@@ -8,10 +8,10 @@
 // group owns, lends the daemon over its segment socket and reuses), never
 // through gRPC. The segments are sealed against shrinking, so nothing done
 // to them in this process can make the daemon fault; the daemons move them
-// between sites on their encrypted peer links. Send and Recv stream through
-// the segment: the daemon sends what the client has copied in so far, and
-// the client copies out what has landed while the rest arrives, so the
-// copies overlap the transfer (longhaul/shm_progress.h).
+// between sites on their encrypted peer links. Send, Recv and AllReduce
+// stream through the segment: the daemon sends (and reduces) what the client
+// has copied in so far, and a Recv copies out what has landed while the rest
+// arrives, so the copies overlap the transfer (longhaul/shm_progress.h).
 //
 //   auto group = longhaul::ExchangeGroup::Join("unix:/run/longhaul/control.sock",
 //                                              "run42", {"site-a", "site-b"}, absl::Seconds(30));
@@ -109,7 +109,10 @@ class ExchangeGroup {
                                                              absl::Duration deadline);
   ~ExchangeGroup();  // leaves the group; waits for operations still in flight
 
-  // In-place all-reduce of `count` elements at `data`.
+  // In-place all-reduce of `count` elements at `data`. `data` is read while
+  // the call runs and written only once it has succeeded: after a failure
+  // it still holds its input, so a peer-lost all-reduce can be retried with
+  // it as it is.
   std::unique_ptr<ExchangeWork> AllReduce(void* data, size_t count, DType dtype,
                                           const AllReduceOptions& options = {});
   // Blocking helpers.
