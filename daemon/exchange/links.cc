@@ -32,6 +32,9 @@ bool LogDue(const std::optional<Timestamp>& logged, Timestamp now) {
   return !logged || now - *logged >= kRefusalLogEvery;
 }
 
+// The share of the uplink the links of running collectives pace at together.
+constexpr double kSharedUplinkHeadroom = 0.9;
+
 }  // namespace
 
 Links::Links(std::string local_site, Dialer dialer, peer::RateLimiter* limiter, LostFn on_lost,
@@ -105,7 +108,12 @@ Bandwidth Links::PacingOf(const std::string& site) {
 
 Bandwidth Links::PacingOfLocked(const std::string& site) {
   if (!shares_.contains(site)) return uplink_;
-  return Bandwidth::BitsPerSecond(uplink_.ToBitsPerSecond() / static_cast<int64_t>(shares_.size()));
+  // Together the shared links pace at kSharedUplinkHeadroom of the uplink,
+  // so that the uplink's queue drains when its rate dips instead of
+  // dropping the tail of a round (docs/benchmarks.md, allreduce).
+  return Bandwidth::BitsPerSecond(
+      static_cast<int64_t>(static_cast<double>(uplink_.ToBitsPerSecond()) * kSharedUplinkHeadroom /
+                           static_cast<double>(shares_.size())));
 }
 
 void Links::Repace() {

@@ -24,9 +24,9 @@
 // overshoot into the bottleneck queue while it probes (BBR's startup paces
 // at 2.89x its estimate) and lose a message's packets there. A collective
 // sends to all its peers at once through the one uplink: while an
-// UplinkShare names them, each link in a share is paced at the uplink's
-// rate over the number of such links, so together they fill the uplink
-// without overfilling its queue.
+// UplinkShare names them, each link in a share is paced at 90 % of the
+// uplink's rate over the number of such links, so together they fill the
+// uplink without overfilling its queue.
 //
 // Thread-safe. Links has its own mutex, never held while it calls out (the
 // dialer, the sink, `on_lost`), so the hub may call it under its state
