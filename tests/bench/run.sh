@@ -38,9 +38,9 @@
 #   LONGHAUL_PYTHONPATH         where `import longhaul` is, for `exchange` and `allreduce`
 #                               [$LONGHAUL_BIN_DIR/../python]
 #   LONGHAUL_BENCH_ALLREDUCE_SITES  the star sizes of `allreduce`, e.g. "3" [3,4]
-#   LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH  the daemons' link.bandwidth in `allreduce` (each
-#                               exchange link's pacing cap): a rate, or "share" for the
-#                               access rate / (N - 1) [the access rate]
+#   LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH  the daemons' link.bandwidth in `allreduce` (the
+#                               uplink rate whose share each exchange link is paced at)
+#                               [the access rate]
 #   LONGHAUL_BENCH_SLOW_START_AFTER_IDLE  net.ipv4.tcp_slow_start_after_idle in the star's
 #                               namespaces, for `allreduce` [the kernel's default, 1]
 #   LONGHAUL_BENCH_SSHD         the sshd binary of the ssh anchors [/usr/sbin/sshd,
@@ -607,15 +607,10 @@ scenario_allreduce() {
     log "reference reduction of $n sites, $rounds rounds"
     PYTHONDONTWRITEBYTECODE=1 "$LH_PYTHON" "$BENCH_LIB/allreduce_bench.py" reference \
       --sites "$sites" --bytes "$big" --rounds "$rounds" --out "$ref" || die "reference failed"
-    # The daemons pace each exchange link at link.bandwidth (the access rate
-    # unless LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH says otherwise; "share": the
-    # access rate over the N - 1 links that share the uplink).
-    LH_BANDWIDTH=$L_RATE
-    case "${LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH:-}" in
-      "") ;;
-      share) LH_BANDWIDTH="$(awk -v r="$rate_bps" -v n="$n" 'BEGIN { printf "%d", r / (n - 1) / 1e6 }')Mbit" ;;
-      *) LH_BANDWIDTH=$LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH ;;
-    esac
+    # The daemons take link.bandwidth as their uplink's rate and pace each
+    # exchange link at its share of it (the access rate unless
+    # LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH says otherwise).
+    LH_BANDWIDTH=${LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH:-$L_RATE}
     export LH_BANDWIDTH
     star_up "$n" "$L_RATE" "$L_DELAY" "$L_MTU"
     if [[ -n "${LONGHAUL_BENCH_SLOW_START_AFTER_IDLE:-}" ]]; then

@@ -532,6 +532,19 @@ void CapExchange(const std::string& address, uint64_t bits_per_second) {
 }
 constexpr uint64_t kCountOnly = uint64_t{1} << 40;  // 1 Tbit/s
 
+// Counts the exchange class's bytes at the daemon at `address` (a cap it
+// never reaches) for as long as it lives.
+class CountExchangeBytes {
+ public:
+  explicit CountExchangeBytes(std::string address) : address_(std::move(address)) {
+    CapExchange(address_, kCountOnly);
+  }
+  ~CountExchangeBytes() { CapExchange(address_, 0); }
+
+ private:
+  const std::string address_;
+};
+
 // The daemon reduces and sends a streamed all-reduce's buffer while its
 // client is still copying it in. With site-a's copy held after 8 of 32 MiB
 // (and site-b not called yet), site-a's daemon puts exactly those 8 MiB on
@@ -540,11 +553,7 @@ constexpr uint64_t kCountOnly = uint64_t{1} << 40;  // 1 Tbit/s
 TEST_F(ExchangeDaemonTest, StreamedAllReduceSendsWhileTheClientIsStillCopying) {
   auto [a, b] = JoinBoth("overlap");
   ASSERT_TRUE(a && b);
-  CapExchange(site_a_, kCountOnly);
-  struct Uncap {
-    ~Uncap() { CapExchange(site, 0); }
-    std::string site;
-  } uncap{site_a_};
+  const CountExchangeBytes counting(site_a_);
   const Metrics metrics(dir_, "site-a");
 
   const size_t count = 8 * kMiB;  // 32 MiB of float32
@@ -622,11 +631,7 @@ TEST_F(ExchangeDaemonTest, HostileStreamedAllReducesFailAtTheirSiteAndTheGroupGo
   EXPECT_TRUE(joined.streamed_all_reduce());
   auto b = joining_b.get();
   ASSERT_TRUE(b.ok()) << b.status();
-  CapExchange(site_a_, kCountOnly);
-  struct Uncap {
-    ~Uncap() { CapExchange(site, 0); }
-    std::string site;
-  } uncap{site_a_};
+  const CountExchangeBytes counting(site_a_);
   const Metrics metrics(dir_, "site-a");
 
   const size_t count = 4 * kMiB;  // 16 MiB of float32
