@@ -1,10 +1,10 @@
 // The sharded all-reduce (proto/EXCHANGE.md, All-reduce, Sharded): a
-// reduce-scatter to each shard's owner, then an all-gather of the owners'
-// final bytes, then the commit round the direct exchange runs too.
+// reduce-scatter to each shard's owner and an all-gather of the owners'
+// final bytes, pipelined a 1 MiB piece at a time, then the commit round the
+// direct exchange runs too.
 
 #include <algorithm>
 #include <cstring>
-#include <optional>
 #include <utility>
 
 #include "absl/functional/function_ref.h"
