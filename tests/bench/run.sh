@@ -41,6 +41,8 @@
 #   LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH  the daemons' link.bandwidth in `allreduce` (the
 #                               uplink rate whose share each exchange link is paced at)
 #                               [the access rate]
+#   LONGHAUL_BENCH_ALLREDUCE_CC  the daemons' link.congestion_control in `allreduce`
+#                               (the exchange links' kernel congestion control) [bbr]
 #   LONGHAUL_BENCH_SLOW_START_AFTER_IDLE  net.ipv4.tcp_slow_start_after_idle in the star's
 #                               namespaces, for `allreduce` [the kernel's default, 1]
 #   LONGHAUL_BENCH_SSHD         the sshd binary of the ssh anchors [/usr/sbin/sshd,
@@ -611,7 +613,8 @@ scenario_allreduce() {
     # exchange link at its share of it (the access rate unless
     # LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH says otherwise).
     LH_BANDWIDTH=${LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH:-$L_RATE}
-    export LH_BANDWIDTH
+    LH_CONGESTION_CONTROL=${LONGHAUL_BENCH_ALLREDUCE_CC:-}
+    export LH_BANDWIDTH LH_CONGESTION_CONTROL
     star_up "$n" "$L_RATE" "$L_DELAY" "$L_MTU"
     if [[ -n "${LONGHAUL_BENCH_SLOW_START_AFTER_IDLE:-}" ]]; then
       for ((k = 1; k <= n; k++)); do
@@ -640,7 +643,7 @@ print(json.dumps({f"site{i}": {d: {k: s[f"site{i}"][d][k] for k in keys} for d i
     LINK_CTL=""
   done
   extra ideal_seconds "{$ideals}"
-  extra allreduce_settings "{\"link_bandwidth\": \"${LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH:-access rate}\", \"tcp_slow_start_after_idle\": \"${LONGHAUL_BENCH_SLOW_START_AFTER_IDLE:-kernel default}\"}"
+  extra allreduce_settings "{\"link_bandwidth\": \"${LONGHAUL_BENCH_ALLREDUCE_BANDWIDTH:-access rate}\", \"congestion_control\": \"${LONGHAUL_BENCH_ALLREDUCE_CC:-bbr}\", \"tcp_slow_start_after_idle\": \"${LONGHAUL_BENCH_SLOW_START_AFTER_IDLE:-kernel default}\"}"
   # A row that did not run, or whose result was wrong at any site, fails the
   # run (the medians against the target are reported, not checked).
   local bad

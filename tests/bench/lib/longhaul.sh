@@ -34,7 +34,7 @@ state_dir: $d/state
 tls: {ca: $WORK/lh/pki/ca.pem, cert: $WORK/lh/pki/$site.pem, key: $WORK/lh/pki/$site.key}
 exports: [{name: ckpt, path: $export, writers: [$peer]}, {name: local, path: $WORK}]  # local: what the rows send
 peers: [{site: $peer, address: $peer_addr}]
-link: {bandwidth: $LH_BANDWIDTH, rtt: $LH_RTT}
+link: {bandwidth: $LH_BANDWIDTH, rtt: $LH_RTT${LH_CONGESTION_CONTROL:+, congestion_control: $LH_CONGESTION_CONTROL}}
 metrics: {listen: "127.0.0.1:0"}
 ${LH_EXTRA_CONFIG:-}
 CFG
@@ -401,7 +401,7 @@ control_socket: $d/control.sock
 state_dir: $d/state
 tls: {ca: $WORK/lh/pki/ca.pem, cert: $WORK/lh/pki/$site.pem, key: $WORK/lh/pki/$site.key}
 peers: [$peers]
-link: {bandwidth: $LH_BANDWIDTH, rtt: $LH_RTT}
+link: {bandwidth: $LH_BANDWIDTH, rtt: $LH_RTT${LH_CONGESTION_CONTROL:+, congestion_control: $LH_CONGESTION_CONTROL}}
 metrics: {listen: "127.0.0.1:0"}
 ${LH_EXTRA_CONFIG:-}
 CFG
