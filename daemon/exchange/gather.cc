@@ -27,6 +27,31 @@ using Msg = v1::ExchangePeerMessage;
 
 namespace {
 
+// What this site's GATHER_DATA or BCAST_DATA (`kind`) of the op at
+// `generation` carries, and so what it expects of its peers' ones.
+GatherCall CallOf(Msg::Kind kind, uint64_t generation, const GatherArgs& args, uint64_t bytes) {
+  GatherCall call;
+  call.kind = kind;
+  call.generation = generation;
+  call.bytes = bytes;
+  call.tag = args.tag;
+  if (kind == Msg::BCAST_DATA) call.root = args.root;
+  return call;
+}
+
+// The header of this site's message of `call`.
+Msg HeaderOf(const GatherCall& call, const GatherArgs& args) {
+  Msg header;
+  header.set_kind(call.kind);
+  header.set_group(args.group);
+  header.set_generation(call.generation);
+  header.set_seq(args.seq);
+  header.set_tag(call.tag);
+  header.set_count(call.bytes);
+  header.set_root(call.root);
+  return header;
+}
+
 // Pieces of a fanned-out buffer held at once: the fastest sender may be one
 // piece ahead of the slowest one.
 constexpr size_t kFanOutSlots = 2;
@@ -138,13 +163,8 @@ OpResult Operations::AllGather(const GatherArgs& args, absl::Span<const uint8_t>
       Settle(run, &out);
       return out;
     }
-    Msg header;
-    header.set_kind(Msg::GATHER_DATA);
-    header.set_group(args.group);
-    header.set_generation(run.generation);
-    header.set_seq(args.seq);
-    header.set_tag(args.tag);
-    header.set_count(part);
+    const GatherCall call = CallOf(Msg::GATHER_DATA, run.generation, args, part);
+    const Msg header = HeaderOf(call, args);
     FanOut sends(run.peers, header, input, *run.input, run.op->stop, *links_, state_->pool,
                  state_->clock);
     std::vector<std::string> keys;
@@ -152,11 +172,6 @@ OpResult Operations::AllGather(const GatherArgs& args, absl::Span<const uint8_t>
       keys.push_back(Mailbox::Key(args.group, Msg::GATHER_DATA, p, run.seq_id));
     }
     out.status = AwaitAll(run, keys, &out.taken, &out.lost_peer);
-    GatherCall call;
-    call.kind = Msg::GATHER_DATA;
-    call.generation = run.generation;
-    call.bytes = part;
-    call.tag = args.tag;
     out.status = CheckGathered(run, keys, run.peers, out, call);
     if (!out.status.ok()) run.op->stop = true;
     CollectSends(run, sends.senders(), std::vector<uint64_t>(run.peers.size(), part), &out);
@@ -194,14 +209,8 @@ OpResult Operations::Broadcast(const GatherArgs& args, absl::Span<uint8_t> buffe
     if (args.root == local_site_) {
       // The root sends its buffer to every member directly: its uplink
       // carries (N - 1) buffers.
-      Msg header;
-      header.set_kind(Msg::BCAST_DATA);
-      header.set_group(args.group);
-      header.set_generation(run.generation);
-      header.set_seq(args.seq);
-      header.set_tag(args.tag);
-      header.set_count(buffer.size());
-      header.set_root(args.root);
+      const Msg header =
+          HeaderOf(CallOf(Msg::BCAST_DATA, run.generation, args, buffer.size()), args);
       FanOut sends(run.peers, header, buffer, *run.input, run.op->stop, *links_, state_->pool,
                    state_->clock);
       CollectSends(run, sends.senders(), std::vector<uint64_t>(run.peers.size(), buffer.size()),
@@ -216,13 +225,8 @@ OpResult Operations::Broadcast(const GatherArgs& args, absl::Span<uint8_t> buffe
     const std::vector<std::string> keys = {
         Mailbox::Key(args.group, Msg::BCAST_DATA, args.root, run.seq_id)};
     out.status = AwaitAll(from_root, keys, &out.taken, &out.lost_peer);
-    GatherCall call;
-    call.kind = Msg::BCAST_DATA;
-    call.generation = run.generation;
-    call.bytes = buffer.size();
-    call.tag = args.tag;
-    call.root = args.root;
-    out.status = CheckGathered(run, keys, from_root.peers, out, call);
+    out.status = CheckGathered(run, keys, from_root.peers, out,
+                               CallOf(Msg::BCAST_DATA, run.generation, args, buffer.size()));
     Settle(run, &out);
     if (out.status.ok() && !buffer.empty()) {
       std::memcpy(buffer.data(), out.taken[0].payload.data(), buffer.size());

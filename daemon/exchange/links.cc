@@ -81,7 +81,7 @@ absl::StatusOr<std::shared_ptr<Links::Outbound>> Links::LinkTo(const std::string
     link->channel->Abort();
     return absl::UnavailableError("the daemon is shutting down");
   }
-  if (!uplink_.IsZero()) link->channel->LimitPacingRate(PacingOfLocked(site));
+  if (!uplink_.IsZero()) link->channel->LimitPacingRate(PacingOf(site));
   outbound_[site] = link;
   return link;
 }
@@ -102,11 +102,6 @@ Links::UplinkShare::~UplinkShare() {
 }
 
 Bandwidth Links::PacingOf(const std::string& site) {
-  absl::MutexLock lock(&mu_);
-  return PacingOfLocked(site);
-}
-
-Bandwidth Links::PacingOfLocked(const std::string& site) {
   if (!shares_.contains(site)) return uplink_;
   // Together the shared links pace at kSharedUplinkHeadroom of the uplink,
   // so that the uplink's queue drains when its rate dips instead of
@@ -118,7 +113,7 @@ Bandwidth Links::PacingOfLocked(const std::string& site) {
 
 void Links::Repace() {
   if (uplink_.IsZero()) return;
-  for (const auto& [site, link] : outbound_) link->channel->LimitPacingRate(PacingOfLocked(site));
+  for (const auto& [site, link] : outbound_) link->channel->LimitPacingRate(PacingOf(site));
 }
 
 void Links::Break(Outbound& link, const std::string& site, const absl::Status& why) {

@@ -134,9 +134,6 @@ class Links {
     Links& links_;
     const std::vector<std::string> sites_;
   };
-  // The pacing cap the link to `site` has, or would have once dialed.
-  Bandwidth PacingOf(const std::string& site);
-
   // Breaks and forgets the outbound link to `site`.
   void Drop(const std::string& site);
   // Aborts every link, refuses new ones and waits for every Serve to
@@ -175,7 +172,8 @@ class Links {
   void Break(Outbound& link, const std::string& site, const absl::Status& why);
   // Sets every outbound link's pacing cap from shares_.
   void Repace() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Bandwidth PacingOfLocked(const std::string& site) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pacing cap of the link to `site` (dialed or not yet) under shares_.
+  Bandwidth PacingOf(const std::string& site) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The thread that releases the holds of HoldUntilSent.
   void DrainLoop();
 

@@ -739,6 +739,24 @@ struct Word {
   shm::ProgressWord view() { return shm::ProgressWord(&value); }
 };
 
+// After a streamed Send to site-b under `send`'s tag was stopped: a fresh
+// 1 MiB message (unstreamed, op `op_id`, Pattern `seed`) reaches site-b's
+// Recv of `capacity` bytes whole and alone, so site-b dropped the part of
+// the stopped one it had.
+void ExpectNextMessageArrivesAlone(Net& net, P2PArgs send, const std::string& op_id, uint8_t seed,
+                                   size_t capacity) {
+  const std::vector<uint8_t> next = Pattern(kMiB, seed);
+  send.op_id = op_id;
+  send.progress.reset();
+  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(next)).status.ok());
+  std::vector<uint8_t> out(capacity);
+  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(10), nullptr};
+  OpResult r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.bytes, next.size());
+  EXPECT_TRUE(std::equal(next.begin(), next.end(), out.begin()));
+}
+
 // A streamed Send reads only what its client has published as written: the
 // peer gets nothing until the first segment is ready, and exactly the
 // client's bytes in the end.
@@ -805,16 +823,7 @@ TEST(ExchangeHubStreamedTest, SendWhoseClientStallsTimesOutAndThePeerDropsThePar
   EXPECT_THAT(std::string(s.status.message()),
               HasSubstr("its client had written only 5242880 of the 6291456 bytes"));
 
-  const std::vector<uint8_t> next = Pattern(kMiB, 25);
-  send.op_id = "s2";
-  send.progress.reset();
-  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(next)).status.ok());
-  std::vector<uint8_t> out(message.size());
-  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(10), nullptr};
-  OpResult r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
-  ASSERT_TRUE(r.status.ok()) << r.status;
-  EXPECT_EQ(r.bytes, next.size());
-  EXPECT_TRUE(std::equal(next.begin(), next.end(), out.begin()));
+  ExpectNextMessageArrivesAlone(net, send, "s2", 25, message.size());
 }
 
 // A progress word that claims more than the buffer, or goes back, is the
@@ -848,16 +857,7 @@ TEST(ExchangeHubStreamedTest, SendWhoseProgressWordIsImpossibleFails) {
 
   // The peer dropped the part it got: the next message under the tag
   // arrives whole and alone.
-  const std::vector<uint8_t> next = Pattern(kMiB, 31);
-  send.op_id = "s3";
-  send.progress.reset();
-  ASSERT_TRUE(net.hub("site-a").Send(send, absl::MakeConstSpan(next)).status.ok());
-  std::vector<uint8_t> out(message.size());
-  P2PArgs recv{"g", "r", "site-a", "t", absl::Seconds(10), nullptr};
-  OpResult r = net.hub("site-b").Recv(recv, absl::MakeSpan(out));
-  ASSERT_TRUE(r.status.ok()) << r.status;
-  EXPECT_EQ(r.bytes, next.size());
-  EXPECT_TRUE(std::equal(next.begin(), next.end(), out.begin()));
+  ExpectNextMessageArrivesAlone(net, send, "s3", 31, message.size());
 }
 
 // A client that goes away while writing: the Send ends without waiting for

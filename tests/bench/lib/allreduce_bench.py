@@ -35,33 +35,18 @@ site's digest equals the reference's.
 import argparse
 import hashlib
 import json
-import os
-import resource
 import statistics
 import struct
 import sys
-import time
 
 import numpy as np
+
+from rounds import daemon_cpu, now, own_cpu, sleep_until
 
 
 # What the checksum of a result and the copy of the next input take, at
 # most, of the end of a round's window.
 VERIFY_SECONDS = 0.4
-
-
-def now():
-    return time.clock_gettime(time.CLOCK_MONOTONIC)
-
-
-def sleep_until(t):
-    while True:
-        left = t - now()
-        if left <= 0:
-            return
-        # Sleep most of the way, spin the last stretch: the sites must start
-        # within a fraction of a millisecond of each other.
-        time.sleep(left - 0.002 if left > 0.003 else 0)
 
 
 def base_input(site, count):
@@ -77,21 +62,6 @@ def stamp(buf, site_index, rnd):
 
 def digest(arr):
     return hashlib.sha256(memoryview(arr).cast("B")).hexdigest()
-
-
-def daemon_cpu(pid):
-    """CPU seconds (user + system) of process `pid` so far; 0 if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def own_cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def run(args):

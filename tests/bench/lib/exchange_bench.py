@@ -37,29 +37,15 @@ copy moving data beside them.
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import struct
 import sys
 import time
 
-import os
-import resource
-
 import numpy as np
 
-
-def now():
-    return time.clock_gettime(time.CLOCK_MONOTONIC)
-
-
-def sleep_until(t):
-    while True:
-        left = t - now()
-        if left <= 0:
-            return
-        # Sleep most of the way, spin the last stretch: the two sites must
-        # start within a fraction of a millisecond of each other.
-        time.sleep(left - 0.002 if left > 0.003 else 0)
+from rounds import daemon_cpu, now, own_cpu, sleep_until
 
 
 def payload(site, size):
@@ -79,21 +65,6 @@ def stamp(buf, rnd):
 # next one, at 1 Gbit/s and 40 ms RTT.
 def period_for(size):
     return max(0.25, 2.5 * (size * 8 / 1e9) + 0.2)
-
-
-def daemon_cpu(pid):
-    """CPU seconds (user + system) of process `pid` so far; 0 if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def own_cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 class RawGroup:

@@ -7,17 +7,15 @@
 WANEM_PID=""
 LINK_CTL=""
 
-# link_up RATE DELAY LOSS MTU: RATE "0" means no emulation (loopback only).
-link_up() {
-  local rate=$1 delay=$2 loss=$3 mtu=$4
+# wanem_start ARGS...: starts longhaul-wanem with ARGS and this run's control
+# socket, ready file and stats file; waits until it is ready and sources its
+# ready file (LHW_* variables).
+wanem_start() {
   [[ -x "$WANEM" ]] || die "no emulator at $WANEM (build longhaul-wanem first)"
   LINK_CTL="$WORK/wanem.sock"
-  local args=(--control="$LINK_CTL" --ready-file="$WORK/wanem.ready"
-              --stats-json="$WORK/wanem.stats.json" --mtu="$mtu")
-  if [[ "$rate" != 0 ]]; then
-    args+=(--rate="$rate" --delay="$delay" --loss="$loss" --queue=bdp)
-  fi
-  "$WANEM" "${args[@]}" >"$WORK/wanem.log" 2>&1 &
+  rm -f "$WORK/wanem.ready" "$LINK_CTL"
+  "$WANEM" "$@" --control="$LINK_CTL" --ready-file="$WORK/wanem.ready" \
+    --stats-json="$WORK/wanem.stats.json" >"$WORK/wanem.log" 2>&1 &
   WANEM_PID=$!
   local i
   for ((i = 0; i < 100; i++)); do
@@ -28,6 +26,16 @@ link_up() {
   [[ -s "$WORK/wanem.ready" ]] || { cat "$WORK/wanem.log" >&2; die "emulator did not come up"; }
   # shellcheck disable=SC1091
   . "$WORK/wanem.ready"
+}
+
+# link_up RATE DELAY LOSS MTU: RATE "0" means no emulation (loopback only).
+link_up() {
+  local rate=$1 delay=$2 loss=$3 mtu=$4
+  local args=(--mtu="$mtu")
+  if [[ "$rate" != 0 ]]; then
+    args+=(--rate="$rate" --delay="$delay" --loss="$loss" --queue=bdp)
+  fi
+  wanem_start "${args[@]}"
   if [[ "$rate" == 0 ]]; then
     NS_SRC=$LHW_NS_B NS_DST=$LHW_NS_B ADDR_SRC=127.0.0.1 ADDR_DST=127.0.0.1
   else
@@ -62,22 +70,8 @@ STAR_NS=()
 STAR_ADDR=()
 star_up() {
   local n=$1 rate=$2 delay=$3 mtu=$4
-  [[ -x "$WANEM" ]] || die "no emulator at $WANEM (build longhaul-wanem first)"
-  LINK_CTL="$WORK/wanem.sock"
-  rm -f "$WORK/wanem.ready" "$LINK_CTL"
-  "$WANEM" --sites="$n" --rate="$rate" --delay="$delay" --loss=0 --queue=bdp --mtu="$mtu" \
-    --control="$LINK_CTL" --ready-file="$WORK/wanem.ready" \
-    --stats-json="$WORK/wanem.stats.json" >"$WORK/wanem.log" 2>&1 &
-  WANEM_PID=$!
+  wanem_start --sites="$n" --rate="$rate" --delay="$delay" --loss=0 --queue=bdp --mtu="$mtu"
   local i
-  for ((i = 0; i < 100; i++)); do
-    [[ -s "$WORK/wanem.ready" ]] && break
-    kill -0 "$WANEM_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  [[ -s "$WORK/wanem.ready" ]] || { cat "$WORK/wanem.log" >&2; die "emulator did not come up"; }
-  # shellcheck disable=SC1091
-  . "$WORK/wanem.ready"
   STAR_NS=("")
   STAR_ADDR=("")
   for ((i = 1; i <= LHW_SITES; i++)); do
