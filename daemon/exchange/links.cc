@@ -91,6 +91,13 @@ Links::UplinkShare::UplinkShare(Links& links, std::vector<std::string> sites)
   absl::MutexLock lock(&links_.mu_);
   for (const std::string& site : sites_) ++links_.shares_[site];
   links_.Repace();
+  // A collective is a burst of a second or so after an idle gap: the kernel
+  // BBR's PROBE_RTT would otherwise stall a link for 200 ms in a round now
+  // and then (docs/benchmarks.md, allreduce).
+  for (const std::string& site : sites_) {
+    auto it = links_.outbound_.find(site);
+    if (it != links_.outbound_.end()) it->second->channel->RestartCongestionControlIfIdle();
+  }
 }
 
 Links::UplinkShare::~UplinkShare() {

@@ -1,7 +1,9 @@
 #include "daemon/transport/tcp_info.h"
 
+#include <linux/sockios.h>
 #include <linux/tcp.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <cstddef>
@@ -21,6 +23,15 @@ bool ReadKernelTcpInfo(int fd, KernelTcpInfo* out) {
     out->delivery_rate_mbit = static_cast<double>(info.tcpi_delivery_rate) * 8 / 1e6;
   }
   return true;
+}
+
+bool RestartCongestionControlIfIdle(int fd, const std::string& module) {
+  static constexpr char kOther[] = "reno";  // built into every kernel
+  if (module.empty() || module == kOther) return false;
+  int queued = 0;  // SIOCOUTQ: unacknowledged plus unsent bytes
+  if (::ioctl(fd, SIOCOUTQ, &queued) != 0 || queued != 0) return false;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, kOther, sizeof kOther - 1) != 0) return false;
+  return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, module.data(), module.size()) == 0;
 }
 
 }  // namespace longhaul::transport

@@ -2,6 +2,7 @@
 #define LONGHAUL_DAEMON_TRANSPORT_TCP_INFO_H_
 
 #include <cstdint>
+#include <string>
 
 namespace longhaul::transport {
 
@@ -16,6 +17,16 @@ struct KernelTcpInfo {
 
 // Returns false when the socket gives no TCP_INFO.
 bool ReadKernelTcpInfo(int fd, KernelTcpInfo* out);
+
+// If nothing written to the socket is still unacknowledged or unsent,
+// re-initializes its congestion-control module `module` (by selecting
+// "reno" and then `module` again) and returns true. For BBRv1 this restarts
+// its 10 s min-RTT window: a burst that starts now does not meet PROBE_RTT
+// (cwnd of 4 packets for 200 ms) before it is 10 s old. The kernel's own
+// 5-minute min-RTT filter seeds the new estimate, so nothing is forgotten
+// that a restart from idle would not forget too. Returns false, changing
+// nothing, when the socket is busy or `module` is empty or "reno".
+bool RestartCongestionControlIfIdle(int fd, const std::string& module);
 
 }  // namespace longhaul::transport
 

@@ -116,6 +116,11 @@ void TcpTlsChannel::LimitPacingRate(Bandwidth rate) {
              &bytes_per_second, sizeof bytes_per_second);
 }
 
+void TcpTlsChannel::RestartCongestionControlIfIdle() {
+  transport::RestartCongestionControlIfIdle(stream_.lowest_layer().native_handle(),
+                                            congestion_control_);
+}
+
 uint64_t TcpTlsChannel::UnsentBytes() const {
   int fd = const_cast<TlsStream&>(stream_).lowest_layer().native_handle();
   int unsent = 0;

@@ -240,6 +240,7 @@ class TcpTlsChannel final : public Channel {
 
   void LimitUnsentBytes(uint64_t bytes) override;
   void LimitPacingRate(Bandwidth rate) override;
+  void RestartCongestionControlIfIdle() override;
 
   uint64_t UnsentBytes() const override;
   LinkStats Stats() const override;

@@ -72,6 +72,13 @@ class Channel : public wire::ByteStream {
   // calls it may come from any thread (a sibling stream's sender).
   virtual void LimitPacingRate(Bandwidth rate) {}
 
+  // Called just before a burst (a collective) on a channel that may have
+  // been idle: if nothing is unacknowledged or unsent, restarts the
+  // congestion control's timers so that none fires mid-burst (for tcp,
+  // RestartCongestionControlIfIdle in tcp_info.h). Any thread may call it.
+  // Best effort; the default does nothing.
+  virtual void RestartCongestionControlIfIdle() {}
+
   // The certificate the peer proved at the TLS handshake that authenticated
   // this channel; nullptr for channels without one.
   virtual std::shared_ptr<const PeerCertificate> peer_certificate() const { return nullptr; }
