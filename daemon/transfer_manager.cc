@@ -228,7 +228,11 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
                                                    "' (this daemon runs: ", absl::StrJoin(names, ", "), ")"));
   }
 
-  auto built = storage::BuildManifest(sources, spec.chunk_size());
+  absl::StatusOr<storage::SymlinkPolicy> symlinks = storage::ParseSymlinkPolicy(spec.symlinks());
+  if (!symlinks.ok()) return symlinks.status();
+  storage::ManifestOptions manifest_options;
+  manifest_options.symlinks = *symlinks;
+  auto built = storage::BuildManifest(sources, spec.chunk_size(), manifest_options);
   if (!built.ok()) return built.status();
   if (absl::Status s = source_access_.CheckBuild(caller, sources, *resolved, &*built); !s.ok()) {
     return s;
@@ -242,6 +246,11 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
   record.set_request_id(request_id);
   *record.mutable_manifest() = std::move(built->manifest);
   for (std::string& p : built->source_paths) record.add_source_paths(std::move(p));
+  for (storage::SkippedEntry& e : built->skipped) {
+    v1::SkippedEntry* skipped = record.add_skipped();
+    skipped->set_path(std::move(e.path));
+    skipped->set_why(std::move(e.why));
+  }
   record.set_single_file(built->single_file);
   for (const std::string& g : config_.transfer.commit_last) record.add_commit_last(g);
   for (const std::string& g : spec.commit_last()) record.add_commit_last(g);
@@ -433,6 +442,7 @@ v1::TransferStatus TransferManager::StatusOf(const Transfer& t) const {
   status.set_resent_bytes(s.resent_bytes);
   status.set_active_streams(s.active_streams);
   status.set_files_unchanged(s.files_unchanged);
+  *status.mutable_skipped() = t.record.skipped();
   status.set_attempts(s.attempts);
   double seconds = t.record.active_seconds();
   if (t.running_since) {

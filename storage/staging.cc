@@ -346,9 +346,10 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
   auto skipped = [&](int i) { return options.skip_files.contains(static_cast<uint32_t>(i)); };
   // Directories of the new version, and those made on the way to it.
   const uint32_t dir_mode = 0777 & options.mode_mask;
-  if (options.single_file && n != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a single-file transfer needs exactly one file in its manifest, not ", n));
+  if (options.single_file && (n != 1 || manifest.symlinks_size() != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a single-file transfer needs exactly one file and no symlink in its manifest, not ", n,
+        " files and ", manifest.symlinks_size(), " symlinks"));
   }
 
   // The destination's parent, created if needed, with no symlink on the way.
@@ -510,6 +511,27 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
       if (absl::StatusOr<Directory*> dir = next_dirs.Get(d, /*create=*/true); !dir.ok()) {
         return dir.status();
       }
+    }
+    // Symlinks are made in next/ like any entry of the new version; their
+    // parents are opened without following symlinks, and nothing below one
+    // is ever written (ValidateManifest), so none is followed here.
+    for (const v1::ManifestSymlink& l : manifest.symlinks()) {
+      auto [prel, lname_sv] = SplitParent(l.path());
+      const std::string lname(lname_sv);
+      absl::StatusOr<Directory*> dir = next_dirs.Get(prel, /*create=*/true);
+      if (!dir.ok()) return dir.status();
+      absl::StatusOr<std::string> have = fs.ReadLink(**dir, lname);
+      if (have.ok() && *have == l.target()) continue;  // made by an earlier run
+      if (absl::IsFailedPrecondition(have.status())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "manifest symlink ", l.path(), " collides with another entry of the new version"));
+      }
+      if (have.ok()) {
+        if (absl::Status st = fs.Unlink(**dir, lname); !st.ok()) return st;
+      } else if (!absl::IsNotFound(have.status())) {
+        return have.status();
+      }
+      if (absl::Status st = fs.Symlink(l.target(), **dir, lname); !st.ok()) return st;
     }
     if (lost.empty()) {
       if (absl::Status st = next_dirs.SyncAll(); !st.ok()) return st;

@@ -219,8 +219,10 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   if (absl::Status s = storage::ValidateManifest(open.manifest(), limits); !s.ok()) {
     return fail(absl::InvalidArgumentError(absl::StrCat("manifest refused: ", s.message())));
   }
-  if (open.single_file() && open.manifest().files_size() != 1) {
-    return fail(absl::InvalidArgumentError("a single-file transfer must have exactly one file"));
+  if (open.single_file() &&
+      (open.manifest().files_size() != 1 || open.manifest().symlinks_size() != 0)) {
+    return fail(absl::InvalidArgumentError(
+        "a single-file transfer must have exactly one file and no symlink"));
   }
   if (absl::Status s = ValidateCheckpointMarker(open.checkpoint_marker()); !s.ok()) {
     return fail(s);
