@@ -329,6 +329,14 @@ absl::Status SourceAccess::CheckBuild(const Caller& caller, const std::vector<st
     return absl::OkStatus();
   };
 
+  const size_t files = static_cast<size_t>(build->manifest.files_size());
+  if (build->source_paths.size() != files ||
+      (!build->file_links.empty() && build->file_links.size() != files) ||
+      build->empty_dir_paths.size() != static_cast<size_t>(build->manifest.empty_dirs_size()) ||
+      (!build->empty_dir_links.empty() &&
+       build->empty_dir_links.size() != build->empty_dir_paths.size())) {
+    return absl::InternalError("manifest build has source paths that do not match its entries");
+  }
   // A symlink whose target the caller may not have sent is skipped with
   // everything reached through it; any other refusal fails the build.
   std::vector<std::string> refused_links;

@@ -118,7 +118,9 @@ absl::Status TransferManager::Start() {
       s.files_unchanged = record.files_unchanged();
       s.attempts = record.attempts();
       s.error = record.error();
-      for (const auto& f : record.manifest().files()) s.bytes_total += f.size();
+      for (const auto& f : record.manifest().files()) {
+        s.bytes_total += storage::PlannedBytes(f, record.manifest().chunk_size());
+      }
     });
     t->record = std::move(record);
     transfers_[t->record.id()] = std::move(t);
@@ -266,7 +268,9 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
   if (shutting_down_) return absl::UnavailableError("daemon is shutting down");
   std::unique_ptr<Transfer> t = NewTransfer();
   uint64_t total = 0;
-  for (const auto& f : record.manifest().files()) total += f.size();
+  for (const auto& f : record.manifest().files()) {
+    total += storage::PlannedBytes(f, record.manifest().chunk_size());
+  }
   t->progress.Update([&](peer::TransferProgress::Snapshot& s) { s.bytes_total = total; });
   t->record = std::move(record);
   Transfer& ref = *t;

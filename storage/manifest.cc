@@ -57,6 +57,7 @@ class Builder {
     v1::ManifestFile* f = out_.manifest.add_files();
     f->set_path(std::move(rel));
     RecordSourceIdentity(st, *f);
+    RecordDataExtents(abs, st, *f);
     f->set_generation(0);
     out_.source_paths.push_back(abs);
     out_.file_links.push_back(link);
@@ -281,6 +282,48 @@ std::string SymlinkTargetProblem(std::string_view link_path, std::string_view ta
   return "";
 }
 
+void RecordDataExtents(const std::string& path, const struct stat& st, v1::ManifestFile& file) {
+  file.clear_sparse();
+  file.clear_data();
+  // Blocks below the size are the cheap sign of holes; most files have none.
+  if (st.st_size == 0 || static_cast<uint64_t>(st.st_blocks) * 512 >= file.size()) return;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return;  // the sender's own open reports it
+  const off_t size = static_cast<off_t>(file.size());
+  std::vector<std::pair<off_t, off_t>> extents;
+  bool whole = false;
+  for (off_t pos = 0; pos < size;) {
+    const off_t data = lseek(fd, pos, SEEK_DATA);
+    if (data < 0) {
+      whole = errno != ENXIO;  // ENXIO: only holes from pos on
+      break;
+    }
+    if (data >= size) break;
+    off_t hole = lseek(fd, data, SEEK_HOLE);
+    if (hole < 0) {
+      whole = true;
+      break;
+    }
+    hole = std::min(hole, size);
+    if (static_cast<int>(extents.size()) == kMaxDataExtents) {
+      whole = true;
+      break;
+    }
+    extents.emplace_back(data, hole - data);
+    pos = hole;
+  }
+  close(fd);
+  uint64_t data_bytes = 0;
+  for (const auto& [offset, length] : extents) data_bytes += static_cast<uint64_t>(length);
+  if (whole || data_bytes >= file.size()) return;
+  file.set_sparse(true);
+  for (const auto& [offset, length] : extents) {
+    v1::Extent* e = file.add_data();
+    e->set_offset(static_cast<uint64_t>(offset));
+    e->set_length(static_cast<uint64_t>(length));
+  }
+}
+
 void RecordSourceIdentity(const struct stat& st, v1::ManifestFile& file) {
   file.set_size(static_cast<uint64_t>(st.st_size));
   file.set_mtime_ns(Nanoseconds(st.st_mtim));
@@ -351,6 +394,23 @@ absl::Status ValidateManifest(const v1::Manifest& m, const ManifestLimits& limit
     }
     if (!f.content_xxh128().empty() && f.content_xxh128().size() != 16) {
       return bad(absl::StrCat("content digest is ", f.content_xxh128().size(), " bytes, not 16"));
+    }
+    if (!f.sparse() && f.data_size() != 0) return bad("data extents on a file that is not sparse");
+    if (f.data_size() > limits.max_data_extents) {
+      return bad(absl::StrCat("has ", f.data_size(), " data extents; the limit is ",
+                              limits.max_data_extents));
+    }
+    uint64_t data_end = 0;
+    for (int e = 0; e < f.data_size(); ++e) {
+      const v1::Extent& x = f.data(e);
+      if (x.length() == 0 || x.offset() < data_end || x.offset() >= f.size() ||
+          x.length() > f.size() - x.offset()) {
+        return bad(absl::StrCat("data extent ", e, " [", x.offset(), ", +", x.length(),
+                                ") is empty, overlaps or precedes the one before, or ends past "
+                                "the size ",
+                                f.size()));
+      }
+      data_end = x.offset() + x.length();
     }
   }
   // Symlinks: not a parent of anything (a write below one would go through

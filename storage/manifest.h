@@ -101,12 +101,24 @@ absl::StatusOr<ManifestBuild> BuildManifest(const std::vector<std::string>& sour
 // content_xxh128 are left as they are.
 void RecordSourceIdentity(const struct stat& st, v1::ManifestFile& file);
 
+// Records in `file` the data extents of the regular file at `path` (found
+// with SEEK_DATA/SEEK_HOLE), of size file.size(), when it has holes: sets
+// `sparse` and `data`. A file without holes, one whose file system does not
+// tell, or one with more than kMaxDataExtents extents is recorded whole
+// (not sparse). Call it after taking the stat the identity was recorded
+// from: a change after that stat shows in the identity check
+// (CheckSourceUnchanged), so stale extents are never trusted.
+void RecordDataExtents(const std::string& path, const struct stat& st, v1::ManifestFile& file);
+
+inline constexpr int kMaxDataExtents = 65536;
+
 struct ManifestLimits {
   uint64_t min_chunk_size = uint64_t{64} << 10;  // 64 KiB
   uint64_t max_chunk_size = uint64_t{1} << 30;   // 1 GiB
   uint64_t max_files = 10'000'000;
   uint64_t max_file_size = uint64_t{1} << 50;
   size_t max_path_length = 4096;
+  int max_data_extents = kMaxDataExtents;  // per file
 };
 
 // Checks a manifest received from the network before anything is written.
@@ -116,7 +128,10 @@ struct ManifestLimits {
 // paths; a path that is both a file and a directory prefix of another file
 // (or of an empty dir); a size beyond the limit or needing more than 2^32-1
 // chunks; mode bits beyond 07777; a content_xxh128 that is neither empty
-// nor 16 bytes. empty_dirs follow the same path rules. Symlinks follow the
+// nor 16 bytes; data extents on a file that is not sparse, more than
+// max_data_extents of them, or extents that are empty, unsorted,
+// overlapping or reach past the file's size. empty_dirs follow the same
+// path rules. Symlinks follow the
 // path rules too, may not share a path with another entry nor be a parent
 // of one, and their targets must pass SymlinkTargetProblem.
 absl::Status ValidateManifest(const v1::Manifest& manifest, const ManifestLimits& limits = {});

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/checkpoints.h"
 #include "spdlog/spdlog.h"
+#include "storage/chunk_plan.h"
 #include "storage/content_check.h"
 #include "storage/posix_util.h"
 
@@ -395,10 +396,12 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
     const std::string staged = std::to_string(i);
     absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(*s.files, staged);
     if (!st.ok()) return st.status();
-    if (!st->has_value() && f.size() == 0) {
+    if (!st->has_value() && HasNoPlannedChunk(f, manifest.chunk_size())) {
+      // No chunk was ever sent for it (0 bytes, or all holes).
       absl::StatusOr<std::unique_ptr<File>> created =
           fs.OpenFile(*s.files, staged, OpenMode::kCreateOrOpen);
       if (!created.ok()) return created.status();
+      if (absl::Status r = (*created)->Resize(f.size()); !r.ok()) return r;
       created->reset();
       st = fs.Stat(*s.files, staged);
       if (!st.ok()) return st.status();
@@ -423,9 +426,10 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
     if (!st.ok()) return st.status();
     // Finalizes f/0 in place ("moving" it onto itself is not needed).
     const v1::ManifestFile& f = manifest.files(0);
-    if (!st->has_value() && f.size() == 0) {
+    if (!st->has_value() && HasNoPlannedChunk(f, manifest.chunk_size())) {
       absl::StatusOr<std::unique_ptr<File>> created = fs.OpenFile(*s.files, "0", OpenMode::kCreateOrOpen);
       if (!created.ok()) return created.status();
+      if (absl::Status r = (*created)->Resize(f.size()); !r.ok()) return r;
       created->reset();
       if (absl::Status s2 = fs.SyncDir(*s.files); !s2.ok()) return s2;
       st = fs.Stat(*s.files, "0");

@@ -281,6 +281,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   v1::PeerMessage answer;
   answer.set_request_id(request.request_id());
   v1::OpenReply* reply = answer.mutable_open_reply();
+  reply->set_sparse_files(true);
   const bool published = *existing && (*existing)->state() == v1::IncomingTransfer::PUBLISHED;
   if (!published) {
     if (absl::Status s = owners_.Check(open.export_name(), dest->relative, peer_site); !s.ok()) {

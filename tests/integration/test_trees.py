@@ -101,6 +101,69 @@ class SymlinkTest(lh.SitesTestCase):
         self.assertFalse(os.path.lexists(os.path.join(self.dest, "model/parent")))
 
 
+def holes_supported(directory):
+    """Whether the file system of `directory` keeps holes (st_blocks)."""
+    probe = os.path.join(directory, ".hole-probe")
+    with open(probe, "wb") as f:
+        f.truncate(16 << 20)
+    blocks = os.stat(probe).st_blocks
+    os.unlink(probe)
+    return blocks * 512 < (1 << 20)
+
+
+class SparseFileTest(lh.SitesTestCase):
+
+    def write_sparse(self, path, size, pieces):
+        """A file of `size` bytes holding random `pieces` [(offset, length)], holes elsewhere."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.truncate(size)
+            for offset, length in pieces:
+                f.seek(offset)
+                f.write(os.urandom(length))
+
+    def test_a_sparse_file_is_sent_as_its_data_and_arrives_with_its_holes(self):
+        src = self.sites.path("src")
+        os.makedirs(src)
+        for d in (src, self.sites.export("site-b")):
+            if not holes_supported(d):
+                self.skipTest(f"the file system of {d} keeps no holes")
+        MIB = 1 << 20
+        size = 256 * MIB
+        # 1 MiB of data: half a chunk in chunk 3, a chunk's worth across
+        # chunks 100/101, and the file's last bytes.
+        self.write_sparse(os.path.join(src, "disk.img"), size,
+                          [(3 * MIB, 256 << 10), (100 * MIB + (3 * MIB) // 4, MIB // 2),
+                           (size - (256 << 10), 256 << 10)])
+        lh.write_random(os.path.join(src, "dense.bin"), MIB, seed=5)
+        proc, result = self.sites.cp(src, "site-b:/ckpt/sparse", "--chunk-size", "1MiB")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(result["state"], "COMPLETED")
+        # Chunks 3, 100, 101 and 255 of disk.img, and dense.bin: 5 MiB, not 257.
+        self.assertLessEqual(result["bytes_sent"], 5.5 * MIB)
+        self.assertLessEqual(result["bytes"], 5 * MIB)
+        dest = os.path.join(self.sites.export("site-b"), "sparse")
+        self.assertEqual(lh.tree_digest(src), lh.tree_digest(dest))
+        st = os.stat(os.path.join(dest, "disk.img"))
+        self.assertEqual(st.st_size, size)
+        self.assertLess(st.st_blocks * 512, 8 * MIB, "the holes were filled in")
+        verify = self.sites.cli("a", "verify", result["id"], "--json")
+        self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
+        self.assertTrue(json.loads(verify.stdout)["ok"])
+        # sync finds it unchanged; after data lands in a hole, it is sent again.
+        again = json.loads(self.sites.cli("a", "sync", src, "site-b:/ckpt/sparse", "--wait",
+                                          "--json", "--chunk-size", "1MiB", check=True).stdout)
+        self.assertEqual(again["bytes_sent"], 0)
+        with open(os.path.join(src, "disk.img"), "r+b") as f:
+            f.seek(200 * MIB)
+            f.write(b"now data")
+        third = json.loads(self.sites.cli("a", "sync", src, "site-b:/ckpt/sparse", "--wait",
+                                          "--json", "--chunk-size", "1MiB", check=True).stdout)
+        self.assertEqual(third["state"], "COMPLETED")
+        self.assertEqual(lh.tree_digest(src), lh.tree_digest(dest))
+        self.assertLessEqual(third["bytes_sent"], 6 * MIB)
+
+
 if __name__ == "__main__":
     import unittest
     unittest.main()

@@ -240,6 +240,40 @@ TEST_F(BuildManifestTest, SpecialFilesAreListedAsSkipped) {
   EXPECT_EQ(b->skipped[0].path, "fifo");
 }
 
+TEST_F(BuildManifestTest, SparseFilesCarryTheirDataExtents) {
+  const std::string path = dir_.Sub("sparse/file");
+  MakeDirs(dir_.Sub("sparse"));
+  const off_t size = off_t{64} << 20;
+  {
+    const int fd = open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, size), 0);
+    const std::string data(256 << 10, 'd');
+    ASSERT_EQ(pwrite(fd, data.data(), data.size(), off_t{8} << 20),
+              static_cast<ssize_t>(data.size()));
+    close(fd);
+  }
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  if (st.st_blocks * 512 >= size) GTEST_SKIP() << "the test directory's file system keeps no holes";
+  auto b = BuildManifest({dir_.Sub("sparse")}, kChunk);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const v1::ManifestFile& f = b->manifest.files(0);
+  ASSERT_TRUE(f.sparse());
+  uint64_t data_bytes = 0;
+  for (const v1::Extent& e : f.data()) {
+    EXPECT_LE(e.offset(), uint64_t{8} << 20);
+    EXPECT_GE(e.offset() + e.length(), (uint64_t{8} << 20) + (256 << 10));
+    data_bytes += e.length();
+  }
+  EXPECT_GE(data_bytes, uint64_t{256} << 10);
+  EXPECT_LT(data_bytes, uint64_t{2} << 20);  // file systems round to blocks, not more
+  EXPECT_LE(PlannedBytes(f, kChunk), uint64_t{2} << 20);
+  EXPECT_TRUE(ValidateManifest(b->manifest).ok());
+  // A file without holes is not sparse.
+  EXPECT_FALSE(BuildManifest({dir_.Sub("src/big.bin")}, kChunk)->manifest.files(0).sparse());
+}
+
 TEST_F(BuildManifestTest, SourceChangeIsDetected) {
   const std::string path = dir_.Sub("src/big.bin");
   auto b = BuildManifest({path}, kChunk);
@@ -432,6 +466,40 @@ TEST(ValidateManifestTest, RejectsSymlinksThatEscapeOrClash) {
   over_dir.mutable_symlinks(0)->set_path("q");
   over_dir.add_empty_dirs("q/sub");
   EXPECT_EQ(ValidateManifest(over_dir).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A peer's extents decide which chunks it never sends: they must be sane.
+TEST(ValidateManifestTest, RejectsDataExtentsThatLieOrOverlap) {
+  auto with = [](bool sparse, std::vector<std::pair<uint64_t, uint64_t>> extents) {
+    v1::Manifest m = Good();  // files of 100 bytes
+    v1::ManifestFile* f = m.mutable_files(0);
+    f->set_sparse(sparse);
+    for (const auto& [offset, length] : extents) {
+      v1::Extent* e = f->add_data();
+      e->set_offset(offset);
+      e->set_length(length);
+    }
+    return ValidateManifest(m);
+  };
+  EXPECT_TRUE(with(true, {}).ok());  // all holes
+  EXPECT_TRUE(with(true, {{0, 10}, {50, 50}}).ok());
+  EXPECT_EQ(with(false, {{0, 10}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with(true, {{0, 10}, {5, 10}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with(true, {{50, 10}, {0, 10}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with(true, {{10, 0}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with(true, {{90, 11}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with(true, {{100, 1}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with(true, {{1, UINT64_MAX}}).code(), absl::StatusCode::kInvalidArgument);
+  ManifestLimits limits;
+  limits.max_data_extents = 1;
+  v1::Manifest two = Good();
+  two.mutable_files(0)->set_sparse(true);
+  for (uint64_t o : {0, 10}) {
+    v1::Extent* e = two.mutable_files(0)->add_data();
+    e->set_offset(o);
+    e->set_length(1);
+  }
+  EXPECT_EQ(ValidateManifest(two, limits).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ValidateManifestTest, RejectsHugeSizesAndBadModes) {

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -73,8 +74,13 @@ class StagingTest : public ::testing::Test {
     }
   }
 
-  void ExpectPublished(const std::string& root) {
-    for (int i = 0; i < m_.files_size(); ++i) {
+  void ExpectPublished(const std::string& root) { ExpectPublishedFiles(root, m_.files_size()); }
+  void ExpectPublishedExceptLast(const std::string& root) {
+    ExpectPublishedFiles(root, m_.files_size() - 1);
+  }
+
+  void ExpectPublishedFiles(const std::string& root, int files) {
+    for (int i = 0; i < files; ++i) {
       const v1::ManifestFile& f = m_.files(i);
       const std::string path = root + "/" + f.path();
       auto data = Bytes(f.size(), i);
@@ -488,6 +494,34 @@ TEST_F(StagingTest, ASymlinkEntryAtAFilesParentIsNotFollowed) {
   EXPECT_FALSE(st.ok());
   EXPECT_FALSE(Exists(outside + "/shard-1.distcp"));
   EXPECT_FALSE(Exists(dir_.Sub("export/ckpt")));
+}
+
+// A sparse file whose chunks all lie in holes gets no chunk: publish makes
+// it at its size, all hole.
+TEST_F(StagingTest, AFileOfHolesOnlyIsPublishedAtItsSizeAsAHole) {
+  const std::string dest = dir_.Sub("export/ckpt");
+  v1::ManifestFile hollow = File("hollow.bin", uint64_t{32} << 20, 0644, kMtime + 5);
+  hollow.set_sparse(true);
+  auto s = Open("ckpt", "t-hollow");
+  ASSERT_TRUE(s.ok()) << s.status();
+  StageAll(*s);
+  *m_.add_files() = hollow;
+  absl::Status st = s->Publish(m_, opts_);
+  ASSERT_TRUE(st.ok()) << st;
+  ExpectPublishedExceptLast(dest);
+  struct stat hs;
+  ASSERT_EQ(stat((dest + "/hollow.bin").c_str(), &hs), 0);
+  EXPECT_EQ(static_cast<uint64_t>(hs.st_size), hollow.size());
+  EXPECT_LT(hs.st_blocks * 512, 1 << 20);  // a hole, not 32 MiB of zeros
+  EXPECT_EQ(hs.st_mtim.tv_sec * 1000000000LL + hs.st_mtim.tv_nsec, hollow.mtime_ns());
+  // Without `sparse` the same missing staged file is lost bytes, asked for again.
+  auto again = Open("ckpt2", "t-hollow2");
+  ASSERT_TRUE(again.ok());
+  m_.mutable_files(m_.files_size() - 1)->set_sparse(false);
+  std::vector<uint32_t> resend;
+  st = again->Publish(m_, opts_, &resend);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_NE(std::find(resend.begin(), resend.end(), 5u), resend.end());
 }
 
 TEST_F(StagingTest, AStagedFileUsesDiskOnlyForTheBytesReceived) {
