@@ -164,6 +164,37 @@ class SparseFileTest(lh.SitesTestCase):
         self.assertLessEqual(third["bytes_sent"], 6 * MIB)
 
 
+    def test_data_written_into_a_hole_mid_transfer_arrives(self):
+        # The manifest said "hole" at 200 MiB; the writer puts data there
+        # while the transfer runs. The change is detected (mtime, ctime), the
+        # extents are found again, and the new data is sent: the
+        # destination never keeps a stale hole.
+        src = self.sites.path("src")
+        os.makedirs(src)
+        for d in (src, self.sites.export("site-b")):
+            if not holes_supported(d):
+                self.skipTest(f"the file system of {d} keeps no holes")
+        MIB = 1 << 20
+        path = os.path.join(src, "disk.img")
+        self.write_sparse(path, 256 * MIB, [(0, 16 * MIB)])
+        self.sites.cli("a", "limit", "--peer", "site-b", "40Mbit", check=True)
+        tid = self.sites.cli("a", "cp", src, "site-b:/ckpt/moving", "--chunk-size", "1MiB",
+                             "--streams", "2", check=True).stdout.strip()
+        lh.wait_until(lambda: self.sites.status("a", tid)["bytes_done"] >= 4 * MIB, 120,
+                      "progress before the rewrite")
+        with open(path, "r+b") as f:
+            f.seek(200 * MIB)
+            f.write(os.urandom(2 * MIB))
+        mid = self.sites.status("a", tid)
+        self.assertNotIn(mid["state"], ("PUBLISHING", "COMPLETED"),
+                         "the transfer ended before the rewrite; slow the link more")
+        self.sites.cli("a", "limit", "--peer", "site-b", "off", check=True)
+        done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"}, timeout=180)
+        self.assertEqual(done["state"], "COMPLETED", done.get("error"))
+        dest = os.path.join(self.sites.export("site-b"), "moving")
+        self.assertEqual(lh.tree_digest(src), lh.tree_digest(dest))
+        self.assertLess(os.stat(os.path.join(dest, "disk.img")).st_blocks * 512, 64 * MIB)
+
 if __name__ == "__main__":
     import unittest
     unittest.main()
