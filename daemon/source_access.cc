@@ -70,12 +70,6 @@ std::string Parent(absl::string_view path) {
   return std::string(path.substr(0, slash));
 }
 
-absl::string_view Basename(absl::string_view path) {
-  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
-  size_t slash = path.rfind('/');
-  return slash == absl::string_view::npos ? path : path.substr(slash + 1);
-}
-
 }  // namespace
 
 Caller Caller::LocalUser(uid_t uid, gid_t gid) {
@@ -312,46 +306,63 @@ absl::Status SourceAccess::CheckBuild(const Caller& caller, const std::vector<st
     }
     return best;
   };
-  auto check_one = [&](const std::string& named, bool is_dir, std::string* out) -> absl::Status {
+  // `followed`: reached through a symlink the walk followed, so it may lie
+  // outside every source tree; `direct`: that symlink names it itself.
+  auto check_one = [&](const std::string& named, bool is_dir, bool followed, bool direct,
+                       std::string* out) -> absl::Status {
     int err = 0;
     auto r = Resolve(named, &err);
     if (!r.ok()) return check.Unresolvable(named, err);
     if (absl::Status s = check.Confine(named, *r); !s.ok()) return s;
     const std::string* root = root_of(*r);
-    if (root == nullptr) {
+    std::string tree_root;
+    if (root != nullptr) {
+      tree_root = is_dir || *root != *r ? *root : "";
+    } else if (followed) {
+      tree_root = is_dir ? *r : (direct ? "" : Parent(*r));
+    } else {
       return absl::AbortedError(absl::StrCat("source ", named, " changed while it was listed (now ",
                                              *r, "); submit the transfer again"));
     }
-    if (absl::Status s = check.Readable(*r, is_dir || *root != *r ? *root : "", is_dir); !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = check.Readable(*r, tree_root, is_dir); !s.ok()) return s;
     if (out != nullptr) *out = *std::move(r);
     return absl::OkStatus();
   };
 
-  for (std::string& path : build->source_paths) {
-    std::string checked;
-    if (absl::Status s = check_one(path, /*is_dir=*/false, &checked); !s.ok()) return s;
-    path = std::move(checked);
+  const size_t files = static_cast<size_t>(build->manifest.files_size());
+  if (build->source_paths.size() != files ||
+      (!build->file_links.empty() && build->file_links.size() != files) ||
+      build->empty_dir_paths.size() != static_cast<size_t>(build->manifest.empty_dirs_size()) ||
+      (!build->empty_dir_links.empty() &&
+       build->empty_dir_links.size() != build->empty_dir_paths.size())) {
+    return absl::InternalError("manifest build has source paths that do not match its entries");
   }
-  for (const std::string& rel : build->manifest.empty_dirs()) {
-    // Relative to the one source, or under the basename of one of several.
-    std::string abs;
-    if (sources.size() == 1) {
-      abs = absl::StrCat(resolved[0], "/", rel);
-    } else {
-      const size_t slash = rel.find('/');
-      const absl::string_view first = absl::string_view(rel).substr(0, slash);
-      for (size_t i = 0; i < sources.size() && abs.empty(); ++i) {
-        if (Basename(sources[i]) == first) {
-          abs = slash == std::string::npos ? resolved[i]
-                                           : absl::StrCat(resolved[i], rel.substr(slash));
-        }
-      }
-      if (abs.empty())
-        return absl::InternalError(absl::StrCat("empty directory ", rel, " has no source"));
-    }
-    if (absl::Status s = check_one(abs, /*is_dir=*/true, nullptr); !s.ok()) return s;
+  // A symlink whose target the caller may not have sent is skipped with
+  // everything reached through it; any other refusal fails the build.
+  std::vector<std::string> refused_links;
+  absl::flat_hash_map<std::string, std::string> why_refused;
+  auto judge = [&](const std::string& link, absl::Status verdict) -> absl::Status {
+    if (verdict.ok() || link.empty()) return verdict;
+    if (why_refused.emplace(link, verdict.message()).second) refused_links.push_back(link);
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < build->source_paths.size(); ++i) {
+    const std::string& link = build->file_links.empty() ? "" : build->file_links[i];
+    std::string checked;
+    absl::Status s = check_one(build->source_paths[i], /*is_dir=*/false, !link.empty(),
+                               link == build->manifest.files(static_cast<int>(i)).path(), &checked);
+    if (s.ok()) build->source_paths[i] = std::move(checked);
+    if (absl::Status j = judge(link, std::move(s)); !j.ok()) return j;
+  }
+  for (size_t i = 0; i < build->empty_dir_paths.size(); ++i) {
+    const std::string& link = build->empty_dir_links.empty() ? "" : build->empty_dir_links[i];
+    absl::Status s = check_one(build->empty_dir_paths[i], /*is_dir=*/true, !link.empty(),
+                               /*direct=*/false, nullptr);
+    if (absl::Status j = judge(link, std::move(s)); !j.ok()) return j;
+  }
+  storage::DropFollowed(refused_links, *build);
+  for (const std::string& link : refused_links) {
+    build->skipped.push_back({link, absl::StrCat("symlink not followed: ", why_refused[link])});
   }
   return absl::OkStatus();
 }

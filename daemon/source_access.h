@@ -81,8 +81,12 @@ class SourceAccess {
 
   // After the walk: every file and empty directory of `build`, built from
   // `sources` (resolved to `resolved` by CheckSources), passes the same
-  // checks. On success build->source_paths hold the resolved paths that were
-  // checked, so that the sender opens exactly those.
+  // checks. An entry reached through a followed symlink (file_links) may
+  // resolve outside the source trees; when it fails a check, the symlink is
+  // skipped with everything reached through it, and listed in
+  // build->skipped with the reason. Any other refusal fails the call. On
+  // success build->source_paths hold the resolved paths that were checked,
+  // so that the sender opens exactly those.
   absl::Status CheckBuild(const Caller& caller, const std::vector<std::string>& sources,
                           const std::vector<std::string>& resolved,
                           storage::ManifestBuild* build) const;

@@ -118,7 +118,9 @@ absl::Status TransferManager::Start() {
       s.files_unchanged = record.files_unchanged();
       s.attempts = record.attempts();
       s.error = record.error();
-      for (const auto& f : record.manifest().files()) s.bytes_total += f.size();
+      for (const auto& f : record.manifest().files()) {
+        s.bytes_total += storage::PlannedBytes(f, record.manifest().chunk_size());
+      }
     });
     t->record = std::move(record);
     transfers_[t->record.id()] = std::move(t);
@@ -228,7 +230,11 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
                                                    "' (this daemon runs: ", absl::StrJoin(names, ", "), ")"));
   }
 
-  auto built = storage::BuildManifest(sources, spec.chunk_size());
+  absl::StatusOr<storage::SymlinkPolicy> symlinks = storage::ParseSymlinkPolicy(spec.symlinks());
+  if (!symlinks.ok()) return symlinks.status();
+  storage::ManifestOptions manifest_options;
+  manifest_options.symlinks = *symlinks;
+  auto built = storage::BuildManifest(sources, spec.chunk_size(), manifest_options);
   if (!built.ok()) return built.status();
   if (absl::Status s = source_access_.CheckBuild(caller, sources, *resolved, &*built); !s.ok()) {
     return s;
@@ -242,6 +248,11 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
   record.set_request_id(request_id);
   *record.mutable_manifest() = std::move(built->manifest);
   for (std::string& p : built->source_paths) record.add_source_paths(std::move(p));
+  for (storage::SkippedEntry& e : built->skipped) {
+    v1::SkippedEntry* skipped = record.add_skipped();
+    skipped->set_path(std::move(e.path));
+    skipped->set_why(std::move(e.why));
+  }
   record.set_single_file(built->single_file);
   for (const std::string& g : config_.transfer.commit_last) record.add_commit_last(g);
   for (const std::string& g : spec.commit_last()) record.add_commit_last(g);
@@ -257,7 +268,9 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
   if (shutting_down_) return absl::UnavailableError("daemon is shutting down");
   std::unique_ptr<Transfer> t = NewTransfer();
   uint64_t total = 0;
-  for (const auto& f : record.manifest().files()) total += f.size();
+  for (const auto& f : record.manifest().files()) {
+    total += storage::PlannedBytes(f, record.manifest().chunk_size());
+  }
   t->progress.Update([&](peer::TransferProgress::Snapshot& s) { s.bytes_total = total; });
   t->record = std::move(record);
   Transfer& ref = *t;
@@ -433,6 +446,7 @@ v1::TransferStatus TransferManager::StatusOf(const Transfer& t) const {
   status.set_resent_bytes(s.resent_bytes);
   status.set_active_streams(s.active_streams);
   status.set_files_unchanged(s.files_unchanged);
+  *status.mutable_skipped() = t.record.skipped();
   status.set_attempts(s.attempts);
   double seconds = t.record.active_seconds();
   if (t.running_since) {

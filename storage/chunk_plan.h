@@ -39,13 +39,23 @@ uint64_t ChunkCount(const v1::ManifestFile& file, uint64_t chunk_size);
 uint64_t ChunkSize(uint64_t file_size, uint64_t chunk_index, uint64_t chunk_size);
 uint64_t ChunkSize(const v1::ManifestFile& file, uint64_t chunk_index, uint64_t chunk_size);
 
-// Calls fn(id, size) for every chunk of file `file_index` of `manifest`, in
-// chunk order. file_index < manifest.files_size().
+// The bytes of `file` the plan sends: the sizes of its chunks with data.
+uint64_t PlannedBytes(const v1::ManifestFile& file, uint64_t chunk_size);
+
+// Whether the plan sends no chunk of `file` (0 bytes, or all holes): its
+// destination copy is made at its size without any chunk.
+bool HasNoPlannedChunk(const v1::ManifestFile& file, uint64_t chunk_size);
+
+// Calls fn(id, size) for every chunk of file `file_index` of `manifest` that
+// has data, in chunk order: all of them, except for a sparse file
+// (ManifestFile.sparse) the chunks lying wholly in its holes, which are
+// never sent and read as zeros in a file made `size` bytes long without
+// writing them. file_index < manifest.files_size().
 void ForEachChunkOfFile(const v1::Manifest& manifest, uint32_t file_index,
                         absl::FunctionRef<void(ChunkId id, uint64_t size)> fn);
 
-// Calls fn(id, size) for every chunk of `manifest`: file by file, each in
-// chunk order. An empty file has none.
+// Calls fn(id, size) for every chunk of `manifest` that has data: file by
+// file, each in chunk order. An empty file has none.
 void ForEachChunk(const v1::Manifest& manifest,
                   absl::FunctionRef<void(ChunkId id, uint64_t size)> fn);
 

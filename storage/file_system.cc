@@ -291,6 +291,29 @@ class Posix : public FileSystem {
                       JoinPath(to_dir.path(), to));
   }
 
+  absl::Status Symlink(const std::string& target, Directory& dir,
+                       const std::string& name) override {
+    if (symlinkat(target.c_str(), FdOf(dir), name.c_str()) == 0) return absl::OkStatus();
+    if (errno == EEXIST) {
+      return absl::AlreadyExistsError(absl::StrCat(JoinPath(dir.path(), name), " exists"));
+    }
+    return ErrnoError(errno, "cannot create symlink", JoinPath(dir.path(), name));
+  }
+
+  absl::StatusOr<std::string> ReadLink(Directory& dir, const std::string& name) override {
+    std::string target(4096, '\0');
+    const ssize_t n = readlinkat(FdOf(dir), name.c_str(), target.data(), target.size());
+    const std::string path = JoinPath(dir.path(), name);
+    if (n < 0) {
+      if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
+      if (errno == EINVAL)
+        return absl::FailedPreconditionError(absl::StrCat(path, " is not a symlink"));
+      return ErrnoError(errno, "cannot read symlink", path);
+    }
+    target.resize(static_cast<size_t>(n));
+    return target;
+  }
+
   absl::Status Unlink(Directory& dir, const std::string& name) override {
     return Remove(dir, name, 0);
   }

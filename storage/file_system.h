@@ -132,6 +132,13 @@ class FileSystem {
   // A hard link `to` in `to_dir` of the regular file `from` in `from_dir`.
   virtual absl::Status Link(Directory& from_dir, const std::string& from, Directory& to_dir,
                             const std::string& to) = 0;
+  // Creates the symlink `name` in `dir` with `target`, which is stored as
+  // given and never resolved here. AlreadyExists when the name is taken.
+  virtual absl::Status Symlink(const std::string& target, Directory& dir,
+                               const std::string& name) = 0;
+  // The target of the symlink `name` in `dir`. NotFound when missing,
+  // FailedPrecondition when it is not a symlink.
+  virtual absl::StatusOr<std::string> ReadLink(Directory& dir, const std::string& name) = 0;
   // Removes a non-directory. NotFound when missing.
   virtual absl::Status Unlink(Directory& dir, const std::string& name) = 0;
   // Removes an empty directory. NotFound when missing.

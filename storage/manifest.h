@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,14 +16,68 @@
 
 namespace longhaul::storage {
 
+// What to do with a symlink found inside a source directory.
+enum class SymlinkPolicy {
+  // A relative symlink whose target, normalized lexically from the link's
+  // directory, stays inside its source tree is sent as a symlink
+  // (SymlinkTargetProblem); any other symlink is skipped and listed.
+  kKeep,
+  // Every symlink is followed: its target is sent as a regular file or a
+  // directory under the link's name. A dangling link, a loop, or a target
+  // that is neither is skipped and listed; whether the caller may read the
+  // target is the caller's check (ManifestBuild::file_links).
+  kFollow,
+  // Any symlink fails the build (FailedPrecondition naming it).
+  kRefuse,
+};
+
+// "keep" (or ""), "follow", "refuse"; InvalidArgument otherwise.
+absl::StatusOr<SymlinkPolicy> ParseSymlinkPolicy(std::string_view name);
+
+struct ManifestOptions {
+  SymlinkPolicy symlinks = SymlinkPolicy::kKeep;
+};
+
+// An entry of the sources that is not sent. `path` is relative to the
+// transfer root, like manifest paths.
+struct SkippedEntry {
+  std::string path;
+  std::string why;
+};
+
 struct ManifestBuild {
   v1::Manifest manifest;
   // Absolute source path of each manifest file, by file index.
   std::vector<std::string> source_paths;
+  // Absolute source path of each manifest empty dir, by index.
+  std::vector<std::string> empty_dir_paths;
+  // kFollow: for each file (and each empty dir), the manifest path of the
+  // innermost symlink followed to reach it; "" when none was. An entry
+  // reached through a symlink may lie outside the source tree.
+  std::vector<std::string> file_links;
+  std::vector<std::string> empty_dir_links;
+  // Entries not sent, in walk order: symlinks not kept or not followed,
+  // special files (FIFOs, sockets, devices).
+  std::vector<SkippedEntry> skipped;
   // True when the only source is a regular file: the destination path names
   // that file itself rather than a directory.
   bool single_file = false;
 };
+
+// Removes from `build` every file and empty dir reached through one of the
+// symlinks `links` (manifest paths, as in file_links), keeping the vectors
+// of `build` parallel to the manifest.
+void DropFollowed(const std::vector<std::string>& links, ManifestBuild& build);
+
+// Why a symlink at manifest path `link_path` with `target` may not be sent
+// as a symlink, or "" when it may. The target must be relative, without
+// "." or empty components, and made of zero or more leading ".." followed
+// by plain components, with no more ".." than the link's directory is deep
+// below the tree root (`root_depth` components of link_path are above the
+// root: 1 for an entry of one of several sources). Such a target stays in
+// the tree even through other symlinks of the tree that follow the same rule.
+std::string SymlinkTargetProblem(std::string_view link_path, std::string_view target,
+                                 size_t root_depth = 0);
 
 // Builds the manifest of `sources` (absolute paths).
 //  - One regular file: one entry whose path is its basename; single_file.
@@ -31,18 +86,31 @@ struct ManifestBuild {
 //  - Several sources: each lands under its basename ("a/x", "b"); two
 //    sources with the same basename are an error.
 // Directories are walked in byte-wise sorted order, so the same tree gives
-// the same manifest. Only regular files are sent; symlinks and special files
-// found inside a directory are skipped with a warning. A source named
-// explicitly that is a symlink is followed. Directories with no file or
-// subdirectory are listed in empty_dirs. Files get generation 0 and their
-// source identity (RecordSourceIdentity). Errors name the offending path.
+// the same manifest. Regular files are sent; symlinks inside a directory
+// follow options.symlinks; special files are skipped. Everything skipped is
+// listed in `skipped`. A source named explicitly that is a symlink is
+// followed. Directories with nothing sent in them are listed in empty_dirs.
+// Files get generation 0 and their source identity (RecordSourceIdentity).
+// Errors name the offending path.
 absl::StatusOr<ManifestBuild> BuildManifest(const std::vector<std::string>& sources,
-                                            uint64_t chunk_size);
+                                            uint64_t chunk_size,
+                                            const ManifestOptions& options = {});
 
 // Sets the size, mode and source identity (mtime, ctime, inode, device) of
 // `file` from `st`, a stat of its source. Path, generation and
 // content_xxh128 are left as they are.
 void RecordSourceIdentity(const struct stat& st, v1::ManifestFile& file);
+
+// Records in `file` the data extents of the regular file at `path` (found
+// with SEEK_DATA/SEEK_HOLE), of size file.size(), when it has holes: sets
+// `sparse` and `data`. A file without holes, one whose file system does not
+// tell, or one with more than kMaxDataExtents extents is recorded whole
+// (not sparse). Call it after taking the stat the identity was recorded
+// from: a change after that stat shows in the identity check
+// (CheckSourceUnchanged), so stale extents are never trusted.
+void RecordDataExtents(const std::string& path, const struct stat& st, v1::ManifestFile& file);
+
+inline constexpr int kMaxDataExtents = 65536;
 
 struct ManifestLimits {
   uint64_t min_chunk_size = uint64_t{64} << 10;  // 64 KiB
@@ -50,6 +118,7 @@ struct ManifestLimits {
   uint64_t max_files = 10'000'000;
   uint64_t max_file_size = uint64_t{1} << 50;
   size_t max_path_length = 4096;
+  int max_data_extents = kMaxDataExtents;  // per file
 };
 
 // Checks a manifest received from the network before anything is written.
@@ -59,7 +128,12 @@ struct ManifestLimits {
 // paths; a path that is both a file and a directory prefix of another file
 // (or of an empty dir); a size beyond the limit or needing more than 2^32-1
 // chunks; mode bits beyond 07777; a content_xxh128 that is neither empty
-// nor 16 bytes. empty_dirs follow the same path rules.
+// nor 16 bytes; data extents on a file that is not sparse, more than
+// max_data_extents of them, or extents that are empty, unsorted,
+// overlapping or reach past the file's size. empty_dirs follow the same
+// path rules. Symlinks follow the
+// path rules too, may not share a path with another entry nor be a parent
+// of one, and their targets must pass SymlinkTargetProblem.
 absl::Status ValidateManifest(const v1::Manifest& manifest, const ManifestLimits& limits = {});
 
 // Checks that the open source file `fd` is still the one in `file`: same

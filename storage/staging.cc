@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/checkpoints.h"
 #include "spdlog/spdlog.h"
+#include "storage/chunk_plan.h"
 #include "storage/content_check.h"
 #include "storage/posix_util.h"
 
@@ -346,9 +347,10 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
   auto skipped = [&](int i) { return options.skip_files.contains(static_cast<uint32_t>(i)); };
   // Directories of the new version, and those made on the way to it.
   const uint32_t dir_mode = 0777 & options.mode_mask;
-  if (options.single_file && n != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a single-file transfer needs exactly one file in its manifest, not ", n));
+  if (options.single_file && (n != 1 || manifest.symlinks_size() != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a single-file transfer needs exactly one file and no symlink in its manifest, not ", n,
+        " files and ", manifest.symlinks_size(), " symlinks"));
   }
 
   // The destination's parent, created if needed, with no symlink on the way.
@@ -394,10 +396,12 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
     const std::string staged = std::to_string(i);
     absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(*s.files, staged);
     if (!st.ok()) return st.status();
-    if (!st->has_value() && f.size() == 0) {
+    if (!st->has_value() && HasNoPlannedChunk(f, manifest.chunk_size())) {
+      // No chunk was ever sent for it (0 bytes, or all holes).
       absl::StatusOr<std::unique_ptr<File>> created =
           fs.OpenFile(*s.files, staged, OpenMode::kCreateOrOpen);
       if (!created.ok()) return created.status();
+      if (absl::Status r = (*created)->Resize(f.size()); !r.ok()) return r;
       created->reset();
       st = fs.Stat(*s.files, staged);
       if (!st.ok()) return st.status();
@@ -422,9 +426,10 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
     if (!st.ok()) return st.status();
     // Finalizes f/0 in place ("moving" it onto itself is not needed).
     const v1::ManifestFile& f = manifest.files(0);
-    if (!st->has_value() && f.size() == 0) {
+    if (!st->has_value() && HasNoPlannedChunk(f, manifest.chunk_size())) {
       absl::StatusOr<std::unique_ptr<File>> created = fs.OpenFile(*s.files, "0", OpenMode::kCreateOrOpen);
       if (!created.ok()) return created.status();
+      if (absl::Status r = (*created)->Resize(f.size()); !r.ok()) return r;
       created->reset();
       if (absl::Status s2 = fs.SyncDir(*s.files); !s2.ok()) return s2;
       st = fs.Stat(*s.files, "0");
@@ -510,6 +515,27 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
       if (absl::StatusOr<Directory*> dir = next_dirs.Get(d, /*create=*/true); !dir.ok()) {
         return dir.status();
       }
+    }
+    // Symlinks are made in next/ like any entry of the new version; their
+    // parents are opened without following symlinks, and nothing below one
+    // is ever written (ValidateManifest), so none is followed here.
+    for (const v1::ManifestSymlink& l : manifest.symlinks()) {
+      auto [prel, lname_sv] = SplitParent(l.path());
+      const std::string lname(lname_sv);
+      absl::StatusOr<Directory*> dir = next_dirs.Get(prel, /*create=*/true);
+      if (!dir.ok()) return dir.status();
+      absl::StatusOr<std::string> have = fs.ReadLink(**dir, lname);
+      if (have.ok() && *have == l.target()) continue;  // made by an earlier run
+      if (absl::IsFailedPrecondition(have.status())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "manifest symlink ", l.path(), " collides with another entry of the new version"));
+      }
+      if (have.ok()) {
+        if (absl::Status st = fs.Unlink(**dir, lname); !st.ok()) return st;
+      } else if (!absl::IsNotFound(have.status())) {
+        return have.status();
+      }
+      if (absl::Status st = fs.Symlink(l.target(), **dir, lname); !st.ok()) return st;
     }
     if (lost.empty()) {
       if (absl::Status st = next_dirs.SyncAll(); !st.ok()) return st;

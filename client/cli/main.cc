@@ -126,6 +126,7 @@ struct CopyOptions {
   uint32_t keep = 0;
   std::string only_complete;
   bool checksum = false;
+  std::string symlinks;  // keep|follow|refuse; "" is keep
 };
 
 // A checkpoint directory of a sync SRC and the commit markers it holds.
@@ -252,6 +253,7 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
   for (const std::string& glob : o.commit_last) spec.add_commit_last(glob);
   spec.set_sync(sync);
   spec.set_checksum(o.checksum);
+  spec.set_symlinks(o.symlinks);
   spec.set_transport(o.transport);
   if (o.priority == "exchange") spec.set_priority(v1::EXCHANGE);
   if (o.priority == "background") spec.set_priority(v1::BACKGROUND);
@@ -327,7 +329,7 @@ int Status(const std::string& id, bool watch, const Globals& g) {
   if (watch) return Follow(**client, id, g, /*json_lines=*/g.json);
   auto status = (*client)->Get(id);
   if (!status.ok()) return Report(status.status());
-  std::cout << (g.json ? TransferJson(*status).str() : ProgressLine(*status)) << std::endl;
+  std::cout << (g.json ? TransferJson(*status).str() : StatusText(*status)) << std::endl;
   return kExitOk;
 }
 
@@ -503,6 +505,10 @@ int Main(int argc, char** argv) {
         ->check(CLI::IsMember({"exchange", "checkpoint", "background"}));
     cmd->add_option("--request-id", copy.request_id, "idempotency key: resubmitting returns the same transfer");
     cmd->add_option("--commit-last", copy.commit_last, "glob of commit markers to publish last (repeatable)");
+    cmd->add_option("--symlinks", copy.symlinks,
+                    "keep (in-tree relative links stay links), follow (send targets inside a "
+                    "readable export) or refuse; what is not sent is listed as skipped")
+        ->check(CLI::IsMember({"keep", "follow", "refuse"}));
     if (with_tuning) {
       cmd->add_option("--streams", copy.streams, "parallel streams")->check(CLI::Range(1, 64));
       cmd->add_option("--chunk-size", copy.chunk_size, "chunk size, e.g. 16MiB");

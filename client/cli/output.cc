@@ -110,8 +110,21 @@ JsonObject TransferJson(const v1::TransferStatus& s) {
       .Add("attempts", static_cast<uint64_t>(s.attempts()))
       .Add("destination", absl::StrCat(s.spec().dest_site(), ":/", s.spec().dest_export(), "/",
                                        s.spec().dest_path()));
+  std::vector<std::string> skipped;
+  for (const v1::SkippedEntry& e : s.skipped()) {
+    skipped.push_back(JsonObject().Add("path", e.path()).Add("why", e.why()).str());
+  }
+  o.AddRaw("skipped", JsonArray(skipped));
   if (!s.error().empty()) o.Add("error", s.error());
   return o;
+}
+
+std::string SkippedLines(const v1::TransferStatus& s) {
+  std::string out;
+  for (const v1::SkippedEntry& e : s.skipped()) {
+    absl::StrAppend(&out, "\n  skipped ", e.path(), ": ", e.why());
+  }
+  return out;
 }
 
 std::string ProgressBar(const v1::TransferStatus& s, int width) {
@@ -128,8 +141,13 @@ std::string ProgressLine(const v1::TransferStatus& s) {
   std::string line = absl::StrFormat("%s %s %.1f%% %s/%s %s streams=%u", s.id(), StateName(s.state()),
                                      Fraction(s) * 100, FormatBytes(s.bytes_done()), FormatBytes(s.bytes_total()),
                                      Rate(s.rate_bytes_per_sec()), s.active_streams());
+  if (s.skipped_size() > 0) absl::StrAppend(&line, " skipped=", s.skipped_size());
   if (!s.error().empty()) absl::StrAppend(&line, " error=\"", s.error(), "\"");
   return line;
+}
+
+std::string StatusText(const v1::TransferStatus& s) {
+  return absl::StrCat(ProgressLine(s), SkippedLines(s));
 }
 
 std::string Summary(const v1::TransferStatus& s) {
@@ -139,11 +157,12 @@ std::string Summary(const v1::TransferStatus& s) {
                                       s.id(), FormatBytes(s.bytes_total()), s.files(), s.seconds(), mbit,
                                       FormatBytes(s.resent_bytes()));
     if (s.files_unchanged() > 0) absl::StrAppend(&out, ", ", s.files_unchanged(), " files unchanged");
-    return out;
+    if (s.skipped_size() > 0) absl::StrAppend(&out, ", ", s.skipped_size(), " skipped");
+    return absl::StrCat(out, SkippedLines(s));
   }
   std::string out = absl::StrCat(s.id(), " ", StateName(s.state()));
   if (!s.error().empty()) absl::StrAppend(&out, ": ", s.error());
-  return out;
+  return absl::StrCat(out, SkippedLines(s));
 }
 
 }  // namespace longhaul::cli

@@ -45,6 +45,11 @@ std::string StateName(v1::TransferState state);
 std::string ProgressBar(const v1::TransferStatus& status, int width);
 // A plain progress line for logs.
 std::string ProgressLine(const v1::TransferStatus& status);
+// The progress line, then one line per entry the transfer skipped
+// (`longhaul status`).
+std::string StatusText(const v1::TransferStatus& status);
+// "\n  skipped PATH: WHY" for each entry the transfer skipped.
+std::string SkippedLines(const v1::TransferStatus& status);
 // The closing summary of a transfer.
 std::string Summary(const v1::TransferStatus& status);
 

@@ -219,8 +219,10 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   if (absl::Status s = storage::ValidateManifest(open.manifest(), limits); !s.ok()) {
     return fail(absl::InvalidArgumentError(absl::StrCat("manifest refused: ", s.message())));
   }
-  if (open.single_file() && open.manifest().files_size() != 1) {
-    return fail(absl::InvalidArgumentError("a single-file transfer must have exactly one file"));
+  if (open.single_file() &&
+      (open.manifest().files_size() != 1 || open.manifest().symlinks_size() != 0)) {
+    return fail(absl::InvalidArgumentError(
+        "a single-file transfer must have exactly one file and no symlink"));
   }
   if (absl::Status s = ValidateCheckpointMarker(open.checkpoint_marker()); !s.ok()) {
     return fail(s);
@@ -279,6 +281,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   v1::PeerMessage answer;
   answer.set_request_id(request.request_id());
   v1::OpenReply* reply = answer.mutable_open_reply();
+  reply->set_sparse_files(true);
   const bool published = *existing && (*existing)->state() == v1::IncomingTransfer::PUBLISHED;
   if (!published) {
     if (absl::Status s = owners_.Check(open.export_name(), dest->relative, peer_site); !s.ok()) {

@@ -233,9 +233,7 @@ absl::Status TransferSender::RunAttempt() {
   // or synced transfer) are closed unused.
   uint32_t streams = spec.streams() ? spec.streams() : options_.default_streams;
   uint64_t manifest_chunks = 0;
-  for (const v1::ManifestFile& file : manifest.files()) {
-    manifest_chunks += storage::ChunkCount(file, chunk_size);
-  }
+  storage::ForEachChunk(manifest, [&](storage::ChunkId, uint64_t) { ++manifest_chunks; });
   streams = static_cast<uint32_t>(std::min<uint64_t>(streams, manifest_chunks));
   std::vector<std::future<absl::StatusOr<std::unique_ptr<transport::Channel>>>> data_dials;
   for (uint32_t i = 0; i < streams; ++i) {
@@ -298,6 +296,14 @@ absl::Status TransferSender::RunAttempt() {
     prefixes[{p.file_index(), p.chunk_index()}] = p.durable_bytes();
   }
 
+  // A receiver that does not plan by holes expects every chunk.
+  v1::Manifest dense;
+  if (!reply.sparse_files()) {
+    dense = manifest;
+    for (v1::ManifestFile& f : *dense.mutable_files()) f.clear_sparse();
+  }
+  const v1::Manifest& plan = reply.sparse_files() ? manifest : dense;
+
   TransferProgress::Snapshot totals;
   std::deque<Chunk> queue;
   for (int f = 0; f < manifest.files_size(); ++f) {
@@ -305,8 +311,8 @@ absl::Status TransferSender::RunAttempt() {
       ++totals.files_unchanged;
       continue;
     }
-    totals.bytes_total += manifest.files(f).size();
-    storage::ForEachChunkOfFile(manifest, f, [&](storage::ChunkId id, uint64_t size) {
+    storage::ForEachChunkOfFile(plan, f, [&](storage::ChunkId id, uint64_t size) {
+      totals.bytes_total += size;
       ++totals.chunks_total;
       if (durable.contains(id)) {
         totals.bytes_done += size;
@@ -774,6 +780,7 @@ absl::Status TransferSender::RefreshChangedFile(uint32_t file_index) {
     }
     v1::ManifestFile* file = record_.mutable_manifest()->mutable_files(file_index);
     storage::RecordSourceIdentity(st, *file);
+    storage::RecordDataExtents(path, st, *file);
     file->clear_content_xxh128();
     file->set_generation(file->generation() + 1);
     copy = record_;

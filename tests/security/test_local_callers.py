@@ -113,6 +113,18 @@ class LocalCallerTest(lh.SitesTestCase):
         proc = self.cp(tree, "site-b:/ckpt/tree", user="nobody")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(os.listdir(self.sites.path("site-b", "ckpt", "tree")), ["real.bin"])
+        self.assertEqual([e["path"] for e in json.loads(proc.stdout)["skipped"]], ["leak.bin"])
+        # Followed, a symlink is sent only if its caller could read the target
+        # inside an export; the others are skipped and listed.
+        secret = self.write(os.path.join(self.export_a, "root-only.bin"), 4096, seed=5, mode=0o600)
+        os.symlink(secret, os.path.join(tree, "mine.bin"))
+        proc = self.cp(tree, "site-b:/ckpt/followed", "--symlinks", "follow", user="nobody")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(os.listdir(self.sites.path("site-b", "ckpt", "followed")), ["real.bin"])
+        skipped = {e["path"]: e["why"] for e in json.loads(proc.stdout)["skipped"]}
+        self.assertEqual(sorted(skipped), ["leak.bin", "mine.bin"])
+        self.assertIn("outside this site's exports", skipped["leak.bin"])
+        self.assertIn("may not read", skipped["mine.bin"])
 
     def test_nobody_sends_what_it_can_read_and_nothing_else(self):
         pub = os.path.join(self.export_a, "pub")

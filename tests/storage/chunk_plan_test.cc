@@ -71,6 +71,40 @@ TEST(ChunkPlanTest, ForEachChunkWalksFileByFileSkippingEmptyFiles) {
   EXPECT_EQ(of_first, (std::vector<ChunkId>{{0, 0}, {0, 1}}));
 }
 
+void AddExtent(v1::ManifestFile& f, uint64_t offset, uint64_t length) {
+  f.set_sparse(true);
+  v1::Extent* e = f.add_data();
+  e->set_offset(offset);
+  e->set_length(length);
+}
+
+TEST(ChunkPlanTest, ChunksWhollyInHolesAreNotPlanned) {
+  // 5 chunks, the last short: data in the end of chunk 1 and the start of
+  // chunk 2 (one extent across the boundary), and 1 byte of chunk 4.
+  v1::Manifest m = ManifestOf({4 * kChunk + 100});
+  v1::ManifestFile& f = *m.mutable_files(0);
+  AddExtent(f, 2 * kChunk - 10, 20);
+  AddExtent(f, 4 * kChunk + 99, 1);
+  EXPECT_EQ(ChunksOf(m), (std::vector<std::pair<ChunkId, uint64_t>>{
+                             {{0, 1}, kChunk}, {{0, 2}, kChunk}, {{0, 4}, 100}}));
+  EXPECT_EQ(PlannedBytes(f, kChunk), 2 * kChunk + 100);
+  EXPECT_FALSE(HasNoPlannedChunk(f, kChunk));
+  // Not sparse: every chunk, whatever `data` says.
+  f.set_sparse(false);
+  EXPECT_EQ(ChunksOf(m).size(), 5u);
+  EXPECT_EQ(PlannedBytes(f, kChunk), 4 * kChunk + 100);
+}
+
+TEST(ChunkPlanTest, AFileOfHolesOnlyHasNoPlannedChunk) {
+  v1::Manifest m = ManifestOf({256 * kChunk, 0, 1});
+  m.mutable_files(0)->set_sparse(true);
+  EXPECT_EQ(ChunksOf(m), (std::vector<std::pair<ChunkId, uint64_t>>{{{2, 0}, 1}}));
+  EXPECT_TRUE(HasNoPlannedChunk(m.files(0), kChunk));
+  EXPECT_TRUE(HasNoPlannedChunk(m.files(1), kChunk));
+  EXPECT_FALSE(HasNoPlannedChunk(m.files(2), kChunk));
+  EXPECT_EQ(PlannedBytes(m.files(0), kChunk), 0u);
+}
+
 TEST(ChunkIdTest, HashesAndComparesByFileThenChunk) {
   EXPECT_TRUE(absl::VerifyTypeImplementsAbslHashCorrectly(
       {ChunkId{0, 0}, ChunkId{0, 1}, ChunkId{1, 0}, ChunkId{UINT32_MAX, UINT32_MAX}}));

@@ -4,7 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "storage/chunk_plan.h"
@@ -112,6 +115,163 @@ TEST_F(BuildManifestTest, ErrorsNameThePath) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The tree of SetUp plus symlinks of every kind:
+//   link -> one.bin (in the tree), sub/up -> ../big.bin (in the tree),
+//   abs -> <absolute path of one.bin>, out -> ../outside.bin (escapes),
+//   sub/deep/dir -> .. (a directory in the tree, a loop when followed),
+//   dangling -> nowhere, odd -> ./one.bin (not in normal form).
+class SymlinkManifestTest : public BuildManifestTest {
+ protected:
+  void SetUp() override {
+    BuildManifestTest::SetUp();
+    const std::string src = dir_.Sub("src");
+    WriteFile(dir_.Sub("outside.bin"), std::string("outside"));
+    ASSERT_EQ(symlink("../big.bin", (src + "/sub/up").c_str()), 0);
+    ASSERT_EQ(symlink((src + "/one.bin").c_str(), (src + "/abs").c_str()), 0);
+    ASSERT_EQ(symlink("../outside.bin", (src + "/out").c_str()), 0);
+    ASSERT_EQ(symlink("..", (src + "/sub/deep/dir").c_str()), 0);
+    ASSERT_EQ(symlink("nowhere", (src + "/dangling").c_str()), 0);
+    ASSERT_EQ(symlink("./one.bin", (src + "/odd").c_str()), 0);
+  }
+
+  static std::map<std::string, std::string> Skipped(const ManifestBuild& b) {
+    std::map<std::string, std::string> out;
+    for (const SkippedEntry& e : b.skipped) out[e.path] = e.why;
+    return out;
+  }
+};
+
+TEST_F(SymlinkManifestTest, KeepSendsInTreeRelativeLinksAndListsTheOthers) {
+  auto b = BuildManifest({dir_.Sub("src")}, kChunk, {.symlinks = SymlinkPolicy::kKeep});
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::map<std::string, std::string> kept;
+  for (const v1::ManifestSymlink& l : b->manifest.symlinks()) kept[l.path()] = l.target();
+  EXPECT_EQ(kept, (std::map<std::string, std::string>{{"dangling", "nowhere"},
+                                                      {"link", "one.bin"},
+                                                      {"sub/deep/dir", ".."},
+                                                      {"sub/up", "../big.bin"}}));
+  const auto skipped = Skipped(*b);
+  ASSERT_EQ(skipped.size(), 3u);
+  EXPECT_NE(skipped.at("abs").find("absolute"), std::string::npos) << skipped.at("abs");
+  EXPECT_NE(skipped.at("out").find("outside the transferred tree"), std::string::npos);
+  EXPECT_NE(skipped.at("odd").find("\".\""), std::string::npos) << skipped.at("odd");
+  EXPECT_EQ(b->manifest.files_size(), 4);  // regular files only
+  EXPECT_TRUE(ValidateManifest(b->manifest).ok());
+}
+
+TEST_F(SymlinkManifestTest, KeepJudgesEachSourceOfSeveralOnItsOwn) {
+  // sub/up -> ../big.bin stays inside src, but with `sub` sent as one of
+  // several sources its target would be outside what is sent.
+  auto b = BuildManifest({dir_.Sub("src/sub"), dir_.Sub("src/one.bin")}, kChunk);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->manifest.symlinks_size(), 1);
+  EXPECT_EQ(b->manifest.symlinks(0).path(), "sub/deep/dir");
+  EXPECT_EQ(Skipped(*b).count("sub/up"), 1u);
+}
+
+TEST_F(SymlinkManifestTest, FollowSendsTargetsAndSkipsLoopsAndDanglingLinks) {
+  auto b = BuildManifest({dir_.Sub("src")}, kChunk, {.symlinks = SymlinkPolicy::kFollow});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->manifest.symlinks_size(), 0);
+  std::map<std::string, std::string> files;  // path -> followed link
+  for (int i = 0; i < b->manifest.files_size(); ++i) {
+    files[b->manifest.files(i).path()] = b->file_links[i];
+  }
+  EXPECT_EQ(files.at("link"), "link");
+  EXPECT_EQ(files.at("abs"), "abs");
+  EXPECT_EQ(files.at("out"), "out");  // the caller's access check decides
+  EXPECT_EQ(files.at("sub/up"), "sub/up");
+  EXPECT_EQ(files.at("odd"), "odd");
+  EXPECT_EQ(files.at("one.bin"), "");
+  EXPECT_EQ(b->source_paths.size(), b->file_links.size());
+  const auto skipped = Skipped(*b);
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_NE(skipped.at("dangling").find("does not exist"), std::string::npos);
+  EXPECT_NE(skipped.at("sub/deep/dir").find("loop"), std::string::npos);
+  EXPECT_TRUE(ValidateManifest(b->manifest).ok());
+
+  // A followed link whose target the caller may not read goes with all it reached.
+  DropFollowed({"out", "sub/up"}, *b);
+  for (const auto& f : b->manifest.files()) {
+    EXPECT_NE(f.path(), "out");
+    EXPECT_NE(f.path(), "sub/up");
+  }
+  EXPECT_EQ(b->source_paths.size(), static_cast<size_t>(b->manifest.files_size()));
+  EXPECT_EQ(b->file_links.size(), static_cast<size_t>(b->manifest.files_size()));
+}
+
+TEST_F(SymlinkManifestTest, FollowingALoopOfDirectoriesEnds) {
+  const std::string src = dir_.Sub("loop");
+  MakeDirs(src + "/a");
+  ASSERT_EQ(symlink("../b", (src + "/a/to-b").c_str()), 0);
+  MakeDirs(src + "/b");
+  ASSERT_EQ(symlink("../a", (src + "/b/to-a").c_str()), 0);
+  WriteFile(src + "/b/x", std::string("x"));
+  auto b = BuildManifest({src}, kChunk, {.symlinks = SymlinkPolicy::kFollow});
+  ASSERT_TRUE(b.ok()) << b.status();
+  // a/to-b/x, a/to-b/to-a is a loop; b/x, b/to-a/to-b is a loop.
+  std::vector<std::string> paths;
+  for (const auto& f : b->manifest.files()) paths.push_back(f.path());
+  EXPECT_EQ(paths, (std::vector<std::string>{"a/to-b/x", "b/x"}));
+  EXPECT_EQ(Skipped(*b).count("a/to-b/to-a"), 1u);
+  EXPECT_EQ(Skipped(*b).count("b/to-a/to-b"), 1u);
+}
+
+TEST_F(SymlinkManifestTest, RefuseFailsNamingTheLink) {
+  auto b = BuildManifest({dir_.Sub("src")}, kChunk, {.symlinks = SymlinkPolicy::kRefuse});
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(b.status().message().find(dir_.Sub("src") + "/abs"), absl::string_view::npos)
+      << b.status();
+  EXPECT_NE(b.status().message().find("--symlinks"), absl::string_view::npos);
+  // Without symlinks in the tree, refuse changes nothing.
+  EXPECT_TRUE(
+      BuildManifest({dir_.Sub("src/hollow")}, kChunk, {.symlinks = SymlinkPolicy::kRefuse}).ok());
+  EXPECT_EQ(ParseSymlinkPolicy("sometimes").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*ParseSymlinkPolicy(""), SymlinkPolicy::kKeep);
+}
+
+TEST_F(BuildManifestTest, SpecialFilesAreListedAsSkipped) {
+  ASSERT_EQ(mkfifo(dir_.Sub("src/fifo").c_str(), 0600), 0);
+  auto b = BuildManifest({dir_.Sub("src")}, kChunk);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(b->skipped.size(), 1u);
+  EXPECT_EQ(b->skipped[0].path, "fifo");
+}
+
+TEST_F(BuildManifestTest, SparseFilesCarryTheirDataExtents) {
+  const std::string path = dir_.Sub("sparse/file");
+  MakeDirs(dir_.Sub("sparse"));
+  const off_t size = off_t{64} << 20;
+  {
+    const int fd = open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, size), 0);
+    const std::string data(256 << 10, 'd');
+    ASSERT_EQ(pwrite(fd, data.data(), data.size(), off_t{8} << 20),
+              static_cast<ssize_t>(data.size()));
+    close(fd);
+  }
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  if (st.st_blocks * 512 >= size) GTEST_SKIP() << "the test directory's file system keeps no holes";
+  auto b = BuildManifest({dir_.Sub("sparse")}, kChunk);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const v1::ManifestFile& f = b->manifest.files(0);
+  ASSERT_TRUE(f.sparse());
+  uint64_t data_bytes = 0;
+  for (const v1::Extent& e : f.data()) {
+    EXPECT_LE(e.offset(), uint64_t{8} << 20);
+    EXPECT_GE(e.offset() + e.length(), (uint64_t{8} << 20) + (256 << 10));
+    data_bytes += e.length();
+  }
+  EXPECT_GE(data_bytes, uint64_t{256} << 10);
+  EXPECT_LT(data_bytes, uint64_t{2} << 20);  // file systems round to blocks, not more
+  EXPECT_LE(PlannedBytes(f, kChunk), uint64_t{2} << 20);
+  EXPECT_TRUE(ValidateManifest(b->manifest).ok());
+  // A file without holes is not sparse.
+  EXPECT_FALSE(BuildManifest({dir_.Sub("src/big.bin")}, kChunk)->manifest.files(0).sparse());
 }
 
 TEST_F(BuildManifestTest, SourceChangeIsDetected) {
@@ -251,6 +411,95 @@ TEST(ValidateManifestTest, RejectsDuplicatesAndFileDirectoryClashes) {
   v1::Manifest bad_dir = Good();
   bad_dir.add_empty_dirs("../x");
   EXPECT_EQ(ValidateManifest(bad_dir).code(), absl::StatusCode::kInvalidArgument);
+}
+
+v1::Manifest WithSymlink(const std::string& path, const std::string& target) {
+  v1::Manifest m = Good();
+  v1::ManifestSymlink* l = m.add_symlinks();
+  l->set_path(path);
+  l->set_target(target);
+  return m;
+}
+
+TEST(ValidateManifestTest, AcceptsSymlinksThatStayInTheTree) {
+  for (const auto& [path, target] : std::vector<std::pair<std::string, std::string>>{
+           {"latest", "a/d.bin"}, {"a/b/up", "../../e"}, {"a/top", ".."}, {"x", "nowhere"}}) {
+    absl::Status s = ValidateManifest(WithSymlink(path, target));
+    EXPECT_TRUE(s.ok()) << path << " -> " << target << ": " << s;
+  }
+}
+
+// What a hostile peer could send to make the destination point, or write,
+// outside the transferred tree.
+TEST(ValidateManifestTest, RejectsSymlinksThatEscapeOrClash) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"l", "/etc/passwd"},     // absolute
+      {"l", ".."},              // the tree's parent
+      {"a/l", "../.."},         // likewise from a subdirectory
+      {"a/b/l", "../../../x"},  // one ".." too many
+      {"l", "a/../../x"},       // ".." after a name
+      {"l", "a/b/../../.."},    // escapes only after normalization
+      {"l", "./x"},             // not in normal form
+      {"l", "a//b"},            // empty component
+      {"l", ""},                // empty target
+      {"l", std::string("a\0b", 3)},
+      {"../l", "x"},  // bad link path
+      {"/l", "x"},
+      {"e", "a/d.bin"},      // the path of a file
+      {"a/empty", "x"},      // the path of an empty dir
+      {"a/b/c.bin/l", "x"},  // below a file
+  };
+  for (const auto& [path, target] : bad) {
+    absl::Status s = ValidateManifest(WithSymlink(path, target));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << path << " -> " << target;
+  }
+  // A symlink as the parent of another entry: writing that entry would go
+  // through the symlink.
+  v1::Manifest through = WithSymlink("a/b", "../e");
+  absl::Status s = ValidateManifest(through);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("symlink"), absl::string_view::npos) << s;
+  v1::Manifest twice = WithSymlink("l", "e");
+  *twice.add_symlinks() = twice.symlinks(0);
+  EXPECT_EQ(ValidateManifest(twice).code(), absl::StatusCode::kInvalidArgument);
+  v1::Manifest over_dir = WithSymlink("a/empty/l", "x");
+  over_dir.mutable_symlinks(0)->set_path("q");
+  over_dir.add_empty_dirs("q/sub");
+  EXPECT_EQ(ValidateManifest(over_dir).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A peer's extents decide which chunks it never sends: they must be sane.
+TEST(ValidateManifestTest, RejectsDataExtentsThatLieOrOverlap) {
+  auto with = [](bool sparse, std::vector<std::pair<uint64_t, uint64_t>> extents) {
+    v1::Manifest m = Good();  // files of 100 bytes
+    v1::ManifestFile* f = m.mutable_files(0);
+    f->set_sparse(sparse);
+    for (const auto& [offset, length] : extents) {
+      v1::Extent* e = f->add_data();
+      e->set_offset(offset);
+      e->set_length(length);
+    }
+    return ValidateManifest(m);
+  };
+  EXPECT_TRUE(with(true, {}).ok());  // all holes
+  EXPECT_TRUE(with(true, {{0, 10}, {50, 50}}).ok());
+  EXPECT_EQ(with(false, {{0, 10}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with(true, {{0, 10}, {5, 10}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with(true, {{50, 10}, {0, 10}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with(true, {{10, 0}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with(true, {{90, 11}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with(true, {{100, 1}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(with(true, {{1, UINT64_MAX}}).code(), absl::StatusCode::kInvalidArgument);
+  ManifestLimits limits;
+  limits.max_data_extents = 1;
+  v1::Manifest two = Good();
+  two.mutable_files(0)->set_sparse(true);
+  for (uint64_t o : {0, 10}) {
+    v1::Extent* e = two.mutable_files(0)->add_data();
+    e->set_offset(o);
+    e->set_length(1);
+  }
+  EXPECT_EQ(ValidateManifest(two, limits).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ValidateManifestTest, RejectsHugeSizesAndBadModes) {

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -73,8 +74,13 @@ class StagingTest : public ::testing::Test {
     }
   }
 
-  void ExpectPublished(const std::string& root) {
-    for (int i = 0; i < m_.files_size(); ++i) {
+  void ExpectPublished(const std::string& root) { ExpectPublishedFiles(root, m_.files_size()); }
+  void ExpectPublishedExceptLast(const std::string& root) {
+    ExpectPublishedFiles(root, m_.files_size() - 1);
+  }
+
+  void ExpectPublishedFiles(const std::string& root, int files) {
+    for (int i = 0; i < files; ++i) {
       const v1::ManifestFile& f = m_.files(i);
       const std::string path = root + "/" + f.path();
       auto data = Bytes(f.size(), i);
@@ -410,6 +416,112 @@ TEST_F(StagingTest, RefusesToPublishThroughASymlink) {
   absl::Status st = s->Publish(m_, opts_);
   EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
   EXPECT_FALSE(Exists(dir_.Sub("outside/step")));
+}
+
+TEST_F(StagingTest, SymlinksArePublishedWithTheTree) {
+  const std::string dest = dir_.Sub("export/ckpt");
+  v1::ManifestSymlink* latest = m_.add_symlinks();
+  latest->set_path("latest");
+  latest->set_target("nested/shard-1.distcp");
+  v1::ManifestSymlink* up = m_.add_symlinks();
+  up->set_path("nested/up");
+  up->set_target("../shard-0.distcp");
+  auto s = Open("ckpt", "t-links");
+  ASSERT_TRUE(s.ok()) << s.status();
+  StageAll(*s);
+  opts_.before_install = [&] { EXPECT_FALSE(Exists(dest)); };
+  absl::Status st = s->Publish(m_, opts_);
+  ASSERT_TRUE(st.ok()) << st;
+  ExpectPublished(dest);
+  auto read_link = [](const std::string& path) {
+    char target[256];
+    const ssize_t n = readlink(path.c_str(), target, sizeof(target));
+    return n < 0 ? std::string("(not a symlink)") : std::string(target, n);
+  };
+  EXPECT_EQ(read_link(dest + "/latest"), "nested/shard-1.distcp");
+  EXPECT_EQ(read_link(dest + "/nested/up"), "../shard-0.distcp");
+  EXPECT_EQ(ReadFile(dest + "/latest"), ReadFile(dest + "/nested/shard-1.distcp"));
+}
+
+// A symlink planted inside staging (by someone with write access to the
+// export) where publish builds the new version: publish refuses to go
+// through it, and nothing lands where it points.
+TEST_F(StagingTest, APlantedSymlinkInStagingDoesNotRedirectPublish) {
+  const std::string outside = dir_.Sub("outside");
+  MakeDirs(outside);
+  auto s = Open("ckpt", "t-planted");
+  ASSERT_TRUE(s.ok()) << s.status();
+  StageAll(*s);
+  // next/nested is where nested/shard-1.distcp and nested/COMPLETE go.
+  MakeDirs(s->dir() + "/next");
+  ASSERT_EQ(symlink(outside.c_str(), (s->dir() + "/next/nested").c_str()), 0);
+  absl::Status st = s->Publish(m_, opts_);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  EXPECT_FALSE(Exists(outside + "/shard-1.distcp"));
+  EXPECT_FALSE(Exists(outside + "/COMPLETE"));
+  EXPECT_FALSE(Exists(dir_.Sub("export/ckpt")));
+
+  // A staged file swapped for a symlink to a file outside: not finalized
+  // (chmod/utimes) nor moved through.
+  ASSERT_EQ(unlink((s->dir() + "/next/nested").c_str()), 0);
+  WriteFile(outside + "/victim", std::string("precious"));
+  ASSERT_EQ(chmod((outside + "/victim").c_str(), 0600), 0);
+  ASSERT_EQ(unlink((s->dir() + "/f/4").c_str()), 0);  // model.index.json
+  ASSERT_EQ(symlink((outside + "/victim").c_str(), (s->dir() + "/f/4").c_str()), 0);
+  std::vector<uint32_t> resend;
+  st = s->Publish(m_, opts_, &resend);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(resend, std::vector<uint32_t>{4});
+  EXPECT_EQ(ReadFile(outside + "/victim"), "precious");
+  struct stat vst;
+  ASSERT_EQ(stat((outside + "/victim").c_str(), &vst), 0);
+  EXPECT_EQ(vst.st_mode & 07777, 0600u);
+  EXPECT_FALSE(Exists(dir_.Sub("export/ckpt")));
+}
+
+// A symlink of the manifest is never a directory publish writes through,
+// even if a hostile manifest got past validation.
+TEST_F(StagingTest, ASymlinkEntryAtAFilesParentIsNotFollowed) {
+  const std::string outside = dir_.Sub("outside");
+  MakeDirs(outside);
+  v1::ManifestSymlink* evil = m_.add_symlinks();
+  evil->set_path("nested");
+  evil->set_target("../../../outside");
+  auto s = Open("ckpt", "t-evil");
+  ASSERT_TRUE(s.ok()) << s.status();
+  StageAll(*s);
+  absl::Status st = s->Publish(m_, opts_);
+  EXPECT_FALSE(st.ok());
+  EXPECT_FALSE(Exists(outside + "/shard-1.distcp"));
+  EXPECT_FALSE(Exists(dir_.Sub("export/ckpt")));
+}
+
+// A sparse file whose chunks all lie in holes gets no chunk: publish makes
+// it at its size, all hole.
+TEST_F(StagingTest, AFileOfHolesOnlyIsPublishedAtItsSizeAsAHole) {
+  const std::string dest = dir_.Sub("export/ckpt");
+  v1::ManifestFile hollow = File("hollow.bin", uint64_t{32} << 20, 0644, kMtime + 5);
+  hollow.set_sparse(true);
+  auto s = Open("ckpt", "t-hollow");
+  ASSERT_TRUE(s.ok()) << s.status();
+  StageAll(*s);
+  *m_.add_files() = hollow;
+  absl::Status st = s->Publish(m_, opts_);
+  ASSERT_TRUE(st.ok()) << st;
+  ExpectPublishedExceptLast(dest);
+  struct stat hs;
+  ASSERT_EQ(stat((dest + "/hollow.bin").c_str(), &hs), 0);
+  EXPECT_EQ(static_cast<uint64_t>(hs.st_size), hollow.size());
+  EXPECT_LT(hs.st_blocks * 512, 1 << 20);  // a hole, not 32 MiB of zeros
+  EXPECT_EQ(hs.st_mtim.tv_sec * 1000000000LL + hs.st_mtim.tv_nsec, hollow.mtime_ns());
+  // Without `sparse` the same missing staged file is lost bytes, asked for again.
+  auto again = Open("ckpt2", "t-hollow2");
+  ASSERT_TRUE(again.ok());
+  m_.mutable_files(m_.files_size() - 1)->set_sparse(false);
+  std::vector<uint32_t> resend;
+  st = again->Publish(m_, opts_, &resend);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_NE(std::find(resend.begin(), resend.end(), 5u), resend.end());
 }
 
 TEST_F(StagingTest, AStagedFileUsesDiskOnlyForTheBytesReceived) {

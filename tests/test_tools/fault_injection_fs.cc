@@ -289,12 +289,13 @@ void FaultInjectionFileSystem::PutFile(const std::string& path, const std::strin
   CommitMetadata();
 }
 
-void FaultInjectionFileSystem::PutSymlink(const std::string& path) {
+void FaultInjectionFileSystem::PutSymlink(const std::string& path, const std::string& target) {
   const size_t slash = path.rfind('/');
   MakeDirs(path.substr(0, slash));
   absl::MutexLock lock(&mu_);
   const uint64_t parent = *Walk(path.substr(0, slash));
   const uint64_t ino = NewNode(Kind::kSymlink);
+  nodes_[ino].data = target;
   nodes_[parent].entries[path.substr(slash + 1)] = ino;
   CommitMetadata();
 }
@@ -313,7 +314,7 @@ std::optional<std::map<std::string, std::string>> FaultInjectionFileSystem::Tree
     if (n.kind == Kind::kFile) {
       out[rel] = n.data;
     } else if (n.kind == Kind::kSymlink) {
-      out[rel] = "<symlink>";
+      out[rel] = n.data.empty() ? "<symlink>" : "-> " + n.data;
     } else {
       if (!rel.empty()) out[rel + "/"] = "";
       for (const auto& [name, child] : n.entries) {
@@ -470,6 +471,40 @@ absl::Status FaultInjectionFileSystem::Link(Directory& from_dir, const std::stri
   }
   nodes_[static_cast<MemDirectory&>(to_dir).ino].entries[to] = src->second;
   return absl::OkStatus();
+}
+
+absl::Status FaultInjectionFileSystem::Symlink(const std::string& target, Directory& dir,
+                                               const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Node*> parent = DirOf(dir);
+  if (!parent.ok()) return parent.status();
+  if ((*parent)->entries.contains(name)) {
+    return absl::AlreadyExistsError(Join(dir.path(), name) + " exists");
+  }
+  if (absl::Status s = Step(absl::StrCat("symlink ", Join(dir.path(), name), " -> ", target));
+      !s.ok()) {
+    return s;
+  }
+  const uint64_t ino = NewNode(Kind::kSymlink);
+  nodes_[ino].data = target;
+  nodes_[static_cast<MemDirectory&>(dir).ino].entries[name] = ino;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> FaultInjectionFileSystem::ReadLink(Directory& dir,
+                                                               const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Node*> parent = DirOf(dir);
+  if (!parent.ok()) return parent.status();
+  auto it = (*parent)->entries.find(name);
+  if (it == (*parent)->entries.end()) {
+    return absl::NotFoundError(Join(dir.path(), name) + " does not exist");
+  }
+  const Node& n = nodes_[it->second];
+  if (n.kind != Kind::kSymlink) {
+    return absl::FailedPreconditionError(Join(dir.path(), name) + " is not a symlink");
+  }
+  return n.data;
 }
 
 absl::Status FaultInjectionFileSystem::Unlink(Directory& dir, const std::string& name) {

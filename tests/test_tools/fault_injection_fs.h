@@ -60,9 +60,10 @@ class FaultInjectionFileSystem : public FileSystem {
   void MakeDirs(const std::string& path);
   void PutFile(const std::string& path, const std::string& contents, int64_t mtime_ns = 0,
                uint32_t mode = 0644);
-  void PutSymlink(const std::string& path);
+  void PutSymlink(const std::string& path, const std::string& target = "");
   // What a reader sees now: every regular file below `path`, by relative
-  // path, with its contents, and every directory (relative path + "/").
+  // path, with its contents, every directory (relative path + "/") and
+  // every symlink ("<symlink>" or "-> target" when it has one).
   // nullopt when `path` does not exist.
   std::optional<std::map<std::string, std::string>> Tree(const std::string& path) const;
 
@@ -77,6 +78,8 @@ class FaultInjectionFileSystem : public FileSystem {
                       const std::string& to, RenameMode mode) override;
   absl::Status Link(Directory& from_dir, const std::string& from, Directory& to_dir,
                     const std::string& to) override;
+  absl::Status Symlink(const std::string& target, Directory& dir, const std::string& name) override;
+  absl::StatusOr<std::string> ReadLink(Directory& dir, const std::string& name) override;
   absl::Status Unlink(Directory& dir, const std::string& name) override;
   absl::Status RemoveDir(Directory& dir, const std::string& name) override;
   absl::StatusOr<std::vector<std::string>> List(Directory& dir) override;
@@ -88,7 +91,7 @@ class FaultInjectionFileSystem : public FileSystem {
   enum class Kind { kFile, kDir, kSymlink };
   struct Node {
     Kind kind = Kind::kFile;
-    std::string data;  // kFile
+    std::string data;  // kFile; kSymlink: the target
     uint32_t mode = 0644;
     int64_t mtime_ns = 0;
     std::map<std::string, uint64_t> entries;  // kDir

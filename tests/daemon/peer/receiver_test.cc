@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "daemon/peer/memory_budget.h"
 #include "daemon/peer/messaging.h"
@@ -230,6 +231,54 @@ TEST_F(ReceiverAuthorizationTest, AWriterMayNotOpenInsideAnotherSitesPublishedDe
       << answer.error();
   EXPECT_EQ(fs_->Tree(export_ + "/.longhaul"), std::nullopt);
   EXPECT_EQ(OpenAs(receiver, "site-c", "t-c2", "ckpt/other").error(), "");
+}
+
+// A hostile writer's manifest with a symlink that would point, or make a
+// later write go, outside the transferred tree: refused before anything is
+// written, and the refusal says which entry.
+TEST_F(ReceiverAuthorizationTest, AManifestSymlinkLeavingTheTreeIsRefusedAndNothingIsWritten) {
+  Receiver receiver(options_, *journal_, *fs_);
+  const auto before = fs_->Tree(export_);
+  const std::vector<std::pair<std::string, std::string>> hostile = {{"evil", "../../etc"},
+                                                                    {"evil", "/etc/passwd"},
+                                                                    {"sub/evil", "../../x"},
+                                                                    {"evil", "sub/../../x"}};
+  int n = 0;
+  for (const auto& [path, target] : hostile) {
+    v1::PeerMessage request;
+    v1::OpenRequest* open = request.mutable_open();
+    const std::string id = absl::StrCat("t-evil-", n++);
+    open->set_transfer_id(id);
+    open->set_export_name("ckpt");
+    open->set_dest_path("ckpt/new");
+    *open->mutable_manifest() = record_.manifest();
+    v1::ManifestSymlink* link = open->mutable_manifest()->add_symlinks();
+    link->set_path(path);
+    link->set_target(target);
+    v1::PeerMessage answer = Call(receiver, "site-a", id, request);
+    EXPECT_EQ(answer.error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
+        << path << " -> " << target;
+    EXPECT_NE(answer.error().find("manifest symlink 0"), std::string::npos) << answer.error();
+    EXPECT_FALSE(answer.retryable());
+    EXPECT_EQ(fs_->Tree(export_), before);
+  }
+  // A symlink over the parent of a file of the manifest (a write to the file
+  // would go through it).
+  v1::PeerMessage request;
+  v1::OpenRequest* open = request.mutable_open();
+  open->set_transfer_id("t-over");
+  open->set_export_name("ckpt");
+  open->set_dest_path("ckpt/new");
+  *open->mutable_manifest() = record_.manifest();
+  v1::ManifestFile* below = open->mutable_manifest()->add_files();
+  below->set_path("dir/file");
+  v1::ManifestSymlink* link = open->mutable_manifest()->add_symlinks();
+  link->set_path("dir");
+  link->set_target("shard-0");
+  v1::PeerMessage answer = Call(receiver, "site-a", "t-over", request);
+  EXPECT_EQ(answer.error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(answer.error().find("is also a symlink"), std::string::npos) << answer.error();
+  EXPECT_EQ(fs_->Tree(export_), before);
 }
 
 TEST_F(ReceiverAuthorizationTest, AnAbortFromASiteThatMayWriteNowhereLeavesNoRecord) {
