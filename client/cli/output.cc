@@ -110,6 +110,12 @@ JsonObject TransferJson(const v1::TransferStatus& s) {
       .Add("attempts", static_cast<uint64_t>(s.attempts()))
       .Add("destination", absl::StrCat(s.spec().dest_site(), ":/", s.spec().dest_export(), "/",
                                        s.spec().dest_path()));
+  // Pull and third-party copy: where the data comes from, and who asked.
+  if (!s.spec().source_site().empty()) {
+    o.Add("source", absl::StrCat(s.spec().source_site(), ":/", s.spec().source_export(), "/",
+                                 s.spec().source_path()));
+  }
+  if (!s.spec().requested_by().empty()) o.Add("requested_by", s.spec().requested_by());
   if (!s.error().empty()) o.Add("error", s.error());
   return o;
 }
