@@ -284,7 +284,7 @@ class PullResumeTest(PullTestCase):
             time.sleep(0.02)
         self.fail("no progress")
 
-    def finish(self, src, tid):
+    def finish(self, src, tid, min_attempts):
         done = self.sites.wait_state("b", tid, {"COMPLETED", "FAILED"}, timeout=300)
         self.assertEqual(done["state"], "COMPLETED", done.get("error"))
         self.assertEqual(lh.tree_digest(src), lh.tree_digest(self.dest("big")))
@@ -292,21 +292,21 @@ class PullResumeTest(PullTestCase):
         self.assertEqual(at_a["state"], "COMPLETED")
         # Nothing durable was sent again: at most one chunk per stream.
         self.assertLessEqual(at_a["resent_bytes"], STREAMS * CHUNK)
-        self.assertGreaterEqual(at_a["attempts"], 2)
+        self.assertGreaterEqual(at_a["attempts"], min_attempts)
 
     def test_pull_resumes_after_the_destination_is_sigkilled(self):
         src, tid = self.start_big_pull()
         self.wait_progress(tid, 0.3)
         self.sites.kill("site-b")
         self.sites.up()  # restarts site-b, which still grants the pull from its journal
-        self.finish(src, tid)
+        self.finish(src, tid, min_attempts=2)
 
     def test_pull_resumes_after_the_source_is_sigkilled(self):
         src, tid = self.start_big_pull()
         self.wait_progress(tid, 0.3)
         self.sites.kill("site-a")
         self.sites.up()  # restarts site-a, which resumes the push from its journal
-        self.finish(src, tid)
+        self.finish(src, tid, min_attempts=1)
 
 
 if __name__ == "__main__":
