@@ -190,7 +190,8 @@ void Daemon::StartReceiverAndRouter() {
   // buffers here, and the exchange hub's unclaimed messages, from one budget.
   memory_budget_ = std::make_unique<peer::PeerMemoryBudget>(config_.peer_limits.memory_per_peer);
   peer::ReceiverOptions receiver_options = ReceiverOptionsFor(config_);
-  receiver_options.pull_granted = [this](absl::string_view source_site, absl::string_view export_name,
+  receiver_options.pull_granted = [this](absl::string_view source_site,
+                                         absl::string_view export_name,
                                          absl::string_view dest_path) {
     return manager_->PullGranted(source_site, export_name, dest_path);
   };

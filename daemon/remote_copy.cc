@@ -20,13 +20,13 @@ absl::StatusOr<const ExportConfig*> CheckRemoteSubmit(const DaemonConfig& config
   // Who asks is the channel's certificate; a request claiming someone else
   // is refused rather than silently corrected, so the attempt is logged.
   if (!spec.requested_by().empty() && spec.requested_by() != requester) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("the request names '", spec.requested_by(), "' as its requester, but it came from ",
-                     requester, " (by its certificate); refused"));
+    return absl::PermissionDeniedError(absl::StrCat("the request names '", spec.requested_by(),
+                                                    "' as its requester, but it came from ",
+                                                    requester, " (by its certificate); refused"));
   }
   if (!spec.source_site().empty() && spec.source_site() != config.site) {
-    return absl::InvalidArgumentError(absl::StrCat("the request names source site '",
-                                                   spec.source_site(), "', but this is ", config.site));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request names source site '", spec.source_site(), "', but this is ", config.site));
   }
   const ExportConfig* e = config.FindExport(spec.source_export());
   if (e == nullptr) {
@@ -34,14 +34,14 @@ absl::StatusOr<const ExportConfig*> CheckRemoteSubmit(const DaemonConfig& config
         absl::StrCat(config.site, " has no export '", spec.source_export(), "'"));
   }
   if (!e->IsReader(requester)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        config.site, "'s export '", e->name, "' does not list ", requester,
-        " in readers; add it to exports[].readers at ", config.site));
+    return absl::PermissionDeniedError(
+        absl::StrCat(config.site, "'s export '", e->name, "' does not list ", requester,
+                     " in readers; add it to exports[].readers at ", config.site));
   }
   const std::string& path = spec.source_path();
   if (path.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "name a path below ", config.site, ":/", e->name, "/; a whole export is not sent"));
+    return absl::InvalidArgumentError(absl::StrCat("name a path below ", config.site, ":/", e->name,
+                                                   "/; a whole export is not sent"));
   }
   if (path.front() == '/') {
     return absl::InvalidArgumentError(
@@ -50,13 +50,13 @@ absl::StatusOr<const ExportConfig*> CheckRemoteSubmit(const DaemonConfig& config
   const std::vector<std::string> parts = absl::StrSplit(path, '/');
   for (const std::string& part : parts) {
     if (part.empty() || part == "." || part == ".." || part.find('\0') != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "source path '", path, "' must be clean: no empty, '.' or '..' components"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("source path '", path, "' must be clean: no empty, '.' or '..' components"));
     }
   }
   if (parts.front() == ".longhaul") {
-    return absl::PermissionDeniedError(absl::StrCat(
-        config.site, " does not send its own work directory ", e->name, "/.longhaul"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(config.site, " does not send its own work directory ", e->name, "/.longhaul"));
   }
   if (spec.dest_site() == config.site) {
     return absl::InvalidArgumentError(
@@ -77,8 +77,8 @@ absl::StatusOr<v1::TransferStatus> CallRemote(transport::Transport& transport,
   hello.set_role(v1::Hello::REMOTE);
   auto channel = peer::DialSession(transport, site.site, site.address, hello);
   if (!channel.ok()) {
-    return absl::Status(channel.status().code(), absl::StrCat("cannot reach ", site.site, ": ",
-                                                              channel.status().message()));
+    return absl::Status(channel.status().code(),
+                        absl::StrCat("cannot reach ", site.site, ": ", channel.status().message()));
   }
   auto answer = peer::Call(**channel, /*session_id=*/0, std::move(request));
   if (!answer.ok()) return answer.status();

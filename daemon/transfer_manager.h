@@ -116,7 +116,8 @@ class TransferManager {
                                                    const std::string& request_id,
                                                    v1::TransferSpec spec);
   // Status and cancel of a transfer `requester` asked for; NotFound for any other.
-  absl::StatusOr<v1::TransferStatus> GetForPeer(const std::string& requester, const std::string& id);
+  absl::StatusOr<v1::TransferStatus> GetForPeer(const std::string& requester,
+                                                const std::string& id);
   absl::StatusOr<v1::TransferStatus> CancelForPeer(const std::string& requester,
                                                    const std::string& id);
 

@@ -20,7 +20,8 @@ namespace {
 
 std::string NewRequestId() {
   absl::BitGen gen;
-  return absl::StrFormat("r-%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
+  return absl::StrFormat("r-%016x%016x", absl::Uniform<uint64_t>(gen),
+                         absl::Uniform<uint64_t>(gen));
 }
 
 // The idempotency key of a peer's request in this site's journal: scoped by
@@ -45,7 +46,10 @@ absl::Status TransferManager::RunsElsewhere(const v1::OutgoingTransfer& record,
                                             absl::string_view what) const {
   return absl::FailedPreconditionError(absl::StrCat(
       "transfer ", record.id(), " is sent by ", record.spec().source_site(),
-      " on this site's request; it can be ", what, " there (`longhaul --daemon ADDR ", what == "paused" ? "pause" : what == "resumed" ? "resume" : "verify",
+      " on this site's request; it can be ", what, " there (`longhaul --daemon ADDR ",
+      what == "paused"    ? "pause"
+      : what == "resumed" ? "resume"
+                          : "verify",
       " ", record.id(), "` at ", record.spec().source_site(), "), and cancelled here"));
 }
 
@@ -59,7 +63,8 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitRemote(const std::stri
     return absl::InvalidArgumentError("requested_by is set by a source site only");
   }
   if (spec.sources_size() > 0) {
-    return absl::InvalidArgumentError("a copy has either local sources or one remote source, not both");
+    return absl::InvalidArgumentError(
+        "a copy has either local sources or one remote source, not both");
   }
   if (spec.source_site() == config_.site) {
     // This site is the source: an ordinary push, with the caller's rights.
@@ -79,8 +84,8 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitRemote(const std::stri
     std::vector<std::string> sites;
     for (const PeerConfig& p : config_.peers) sites.push_back(p.site);
     return absl::InvalidArgumentError(absl::StrCat(
-        "unknown source site '", spec.source_site(), "'; configured peers: ",
-        sites.empty() ? "(none)" : absl::StrJoin(sites, ", ")));
+        "unknown source site '", spec.source_site(),
+        "'; configured peers: ", sites.empty() ? "(none)" : absl::StrJoin(sites, ", ")));
   }
   if (spec.dest_site() == spec.source_site()) {
     return absl::InvalidArgumentError(
@@ -129,8 +134,8 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitRemote(const std::stri
     } else {
       absl::MutexLock lock(&mu_);
       if (transfers_.contains(id)) {
-        valid = absl::AlreadyExistsError(absl::StrCat(
-            source->site, " answered with transfer id ", id, ", which this site already uses"));
+        valid = absl::AlreadyExistsError(absl::StrCat(source->site, " answered with transfer id ",
+                                                      id, ", which this site already uses"));
       }
     }
   }
@@ -173,8 +178,8 @@ void TransferManager::RefreshRemote(const std::string& id) {
     Transfer& t = **found;
     if (!IsRemote(t.record) || IsEndState(t.record.state())) return;
     const Timestamp now = clock_.Now();
-    if (t.remote_asked &&
-        now - *t.remote_asked < TimeDelta::Microseconds(absl::ToInt64Microseconds(kRemoteRefresh))) {
+    if (t.remote_asked && now - *t.remote_asked <
+                              TimeDelta::Microseconds(absl::ToInt64Microseconds(kRemoteRefresh))) {
       return;
     }
     t.remote_asked = now;  // one question at a time, also from concurrent Gets
@@ -200,9 +205,9 @@ void TransferManager::RefreshRemote(const std::string& id) {
     t.record.set_finished_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
     PersistLocked(t).IgnoreError();  // logged
   } else {
-    t.remote_error = absl::StrCat("cannot ask ", site, " for the transfer's state: ",
-                                  answer.ok() ? "it answered about another transfer"
-                                              : answer.status().message());
+    t.remote_error = absl::StrCat(
+        "cannot ask ", site, " for the transfer's state: ",
+        answer.ok() ? "it answered about another transfer" : answer.status().message());
     NoteChange();
   }
 }
@@ -213,7 +218,8 @@ void TransferManager::ApplyRemoteLocked(Transfer& t, const v1::TransferStatus& s
     t.record.set_state(status.state());
     t.record.set_error(status.error());
     t.record.set_bytes_done(status.bytes_done());
-    if (IsEndState(status.state())) t.record.set_finished_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
+    if (IsEndState(status.state()))
+      t.record.set_finished_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
     PersistLocked(t).IgnoreError();  // logged
   }
   NoteChange();
@@ -232,7 +238,8 @@ v1::TransferStatus TransferManager::RemoteStatusOf(const Transfer& t) const {
   return status;
 }
 
-absl::StatusOr<v1::TransferStatus> TransferManager::CancelRemote(const v1::OutgoingTransfer& record) {
+absl::StatusOr<v1::TransferStatus> TransferManager::CancelRemote(
+    const v1::OutgoingTransfer& record) {
   const PeerConfig* peer = config_.FindPeer(record.spec().source_site());
   if (peer == nullptr) {
     return absl::FailedPreconditionError(
@@ -292,7 +299,8 @@ absl::StatusOr<v1::TransferStatus> TransferManager::GetForPeer(const std::string
     absl::MutexLock lock(&mu_);
     auto found = FindLocked(id);
     if (!found.ok() || (*found)->record.spec().requested_by() != requester) {
-      return absl::NotFoundError(absl::StrCat(config_.site, " has no transfer ", id, " requested by ", requester));
+      return absl::NotFoundError(
+          absl::StrCat(config_.site, " has no transfer ", id, " requested by ", requester));
     }
   }
   return Get(id);
@@ -304,7 +312,8 @@ absl::StatusOr<v1::TransferStatus> TransferManager::CancelForPeer(const std::str
   absl::StatusOr<v1::TransferStatus> cancelled = Cancel(id);
   if (!cancelled.ok() && absl::IsFailedPrecondition(cancelled.status())) {
     // Already ended or published before the cancel: the requester sees the end state.
-    spdlog::info("cancel of transfer {} asked by {}: {}", id, requester, cancelled.status().message());
+    spdlog::info("cancel of transfer {} asked by {}: {}", id, requester,
+                 cancelled.status().message());
     return Get(id);
   }
   return cancelled;
@@ -315,14 +324,13 @@ void TransferManager::ServeRemote(transport::Channel& channel) {
   while (true) {
     v1::PeerMessage request;
     size_t held = 0;
-    absl::Status read = wire::ReadProto(channel, wire::FrameType::kControl, /*session_id=*/0,
-                                        &request, [&](size_t added) {
-                                          held += added;
-                                          if (held <= kMaxRemoteMessage) return absl::OkStatus();
-                                          return absl::ResourceExhaustedError(absl::StrCat(
-                                              "a remote request is at most ", kMaxRemoteMessage,
-                                              " bytes"));
-                                        });
+    absl::Status read = wire::ReadProto(
+        channel, wire::FrameType::kControl, /*session_id=*/0, &request, [&](size_t added) {
+          held += added;
+          if (held <= kMaxRemoteMessage) return absl::OkStatus();
+          return absl::ResourceExhaustedError(
+              absl::StrCat("a remote request is at most ", kMaxRemoteMessage, " bytes"));
+        });
     if (!read.ok()) {
       if (!absl::IsUnavailable(read)) {
         spdlog::warn("closing remote request channel from {}: {}", requester, read.message());
@@ -351,7 +359,8 @@ void TransferManager::ServeRemote(transport::Channel& channel) {
     } else {
       answer = peer::ErrorAnswer(request.request_id(), result.status());
       if (request.body_case() == v1::PeerMessage::kRemoteSubmit) {
-        spdlog::warn("refused remote copy requested by {}: {}", requester, result.status().message());
+        spdlog::warn("refused remote copy requested by {}: {}", requester,
+                     result.status().message());
       }
     }
     if (!wire::SendProto(channel, wire::FrameType::kControl, 0, answer).ok()) return;

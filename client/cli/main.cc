@@ -233,8 +233,9 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
   // rsync, a colon before the first slash; write ./a:b for a local file).
   if (IsRemoteLocation(o.args.front())) {
     if (o.args.size() != 2) {
-      std::fprintf(stderr, "longhaul: a remote source SITE:/EXPORT/PATH is copied alone; give one "
-                           "source and the destination\n");
+      std::fprintf(stderr,
+                   "longhaul: a remote source SITE:/EXPORT/PATH is copied alone; give one "
+                   "source and the destination\n");
       return kExitUsage;
     }
     if (o.keep > 0 || !o.only_complete.empty()) {

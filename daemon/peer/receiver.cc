@@ -210,7 +210,8 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
 
   if (absl::Status s = CheckTransferId(open.transfer_id()); !s.ok()) return fail(s);
-  if (absl::Status s = CheckWriter(peer_site, open.export_name(), open.dest_path()); !s.ok()) return fail(s);
+  if (absl::Status s = CheckWriter(peer_site, open.export_name(), open.dest_path()); !s.ok())
+    return fail(s);
   // Each DATA stream holds up to a chunk in memory: the receiver's maximum
   // bounds it, whatever the sender asks for.
   if (open.manifest().chunk_size() > options_.max_chunk_size) {

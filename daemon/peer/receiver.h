@@ -96,11 +96,11 @@ struct ReceiverOptions {
 // mismatch its prefix record is dropped and it is asked for from byte 0.
 //
 // Authorization: only the export's writers, or the source of a pull this
-// site issued into that destination, may open or commit a transfer into it, and only where no other site's published destination is
-// (DestinationOwners); a refused open writes nothing, not even staging.
-// Commit, abort and verify act only on the asking site's own transfers.
-// Published files keep the manifest's mode masked by the export's umask;
-// `sync --keep` prunes only the checkpoints the same source site published.
+// site issued into that destination, may open or commit a transfer into it, and only where no other
+// site's published destination is (DestinationOwners); a refused open writes nothing, not even
+// staging. Commit, abort and verify act only on the asking site's own transfers. Published files
+// keep the manifest's mode masked by the export's umask; `sync --keep` prunes only the checkpoints
+// the same source site published.
 //
 // Memory: what a peer makes it hold grows only with bytes received and is
 // charged to the peer's PeerMemoryBudget: control messages while they are

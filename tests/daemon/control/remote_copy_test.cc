@@ -52,8 +52,8 @@ TEST_F(CheckRemoteSubmitTest, ASiteNotInReadersIsRefusedWithWhatToFix) {
             "site-a's export 'ckpt' does not list site-c in readers; add it to "
             "exports[].readers at site-a");
   config_.exports[0].readers.clear();
-  EXPECT_TRUE(absl::IsPermissionDenied(
-      CheckRemoteSubmit(config_, "site-b", Pull("step-100")).status()));
+  EXPECT_TRUE(
+      absl::IsPermissionDenied(CheckRemoteSubmit(config_, "site-b", Pull("step-100")).status()));
 }
 
 TEST_F(CheckRemoteSubmitTest, PathsThatAreNotCleanAndBelowTheExportAreRefused) {
@@ -61,12 +61,13 @@ TEST_F(CheckRemoteSubmitTest, PathsThatAreNotCleanAndBelowTheExportAreRefused) {
                            "./step-100", "step-100/.", ".longhaul", ".longhaul/staging/t-1"}) {
     EXPECT_FALSE(CheckRemoteSubmit(config_, "site-b", Pull(path)).ok()) << path;
   }
-  EXPECT_TRUE(absl::IsNotFound(
-      CheckRemoteSubmit(config_, "site-b", [] {
-        v1::TransferSpec s = Pull("x");
-        s.set_source_export("other");
-        return s;
-      }()).status()));
+  EXPECT_TRUE(absl::IsNotFound(CheckRemoteSubmit(config_, "site-b",
+                                                 [] {
+                                                   v1::TransferSpec s = Pull("x");
+                                                   s.set_source_export("other");
+                                                   return s;
+                                                 }())
+                                   .status()));
 }
 
 TEST_F(CheckRemoteSubmitTest, ARequesterIsItsChannelsSiteNeverAClaimedOne) {
