@@ -500,10 +500,10 @@ absl::StatusOr<v1::TransferStatus> TransferManager::AwaitStatus(
   }
 }
 
-std::vector<v1::TransferStatus> TransferManager::List(bool all) {
+std::vector<v1::TransferStatus> TransferManager::List(bool all, bool with_remote) {
   std::vector<v1::TransferStatus> out;
   std::vector<std::string> remote;
-  {
+  if (with_remote) {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, t] : transfers_) {
       if (IsRemote(t->record) && !IsEndState(t->record.state())) remote.push_back(id);
@@ -523,6 +523,7 @@ std::vector<v1::TransferStatus> TransferManager::List(bool all) {
   }
   absl::MutexLock lock(&mu_);
   for (const auto& [id, t] : transfers_) {
+    if (!with_remote && IsRemote(t->record)) continue;
     if (all || !IsEndState(t->record.state())) out.push_back(StatusOf(*t));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {

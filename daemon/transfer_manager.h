@@ -90,8 +90,10 @@ class TransferManager {
       absl::Duration timeout);
   // Transfers this site sends or asked another site to send; with `all`,
   // ended ones too, and incoming transfers that EXPIRED here (see
-  // peer::Receiver).
-  std::vector<v1::TransferStatus> List(bool all);
+  // peer::Receiver). Without `with_remote`, only what this site sends, and
+  // no source site is asked anything (for metrics: another site's bytes are
+  // not this site's).
+  std::vector<v1::TransferStatus> List(bool all, bool with_remote = true);
   // Stops the transfer and tells the destination to drop its staging. When
   // the destination answers that it had already published the transfer, the
   // transfer is COMPLETED instead and the answer is FailedPrecondition

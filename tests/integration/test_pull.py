@@ -94,6 +94,9 @@ class PullTest(PullTestCase):
         self.assertEqual(at_a[0]["requested_by"], "site-b")
         self.assertEqual(self.sites.status("b", tid)["state"], "COMPLETED")
         self.assertEqual(self.sites.status("a", tid)["destination"], "site-b:/ckpt/step-100")
+        # site-a sent the bytes, not site-b: only site-a's metrics count them.
+        self.assertGreater(self.sites.metric("site-a", "longhaul_bytes_sent_total"), 0)
+        self.assertEqual(self.sites.metric("site-b", "longhaul_bytes_sent_total"), 0)
 
     def test_retried_pull_with_the_same_request_id_starts_one_transfer(self):
         self.source_tree()
