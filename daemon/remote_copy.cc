@@ -1,10 +1,13 @@
 #include "daemon/remote_copy.h"
 
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/wire/messaging.h"
 
@@ -72,7 +75,8 @@ std::string RemoteSourcePath(const ExportConfig& e, const v1::TransferSpec& spec
 }
 
 absl::StatusOr<v1::TransferStatus> CallRemote(transport::Transport& transport,
-                                              const PeerConfig& site, v1::PeerMessage request) {
+                                              const PeerConfig& site, v1::PeerMessage request,
+                                              absl::Duration timeout) {
   v1::Hello hello;
   hello.set_role(v1::Hello::REMOTE);
   auto channel = peer::DialSession(transport, site.site, site.address, hello);
@@ -80,7 +84,21 @@ absl::StatusOr<v1::TransferStatus> CallRemote(transport::Transport& transport,
     return absl::Status(channel.status().code(),
                         absl::StrCat("cannot reach ", site.site, ": ", channel.status().message()));
   }
+  absl::Notification answered;
+  std::atomic<bool> timed_out{false};
+  std::thread watchdog([&] {
+    if (!answered.WaitForNotificationWithTimeout(timeout)) {
+      timed_out = true;
+      (*channel)->Abort();
+    }
+  });
   auto answer = peer::Call(**channel, /*session_id=*/0, std::move(request));
+  answered.Notify();
+  watchdog.join();
+  if (timed_out) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(site.site, " did not answer within ", absl::FormatDuration(timeout)));
+  }
   if (!answer.ok()) return answer.status();
   if (!answer->has_remote_reply()) {
     return absl::InvalidArgumentError(absl::StrCat(site.site, " answered with no transfer status"));

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "daemon/config.h"
 #include "daemon/transport/transport.h"
 #include "longhaul/v1/control.pb.h"
@@ -39,9 +40,12 @@ std::string RemoteSourcePath(const ExportConfig& e, const v1::TransferSpec& spec
 
 // The requester's side of one REMOTE request: dials `site` over `transport`,
 // sends `request` and returns the source's answer, its errors prefixed with
-// the site's name (Call).
+// the site's name (Call). A source that has not answered within `timeout`
+// has its channel aborted: DeadlineExceeded, so a stalled peer cannot hold
+// the caller (a control call, a status) for longer.
 absl::StatusOr<v1::TransferStatus> CallRemote(transport::Transport& transport,
-                                              const PeerConfig& site, v1::PeerMessage request);
+                                              const PeerConfig& site, v1::PeerMessage request,
+                                              absl::Duration timeout = absl::Seconds(30));
 
 // The largest REMOTE message a daemon reads: requests are a spec and an id.
 inline constexpr size_t kMaxRemoteMessage = 64u << 10;

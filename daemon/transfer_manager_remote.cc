@@ -100,7 +100,9 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitRemote(const std::stri
         absl::StrCat(config_.site, " has no export '", spec.dest_export(), "' to pull into"));
   }
 
-  absl::MutexLock submit_lock(&submit_mu_);
+  // Not under submit_mu_: the source may be slow to answer, and local
+  // submits must not wait for it. Two calls with one request id get one
+  // transfer all the same: the source answers both with it (below).
   const std::string rid = request_id.empty() ? NewRequestId() : request_id;
   if (auto existing = journal_.LookupRequest(rid); !existing.ok()) {
     return existing.status();
@@ -133,7 +135,11 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitRemote(const std::stri
           absl::StrCat(source->site, " answered with an invalid transfer id"));
     } else {
       absl::MutexLock lock(&mu_);
-      if (transfers_.contains(id)) {
+      if (auto it = transfers_.find(id); it != transfers_.end()) {
+        if (it->second->record.request_id() == rid && IsRemote(it->second->record)) {
+          if (pull) drop_grant();
+          return StatusOf(*it->second);  // the same request, answered twice
+        }
         valid = absl::AlreadyExistsError(absl::StrCat(source->site, " answered with transfer id ",
                                                       id, ", which this site already uses"));
       }
@@ -155,6 +161,9 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitRemote(const std::stri
   absl::MutexLock lock(&mu_);
   if (pull) drop_grant();
   if (!persisted.ok()) return persisted;
+  if (auto it = transfers_.find(record.id()); it != transfers_.end()) {
+    return StatusOf(*it->second);  // a concurrent call with the same request id won
+  }
   std::unique_ptr<Transfer> t = NewTransfer();
   t->record = std::move(record);
   t->remote_status = *answer;
