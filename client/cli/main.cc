@@ -527,7 +527,10 @@ int Main(int argc, char** argv) {
 
   CopyOptions copy;
   auto add_copy_options = [&](CLI::App* cmd, bool with_tuning) {
-    cmd->add_option("args", copy.args, "SRC... SITE:/EXPORT/PATH")->required();
+    cmd->add_option("args", copy.args,
+                    "SRC... SITE:/EXPORT/PATH, or SITE:/EXPORT/PATH SITE:/EXPORT/PATH (pull, "
+                    "third-party copy)")
+        ->required();
     cmd->add_flag("--wait", copy.wait, "follow the transfer until it ends");
     cmd->add_flag("--json", g.json, "print JSON");
     cmd->add_option("--transport", copy.transport, "tcp (default: the peer's)");
@@ -540,7 +543,7 @@ int Main(int argc, char** argv) {
       cmd->add_option("--chunk-size", copy.chunk_size, "chunk size, e.g. 16MiB");
     }
   };
-  CLI::App* cp = app.add_subcommand("cp", "copy files or trees to another site");
+  CLI::App* cp = app.add_subcommand("cp", "copy files or trees to another site, or between two sites");
   add_copy_options(cp, true);
   CLI::App* sync = app.add_subcommand("sync", "send only what changed (idempotent; for cron)");
   add_copy_options(sync, true);

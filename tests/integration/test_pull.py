@@ -108,6 +108,18 @@ class PullTest(PullTestCase):
         proc = self.sites.cli("a", "ls", "--all", "--json", check=True)
         self.assertEqual(len(json.loads(proc.stdout)["transfers"]), 1)
 
+    def test_sync_pull_twice_sends_nothing_the_second_time(self):
+        src = self.source_tree()
+        for run in range(2):
+            proc = self.sites.cli("b", "sync", "site-a:/ckpt/step-100", "site-b:/ckpt/step-100",
+                                  "--wait", "--json")
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            out = json.loads(proc.stdout)
+            self.assertEqual(out["state"], "COMPLETED", out)
+        self.assertEqual(out["files_unchanged"], 4)
+        self.assertEqual(out["bytes_sent"], 0)
+        self.assertEqual(lh.tree_digest(src), lh.tree_digest(self.dest()))
+
     def test_the_pulls_source_may_write_only_the_path_pulled(self):
         # The pull lets site-a write step-100 only: a push of its own to
         # another path of site-b, which lists no writers, is refused.
