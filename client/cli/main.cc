@@ -543,7 +543,8 @@ int Main(int argc, char** argv) {
       cmd->add_option("--chunk-size", copy.chunk_size, "chunk size, e.g. 16MiB");
     }
   };
-  CLI::App* cp = app.add_subcommand("cp", "copy files or trees to another site, or between two sites");
+  CLI::App* cp =
+      app.add_subcommand("cp", "copy files or trees to another site, or between two sites");
   add_copy_options(cp, true);
   CLI::App* sync = app.add_subcommand("sync", "send only what changed (idempotent; for cron)");
   add_copy_options(sync, true);
