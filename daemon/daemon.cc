@@ -191,9 +191,9 @@ void Daemon::StartReceiverAndRouter() {
   memory_budget_ = std::make_unique<peer::PeerMemoryBudget>(config_.peer_limits.memory_per_peer);
   peer::ReceiverOptions receiver_options = ReceiverOptionsFor(config_);
   receiver_options.pull_granted = [this](absl::string_view source_site,
-                                         absl::string_view export_name,
-                                         absl::string_view dest_path) {
-    return manager_->PullGranted(source_site, export_name, dest_path);
+                                         absl::string_view export_name, absl::string_view dest_path,
+                                         absl::string_view transfer_id) {
+    return manager_->PullGranted(source_site, export_name, dest_path, transfer_id);
   };
   receiver_ = std::make_unique<peer::Receiver>(std::move(receiver_options), *journal_, file_system_,
                                                memory_budget_.get(), clock_);

@@ -48,9 +48,9 @@ namespace longhaul::daemon {
 // never run here: Get, List and AwaitStatus ask the source for its state (at
 // most every kRemoteRefresh), Cancel asks the source to cancel, and Pause,
 // Resume and Verify say to use them at the source. When this site is the
-// destination (a pull), the source may write that one destination while the
-// pull has not ended (PullGranted), though it is not one of the export's
-// writers. The source side of the same protocol is ServeRemote.
+// destination (a pull), the source may write that one destination with that
+// one transfer while the pull has not ended (PullGranted), though it is not
+// one of the export's writers. The source side of the same protocol is ServeRemote.
 //
 // Thread-safe.
 class TransferManager {
@@ -123,11 +123,13 @@ class TransferManager {
   absl::StatusOr<v1::TransferStatus> CancelForPeer(const std::string& requester,
                                                    const std::string& id);
 
-  // Destination side of a pull issued here: whether `source_site` may write
-  // `dest_path` of export `export_name` because this site asked it to (a
-  // pull being submitted, or one not yet ended).
+  // Destination side of a pull issued here: whether transfer `transfer_id`
+  // of `source_site` may write `dest_path` of export `export_name` because
+  // this site asked for it: the pull of that id, not yet ended, or (while
+  // the source has not answered with the id) a pull of that path being
+  // submitted.
   bool PullGranted(absl::string_view source_site, absl::string_view export_name,
-                   absl::string_view dest_path) const;
+                   absl::string_view dest_path, absl::string_view transfer_id) const;
 
   // How stale a remote transfer's status may be before Get asks its source again.
   static constexpr absl::Duration kRemoteRefresh = absl::Milliseconds(500);

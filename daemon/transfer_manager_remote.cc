@@ -266,7 +266,8 @@ absl::StatusOr<v1::TransferStatus> TransferManager::CancelRemote(
 }
 
 bool TransferManager::PullGranted(absl::string_view source_site, absl::string_view export_name,
-                                  absl::string_view dest_path) const {
+                                  absl::string_view dest_path,
+                                  absl::string_view transfer_id) const {
   absl::MutexLock lock(&mu_);
   for (const PullGrant& g : pending_pulls_) {
     if (g.source_site == source_site && g.export_name == export_name && g.dest_path == dest_path) {
@@ -275,8 +276,8 @@ bool TransferManager::PullGranted(absl::string_view source_site, absl::string_vi
   }
   for (const auto& [id, t] : transfers_) {
     const v1::TransferSpec& spec = t->record.spec();
-    if (IsRemote(t->record) && spec.dest_site() == config_.site && !IsEndState(t->record.state()) &&
-        SameGrant(spec, source_site, export_name, dest_path)) {
+    if (id == transfer_id && IsRemote(t->record) && spec.dest_site() == config_.site &&
+        !IsEndState(t->record.state()) && SameGrant(spec, source_site, export_name, dest_path)) {
       return true;
     }
   }

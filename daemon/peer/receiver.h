@@ -75,10 +75,11 @@ struct ReceiverOptions {
   bool read_back_while_receiving = true;
   // The per-peer memory budget the Receiver keeps when it is given none.
   uint64_t memory_per_peer = 1ull << 30;
-  // A pull this site issued: whether `source_site` may write `dest_path` of
-  // the export though it is not one of its writers (null: no pulls).
+  // A pull this site issued: whether transfer `transfer_id` of `source_site`
+  // may write `dest_path` of the export though that site is not one of its
+  // writers (null: no pulls).
   std::function<bool(absl::string_view source_site, absl::string_view export_name,
-                     absl::string_view dest_path)>
+                     absl::string_view dest_path, absl::string_view transfer_id)>
       pull_granted;
 
   // The export named `name`, or nullptr.
@@ -219,8 +220,9 @@ class Receiver {
   // sender's next open sends them again.
   absl::Status PublishLocked(Session& session) ABSL_NO_THREAD_SAFETY_ANALYSIS;  // holds session.mu
   // The export's writers check, counted and worded for the peer.
+  // `dest_path` and `transfer_id` are the transfer's: a pull grants one.
   absl::Status CheckWriter(const std::string& peer_site, const std::string& export_name,
-                           const std::string& dest_path);
+                           const std::string& dest_path, const std::string& transfer_id);
   // Counts a refusal of `peer_site` in a configured export.
   void CountRefusal(const std::string& peer_site, const std::string& export_name);
   storage::PublishOptions PublishOptionsOf(const v1::IncomingTransfer& record) const;
