@@ -49,6 +49,12 @@ absl::StatusOr<Destination> ParseDestination(absl::string_view text) {
   return d;
 }
 
+bool IsRemoteLocation(absl::string_view text) {
+  const size_t colon = text.find(':');
+  const size_t slash = text.find('/');
+  return colon != absl::string_view::npos && colon > 0 && colon + 1 == slash;
+}
+
 bool IsEndState(v1::TransferState state) {
   return state == v1::COMPLETED || state == v1::FAILED || state == v1::CANCELLED;
 }

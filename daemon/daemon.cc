@@ -189,7 +189,13 @@ void Daemon::StartReceiverAndRouter() {
   // What each peer site may make this daemon hold (peer_limits.memory_per_peer): the receiver's
   // buffers here, and the exchange hub's unclaimed messages, from one budget.
   memory_budget_ = std::make_unique<peer::PeerMemoryBudget>(config_.peer_limits.memory_per_peer);
-  receiver_ = std::make_unique<peer::Receiver>(ReceiverOptionsFor(config_), *journal_, file_system_,
+  peer::ReceiverOptions receiver_options = ReceiverOptionsFor(config_);
+  receiver_options.pull_granted = [this](absl::string_view source_site,
+                                         absl::string_view export_name, absl::string_view dest_path,
+                                         absl::string_view transfer_id) {
+    return manager_->PullGranted(source_site, export_name, dest_path, transfer_id);
+  };
+  receiver_ = std::make_unique<peer::Receiver>(std::move(receiver_options), *journal_, file_system_,
                                                memory_budget_.get(), clock_);
   receiver_->FinishInterruptedPublishes();
   receiver_->StartExpirySweep();
@@ -204,6 +210,11 @@ void Daemon::StartReceiverAndRouter() {
                       // serves this one data channel and ends with it).
                       peer::PriorityGate::LowerThreadPriority(v1::CHECKPOINT);
                       receiver_->Serve(std::move(channel), hello);
+                    });
+  // Pull and third-party copy: this site as the source (daemon/remote_copy.h).
+  router_->Register(v1::Hello::REMOTE,
+                    [this](std::unique_ptr<transport::Channel> channel, const v1::Hello&) {
+                      manager_->ServeRemote(*channel);
                     });
   // A probe's handshake was the point.
   router_->Register(v1::Hello::PROBE, [](auto, const v1::Hello&) {});

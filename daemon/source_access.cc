@@ -88,10 +88,29 @@ Caller Caller::Token(ControlRole role, std::string address) {
   return c;
 }
 
+Caller Caller::PeerSite(std::string site) {
+  Caller c;
+  c.kind = Kind::kPeerSite;
+  c.address = std::move(site);
+  return c;
+}
+
 std::string Caller::ToString() const {
+  if (kind == Kind::kPeerSite) return absl::StrCat("peer site ", address);
   if (kind == Kind::kToken)
     return absl::StrCat(address, " (token role ", ControlRoleName(role), ")");
   return absl::StrCat("uid ", uid, " (", UserName(uid), ")");
+}
+
+std::vector<SourceAccessForbidden> DaemonSecrets(const DaemonConfig& config) {
+  std::vector<SourceAccessForbidden> secrets = {
+      {config.tls.key, "this site's TLS private key"},
+      {config.state_dir, "this daemon's state_dir"},
+  };
+  for (const ControlToken& t : config.control_tokens) {
+    secrets.push_back({t.file, "a control token"});
+  }
+  return secrets;
 }
 
 std::vector<gid_t> SystemGroupsOf(uid_t uid) {
@@ -118,7 +137,7 @@ std::vector<gid_t> SystemGroupsOf(uid_t uid) {
 class SourceAccess::Check {
  public:
   Check(const SourceAccess& access, const Caller& caller)
-      : caller_(caller), privileged_(caller.kind == Caller::Kind::kToken || caller.uid == 0) {
+      : caller_(caller), privileged_(caller.kind != Caller::Kind::kLocalUser || caller.uid == 0) {
     std::vector<std::string> shown;
     for (const ExportConfig& e : access.exports_) {
       shown.push_back(absl::StrCat(e.name, ": ", e.path));

@@ -19,12 +19,14 @@ namespace longhaul::daemon {
 
 // The caller of one control call, as the control service identified it: a
 // local user on the Unix socket (uid and gid from SO_PEERCRED), or a client
-// of the TCP control address holding a role's token.
+// of the TCP control address holding a role's token, or a peer site asking
+// for a pull or third-party copy (its name from its TLS certificate).
 struct Caller {
-  enum class Kind { kLocalUser, kToken };
+  enum class Kind { kLocalUser, kToken, kPeerSite };
 
   static Caller LocalUser(uid_t uid, gid_t gid);
   static Caller Token(ControlRole role, std::string address);
+  static Caller PeerSite(std::string site);
 
   // "uid 65534 (nobody)", or "ipv4:127.0.0.1:5000 (token role viewer)".
   std::string ToString() const;
@@ -35,12 +37,22 @@ struct Caller {
   // A local user may do everything; the Unix socket's mode decides who
   // connects at all.
   ControlRole role = ControlRole::kOperator;
-  std::string address;
+  std::string address;  // a token caller's address; a peer caller's site
 };
 
 // The supplementary groups of `uid` in the group database (getgrouplist of
 // its passwd entry, primary group included); empty for a uid without one.
 std::vector<gid_t> SystemGroupsOf(uid_t uid);
+
+// A path no caller gets, nor anything below it.
+struct SourceAccessForbidden {
+  std::string path;
+  std::string what;  // "this site's TLS private key"
+};
+
+// What no caller may have this daemon send, whatever the exports say: its
+// TLS key, its state_dir and its control tokens.
+std::vector<SourceAccessForbidden> DaemonSecrets(const DaemonConfig& config);
 
 // Decides which local files a caller may have this daemon send.
 //  - Every source, and every file and directory the manifest walk reaches,
@@ -53,8 +65,9 @@ std::vector<gid_t> SystemGroupsOf(uid_t uid);
 //    of every directory the walk lists, taken from the owner, group or other
 //    bits by the user's uid, its gid from SO_PEERCRED and its groups in the
 //    group database (POSIX ACLs and capabilities are not consulted, so what
-//    only they would grant is refused). A token caller reads with the
-//    daemon's rights, inside the exports.
+//    only they would grant is refused). A token caller and a peer site read
+//    with the daemon's rights, inside the exports (a peer site's SourceAccess
+//    holds only the one export that lists it in `readers`).
 // Refusals are PermissionDenied (NotFound for a missing source named by a
 // caller who may see that it is missing), naming the path, the caller and
 // the exports. A non-root local user is not told whether a path outside the
@@ -64,10 +77,7 @@ std::vector<gid_t> SystemGroupsOf(uid_t uid);
 // check, so an export created after the daemon started counts.
 class SourceAccess {
  public:
-  struct Forbidden {
-    std::string path;
-    std::string what;  // "this site's TLS private key"
-  };
+  using Forbidden = SourceAccessForbidden;
   using GroupsOf = std::function<std::vector<gid_t>(uid_t)>;
 
   SourceAccess(std::vector<ExportConfig> exports, std::vector<Forbidden> forbidden,

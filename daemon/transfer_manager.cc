@@ -33,18 +33,6 @@ constexpr absl::Duration kDrainTimeout = absl::Seconds(20);
 // without a change to wake it, and a FakeClock moves without one too.
 constexpr TimeDelta kAwaitPoll = TimeDelta::Milliseconds(50);
 
-// What no caller may send, whatever the exports say.
-std::vector<SourceAccess::Forbidden> DaemonSecrets(const DaemonConfig& config) {
-  std::vector<SourceAccess::Forbidden> secrets = {
-      {config.tls.key, "this site's TLS private key"},
-      {config.state_dir, "this daemon's state_dir"},
-  };
-  for (const ControlToken& t : config.control_tokens) {
-    secrets.push_back({t.file, "a control token"});
-  }
-  return secrets;
-}
-
 std::string NewTransferId() {
   absl::BitGen gen;
   return absl::StrFormat("t-%016x", absl::Uniform<uint64_t>(gen));
@@ -106,7 +94,8 @@ absl::Status TransferManager::Start() {
   int resumed = 0;
   for (v1::OutgoingTransfer& record : *records) {
     std::unique_ptr<Transfer> t = NewTransfer();
-    if (record.state() == v1::RUNNING || record.state() == v1::PUBLISHING) {
+    // A remote transfer's state is the source's, asked for again on Get.
+    if (!IsRemote(record) && (record.state() == v1::RUNNING || record.state() == v1::PUBLISHING)) {
       record.set_state(v1::QUEUED);
       ++resumed;
     }
@@ -153,6 +142,19 @@ void TransferManager::Shutdown() {
 absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& request_id,
                                                            v1::TransferSpec spec,
                                                            const Caller& caller) {
+  if (!spec.source_site().empty() || !spec.source_export().empty() || !spec.source_path().empty()) {
+    return SubmitRemote(request_id, std::move(spec), caller);
+  }
+  if (!spec.requested_by().empty()) {
+    return absl::InvalidArgumentError("requested_by is set by a source site only");
+  }
+  return SubmitLocal(request_id, std::move(spec), caller, source_access_);
+}
+
+absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::string& request_id,
+                                                                v1::TransferSpec spec,
+                                                                const Caller& caller,
+                                                                const SourceAccess& access) {
   absl::MutexLock submit_lock(&submit_mu_);
   if (!request_id.empty()) {
     auto existing = journal_.LookupRequest(request_id);
@@ -167,7 +169,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
   }
   // Before anything else may answer with a transfer (a sync attaching).
   const std::vector<std::string> sources(spec.sources().begin(), spec.sources().end());
-  auto resolved = source_access_.CheckSources(caller, sources);
+  auto resolved = access.CheckSources(caller, sources);
   if (!resolved.ok()) return resolved.status();
   if (spec.sync()) {
     // Overlapping cron runs: a second sync of the same sources to the same
@@ -236,7 +238,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
   manifest_options.symlinks = *symlinks;
   auto built = storage::BuildManifest(sources, spec.chunk_size(), manifest_options);
   if (!built.ok()) return built.status();
-  if (absl::Status s = source_access_.CheckBuild(caller, sources, *resolved, &*built); !s.ok()) {
+  if (absl::Status s = access.CheckBuild(caller, sources, *resolved, &*built); !s.ok()) {
     return s;
   }
   if (built->single_file && spec.dest_path().empty()) {
@@ -289,7 +291,9 @@ void TransferManager::ScheduleLocked() {
   std::vector<Transfer*> queued;
   for (auto& [id, t] : transfers_) {
     if (t->sender) ++running;
-    if (t->record.state() == v1::QUEUED && !t->sender && !t->cancelling) queued.push_back(t.get());
+    if (t->record.state() == v1::QUEUED && !t->sender && !t->cancelling && !IsRemote(t->record)) {
+      queued.push_back(t.get());
+    }
   }
   std::sort(queued.begin(), queued.end(), [](const Transfer* a, const Transfer* b) {
     int pa = peer::PriorityGate::Rank(a->record.spec().priority());
@@ -432,6 +436,7 @@ void TransferManager::NoteChange() {
 }
 
 v1::TransferStatus TransferManager::StatusOf(const Transfer& t) const {
+  if (IsRemote(t.record)) return RemoteStatusOf(t);
   peer::TransferProgress::Snapshot s = t.progress.Get();
   v1::TransferStatus status;
   status.set_id(t.record.id());
@@ -473,7 +478,8 @@ absl::StatusOr<TransferManager::Transfer*> TransferManager::FindLocked(const std
   return it->second.get();
 }
 
-absl::StatusOr<v1::TransferStatus> TransferManager::Get(const std::string& id) const {
+absl::StatusOr<v1::TransferStatus> TransferManager::Get(const std::string& id) {
+  RefreshRemote(id);
   absl::MutexLock lock(&mu_);
   auto t = FindLocked(id);
   if (!t.ok()) return t.status();
@@ -482,7 +488,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Get(const std::string& id) c
 
 absl::StatusOr<v1::TransferStatus> TransferManager::AwaitStatus(
     const std::string& id, absl::FunctionRef<bool(const v1::TransferStatus&)> done,
-    absl::Duration timeout) const {
+    absl::Duration timeout) {
   // ToInt64Nanoseconds saturates, and so does the deadline.
   const int64_t wait_ns = absl::ToInt64Nanoseconds(timeout);
   const Timestamp start = clock_.Now();
@@ -508,8 +514,16 @@ absl::StatusOr<v1::TransferStatus> TransferManager::AwaitStatus(
   }
 }
 
-std::vector<v1::TransferStatus> TransferManager::List(bool all) const {
+std::vector<v1::TransferStatus> TransferManager::List(bool all, bool with_remote) {
   std::vector<v1::TransferStatus> out;
+  std::vector<std::string> remote;
+  if (with_remote) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, t] : transfers_) {
+      if (IsRemote(t->record) && !IsEndState(t->record.state())) remote.push_back(id);
+    }
+  }
+  for (const std::string& id : remote) RefreshRemote(id);
   if (all) {
     // Incoming transfers abandoned by their sender, for the operator.
     auto incoming = journal_.ListIncoming();
@@ -523,6 +537,7 @@ std::vector<v1::TransferStatus> TransferManager::List(bool all) const {
   }
   absl::MutexLock lock(&mu_);
   for (const auto& [id, t] : transfers_) {
+    if (!with_remote && IsRemote(t->record)) continue;
     if (all || !IsEndState(t->record.state())) out.push_back(StatusOf(*t));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
@@ -554,6 +569,11 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Cancel(const std::string& id
     auto found = FindLocked(id);
     if (!found.ok()) return found.status();
     t = *found;
+    if (IsRemote(t->record)) record = t->record;
+  }
+  if (IsRemote(record)) return CancelRemote(record);
+  {
+    absl::MutexLock lock(&mu_);
     if (t->cancelling) {
       return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is being cancelled"));
     }
@@ -599,6 +619,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Pause(const std::string& id)
   auto found = FindLocked(id);
   if (!found.ok()) return found.status();
   Transfer& t = **found;
+  if (IsRemote(t.record)) return RunsElsewhere(t.record, "paused");
   if (t.cancelling) {
     return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is being cancelled"));
   }
@@ -620,6 +641,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Resume(const std::string& id
   auto found = FindLocked(id);
   if (!found.ok()) return found.status();
   Transfer& t = **found;
+  if (IsRemote(t.record)) return RunsElsewhere(t.record, "resumed");
   if (t.cancelling) {
     return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is being cancelled"));
   }
@@ -677,6 +699,7 @@ absl::StatusOr<v1::VerifyResponse> TransferManager::Verify(const std::string& id
     if (!found.ok()) return found.status();
     record = (*found)->record;
   }
+  if (IsRemote(record)) return RunsElsewhere(record, "verified");
   if (record.state() != v1::COMPLETED) {
     return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is ",
                                                       v1::TransferState_Name(record.state()),

@@ -41,6 +41,17 @@ namespace longhaul::daemon {
 // journal still cannot record it. Status and listing keep answering from
 // memory.
 //
+// Pull and third-party copy (daemon/remote_copy.h). A spec whose
+// source_site is another site is a *remote* transfer: Submit asks that site
+// to push the path (RemoteSubmitRequest) and journals a record under the id
+// the source gave, which is also the id at the destination. That record is
+// never run here: Get, List and AwaitStatus ask the source for its state (at
+// most every kRemoteRefresh), Cancel asks the source to cancel, and Pause,
+// Resume and Verify say to use them at the source. When this site is the
+// destination (a pull), the source may write that one destination with that
+// one transfer while the pull has not ended (PullGranted), though it is not
+// one of the export's writers. The source side of the same protocol is ServeRemote.
+//
 // Thread-safe.
 class TransferManager {
  public:
@@ -68,7 +79,7 @@ class TransferManager {
   // nothing is journaled.
   absl::StatusOr<v1::TransferStatus> Submit(const std::string& request_id, v1::TransferSpec spec,
                                             const Caller& caller);
-  absl::StatusOr<v1::TransferStatus> Get(const std::string& id) const;
+  absl::StatusOr<v1::TransferStatus> Get(const std::string& id);
   // Waits until the status of transfer `id` satisfies `done` and returns
   // it, or returns the latest status once `timeout` (on the clock) passes
   // first: the caller judges it. Wakes on every change of the transfer's
@@ -76,10 +87,13 @@ class TransferManager {
   // are looked at again at least every 50 ms. NotFound for an unknown id.
   absl::StatusOr<v1::TransferStatus> AwaitStatus(
       const std::string& id, absl::FunctionRef<bool(const v1::TransferStatus&)> done,
-      absl::Duration timeout) const;
-  // Transfers this site sends; with `all`, ended ones too, and incoming
-  // transfers that EXPIRED here (see peer::Receiver).
-  std::vector<v1::TransferStatus> List(bool all) const;
+      absl::Duration timeout);
+  // Transfers this site sends or asked another site to send; with `all`,
+  // ended ones too, and incoming transfers that EXPIRED here (see
+  // peer::Receiver). Without `with_remote`, only what this site sends, and
+  // no source site is asked anything (for metrics: another site's bytes are
+  // not this site's).
+  std::vector<v1::TransferStatus> List(bool all, bool with_remote = true);
   // Stops the transfer and tells the destination to drop its staging. When
   // the destination answers that it had already published the transfer, the
   // transfer is COMPLETED instead and the answer is FailedPrecondition
@@ -92,6 +106,33 @@ class TransferManager {
   // Re-reads the source and the published destination and compares digests.
   absl::StatusOr<v1::VerifyResponse> Verify(const std::string& id);
   v1::PeersResponse Peers(bool probe);
+
+  // Source side of pull and third-party copy: answers the requests of one
+  // REMOTE channel until it closes. The requester is channel.peer_site().
+  void ServeRemote(transport::Channel& channel);
+  // A RemoteSubmitRequest from `requester`: CheckRemoteSubmit, then the path
+  // is resolved inside that one export with the daemon's rights (never its
+  // secrets nor the export's .longhaul) and pushed like a local submit.
+  // Idempotent by (requester, request_id).
+  absl::StatusOr<v1::TransferStatus> SubmitForPeer(const std::string& requester,
+                                                   const std::string& request_id,
+                                                   v1::TransferSpec spec);
+  // Status and cancel of a transfer `requester` asked for; NotFound for any other.
+  absl::StatusOr<v1::TransferStatus> GetForPeer(const std::string& requester,
+                                                const std::string& id);
+  absl::StatusOr<v1::TransferStatus> CancelForPeer(const std::string& requester,
+                                                   const std::string& id);
+
+  // Destination side of a pull issued here: whether transfer `transfer_id`
+  // of `source_site` may write `dest_path` of export `export_name` because
+  // this site asked for it: the pull of that id, not yet ended, or (while
+  // the source has not answered with the id) a pull of that path being
+  // submitted.
+  bool PullGranted(absl::string_view source_site, absl::string_view export_name,
+                   absl::string_view dest_path, absl::string_view transfer_id) const;
+
+  // How stale a remote transfer's status may be before Get asks its source again.
+  static constexpr absl::Duration kRemoteRefresh = absl::Milliseconds(500);
 
  private:
   enum class StopReason { kNone, kPause, kCancel, kShutdown };
@@ -112,7 +153,37 @@ class TransferManager {
     // Set when the transfer is paused because the journal cannot be written:
     // what happened and what to do, shown as its error while PAUSED.
     std::string journal_error;
+    // A remote transfer (IsRemote): its status as the source last answered,
+    // when it answered (clock_), and why the last question failed.
+    std::optional<v1::TransferStatus> remote_status;
+    std::optional<Timestamp> remote_asked;
+    std::string remote_error;
   };
+  // A pull being submitted: the destination it lets the source write.
+  struct PullGrant {
+    std::string source_site, export_name, dest_path;
+  };
+
+  // Submits a push of local files `spec.sources`, checked by `access` for `caller`.
+  absl::StatusOr<v1::TransferStatus> SubmitLocal(const std::string& request_id,
+                                                 v1::TransferSpec spec, const Caller& caller,
+                                                 const SourceAccess& access);
+  // Submits a spec whose source_site is set (see the class comment).
+  absl::StatusOr<v1::TransferStatus> SubmitRemote(const std::string& request_id,
+                                                  v1::TransferSpec spec, const Caller& caller);
+  // Whether `record` is a transfer another site sends on this site's request.
+  bool IsRemote(const v1::OutgoingTransfer& record) const;
+  // Asks the source of remote transfer `id` for its status, unless it
+  // answered less than kRemoteRefresh ago or the transfer has ended.
+  void RefreshRemote(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the source's answer `status` as remote transfer `t`'s state.
+  void ApplyRemoteLocked(Transfer& t, const v1::TransferStatus& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::TransferStatus RemoteStatusOf(const Transfer& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the source of remote transfer `record` to cancel it.
+  absl::StatusOr<v1::TransferStatus> CancelRemote(const v1::OutgoingTransfer& record);
+  // The refusal of `what` ("paused") for a remote transfer: it is done at its source.
+  absl::Status RunsElsewhere(const v1::OutgoingTransfer& record, absl::string_view what) const;
 
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // False if the transfer could not start: its journal write failed, and it
@@ -159,6 +230,7 @@ class TransferManager {
   mutable absl::Mutex changes_mu_ ABSL_ACQUIRED_AFTER(mu_);
   uint64_t changes_ ABSL_GUARDED_BY(changes_mu_) = 0;
   absl::Mutex submit_mu_;  // makes request-id lookup and insert one step
+  std::vector<PullGrant> pending_pulls_ ABSL_GUARDED_BY(mu_);
 };
 
 bool IsEndState(v1::TransferState state);

@@ -230,7 +230,31 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
     return kExitUsage;
   }
   v1::TransferSpec spec;
-  for (size_t i = 0; i + 1 < o.args.size(); ++i) {
+  // Pull or third-party copy: the one source is SITE:/EXPORT/PATH (as with
+  // rsync, a colon before the first slash; write ./a:b for a local file).
+  if (IsRemoteLocation(o.args.front())) {
+    if (o.args.size() != 2) {
+      std::fprintf(stderr,
+                   "longhaul: a remote source SITE:/EXPORT/PATH is copied alone; give one "
+                   "source and the destination\n");
+      return kExitUsage;
+    }
+    if (o.keep > 0 || !o.only_complete.empty()) {
+      std::fprintf(stderr, "longhaul: --keep and --only-complete need a local SRC\n");
+      return kExitUsage;
+    }
+    auto source = ParseDestination(o.args.front());
+    if (!source.ok()) return Report(source.status());
+    if (source->path.empty()) {
+      std::fprintf(stderr, "longhaul: source %s needs a path below the export\n",
+                   o.args.front().c_str());
+      return kExitUsage;
+    }
+    spec.set_source_site(source->site);
+    spec.set_source_export(source->export_name);
+    spec.set_source_path(source->path);
+  }
+  for (size_t i = 0; spec.source_site().empty() && i + 1 < o.args.size(); ++i) {
     std::error_code ec;
     std::filesystem::path p = std::filesystem::absolute(o.args[i], ec).lexically_normal();
     std::string s = p.string();
@@ -347,8 +371,16 @@ int ListTransfers(bool all, const Globals& g) {
   std::cout << absl::StrFormat("%-20s %-10s %7s  %s\n", "ID", "STATE", "DONE", "DESTINATION");
   for (const auto& s : *list) {
     double pct = s.bytes_total() ? 100.0 * s.bytes_done() / s.bytes_total() : 100.0;
-    std::cout << absl::StrFormat("%-20s %-10s %6.1f%%  %s:/%s/%s\n", s.id(), StateName(s.state()), pct,
-                                 s.spec().dest_site(), s.spec().dest_export(), s.spec().dest_path());
+    std::string from;
+    if (!s.spec().source_site().empty()) {
+      from = absl::StrCat("  (from ", s.spec().source_site(), ":/", s.spec().source_export(), "/",
+                          s.spec().source_path(), ")");
+    } else if (!s.spec().requested_by().empty()) {
+      from = absl::StrCat("  (requested by ", s.spec().requested_by(), ")");
+    }
+    std::cout << absl::StrFormat("%-20s %-10s %6.1f%%  %s:/%s/%s%s\n", s.id(), StateName(s.state()),
+                                 pct, s.spec().dest_site(), s.spec().dest_export(),
+                                 s.spec().dest_path(), from);
   }
   return kExitOk;
 }
@@ -497,7 +529,10 @@ int Main(int argc, char** argv) {
 
   CopyOptions copy;
   auto add_copy_options = [&](CLI::App* cmd, bool with_tuning) {
-    cmd->add_option("args", copy.args, "SRC... SITE:/EXPORT/PATH")->required();
+    cmd->add_option("args", copy.args,
+                    "SRC... SITE:/EXPORT/PATH, or SITE:/EXPORT/PATH SITE:/EXPORT/PATH (pull, "
+                    "third-party copy)")
+        ->required();
     cmd->add_flag("--wait", copy.wait, "follow the transfer until it ends");
     cmd->add_flag("--json", g.json, "print JSON");
     cmd->add_option("--transport", copy.transport, "tcp (default: the peer's)");
@@ -514,7 +549,8 @@ int Main(int argc, char** argv) {
       cmd->add_option("--chunk-size", copy.chunk_size, "chunk size, e.g. 16MiB");
     }
   };
-  CLI::App* cp = app.add_subcommand("cp", "copy files or trees to another site");
+  CLI::App* cp =
+      app.add_subcommand("cp", "copy files or trees to another site, or between two sites");
   add_copy_options(cp, true);
   CLI::App* sync = app.add_subcommand("sync", "send only what changed (idempotent; for cron)");
   add_copy_options(sync, true);

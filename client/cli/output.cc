@@ -115,6 +115,12 @@ JsonObject TransferJson(const v1::TransferStatus& s) {
     skipped.push_back(JsonObject().Add("path", e.path()).Add("why", e.why()).str());
   }
   o.AddRaw("skipped", JsonArray(skipped));
+  // Pull and third-party copy: where the data comes from, and who asked.
+  if (!s.spec().source_site().empty()) {
+    o.Add("source", absl::StrCat(s.spec().source_site(), ":/", s.spec().source_export(), "/",
+                                 s.spec().source_path()));
+  }
+  if (!s.spec().requested_by().empty()) o.Add("requested_by", s.spec().requested_by());
   if (!s.error().empty()) o.Add("error", s.error());
   return o;
 }

@@ -75,7 +75,7 @@ void CollectTransfers(daemon::TransferManager* manager, Families& out) {
     std::map<v1::TransferState, int> by_state;
     double sent = 0, resent = 0, acked = 0, chunks = 0, queued = 0;
     std::map<std::string, std::pair<double, double>> per_peer;  // sent, resent
-    for (const v1::TransferStatus& t : manager->List(/*all=*/true)) {
+    for (const v1::TransferStatus& t : manager->List(/*all=*/true, /*with_remote=*/false)) {
       ++by_state[t.state()];
       sent += static_cast<double>(t.bytes_sent());
       resent += static_cast<double>(t.resent_bytes());

@@ -96,9 +96,14 @@ void Receiver::CountRefusal(const std::string& peer_site, const std::string& exp
   ++access_refused_[{peer_site, export_name}];
 }
 
-absl::Status Receiver::CheckWriter(const std::string& peer_site, const std::string& export_name) {
+absl::Status Receiver::CheckWriter(const std::string& peer_site, const std::string& export_name,
+                                   const std::string& dest_path, const std::string& transfer_id) {
   const ReceiverOptions::Export* e = options_.FindExport(export_name);
   if (e == nullptr || e->IsWriter(peer_site)) return absl::OkStatus();  // unknown: Resolve says so
+  if (options_.pull_granted &&
+      options_.pull_granted(peer_site, export_name, dest_path, transfer_id)) {
+    return absl::OkStatus();
+  }
   spdlog::warn("export {}: refusing to let {} write; its writers are [{}]", export_name, peer_site,
                absl::StrJoin(e->writers, ", "));
   CountRefusal(peer_site, export_name);
@@ -206,7 +211,10 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
 
   if (absl::Status s = CheckTransferId(open.transfer_id()); !s.ok()) return fail(s);
-  if (absl::Status s = CheckWriter(peer_site, open.export_name()); !s.ok()) return fail(s);
+  if (absl::Status s =
+          CheckWriter(peer_site, open.export_name(), open.dest_path(), open.transfer_id());
+      !s.ok())
+    return fail(s);
   // Each DATA stream holds up to a chunk in memory: the receiver's maximum
   // bounds it, whatever the sender asks for.
   if (open.manifest().chunk_size() > options_.max_chunk_size) {

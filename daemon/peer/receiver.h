@@ -75,6 +75,12 @@ struct ReceiverOptions {
   bool read_back_while_receiving = true;
   // The per-peer memory budget the Receiver keeps when it is given none.
   uint64_t memory_per_peer = 1ull << 30;
+  // A pull this site issued: whether transfer `transfer_id` of `source_site`
+  // may write `dest_path` of the export though that site is not one of its
+  // writers (null: no pulls).
+  std::function<bool(absl::string_view source_site, absl::string_view export_name,
+                     absl::string_view dest_path, absl::string_view transfer_id)>
+      pull_granted;
 
   // The export named `name`, or nullptr.
   const Export* FindExport(absl::string_view name) const;
@@ -90,12 +96,12 @@ struct ReceiverOptions {
 // read back from its staged file included, matches the sender's; on a
 // mismatch its prefix record is dropped and it is asked for from byte 0.
 //
-// Authorization: only the export's writers may open or commit a transfer
-// into it, and only where no other site's published destination is
-// (DestinationOwners); a refused open writes nothing, not even staging.
-// Commit, abort and verify act only on the asking site's own transfers.
-// Published files keep the manifest's mode masked by the export's umask;
-// `sync --keep` prunes only the checkpoints the same source site published.
+// Authorization: only the export's writers, or the source of a pull this
+// site issued into that destination, may open or commit a transfer into it, and only where no other
+// site's published destination is (DestinationOwners); a refused open writes nothing, not even
+// staging. Commit, abort and verify act only on the asking site's own transfers. Published files
+// keep the manifest's mode masked by the export's umask; `sync --keep` prunes only the checkpoints
+// the same source site published.
 //
 // Memory: what a peer makes it hold grows only with bytes received and is
 // charged to the peer's PeerMemoryBudget: control messages while they are
@@ -214,7 +220,9 @@ class Receiver {
   // sender's next open sends them again.
   absl::Status PublishLocked(Session& session) ABSL_NO_THREAD_SAFETY_ANALYSIS;  // holds session.mu
   // The export's writers check, counted and worded for the peer.
-  absl::Status CheckWriter(const std::string& peer_site, const std::string& export_name);
+  // `dest_path` and `transfer_id` are the transfer's: a pull grants one.
+  absl::Status CheckWriter(const std::string& peer_site, const std::string& export_name,
+                           const std::string& dest_path, const std::string& transfer_id);
   // Counts a refusal of `peer_site` in a configured export.
   void CountRefusal(const std::string& peer_site, const std::string& export_name);
   storage::PublishOptions PublishOptionsOf(const v1::IncomingTransfer& record) const;

@@ -388,7 +388,10 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site,
   } else {
     // Asked again: the config may have changed since the open, and another
     // site may have published over this path meanwhile.
-    if (absl::Status s = CheckWriter(peer_site, record.export_name()); !s.ok()) return fail(s);
+    if (absl::Status s =
+            CheckWriter(peer_site, record.export_name(), record.dest_path(), record.id());
+        !s.ok())
+      return fail(s);
     const std::string& relative = session->dest.relative;
     if (absl::Status s = owners_.Claim(record.export_name(), relative, peer_site); !s.ok()) {
       if (absl::IsPermissionDenied(s)) CountRefusal(peer_site, record.export_name());

@@ -17,6 +17,7 @@ import struct
 MAGIC = 0x4D46484C
 HELLO, CONTROL, CHUNK, CHUNK_ACK = 1, 2, 3, 4
 ROLE_CONTROL, ROLE_DATA = 1, 2
+ROLE_REMOTE = 6
 PROTOCOL_VERSION = 1
 ACK_DURABLE, ACK_HASH_MISMATCH, ACK_RETRY_LATER, ACK_REFUSED = 0, 1, 2, 3
 MIN_CHUNK_SIZE = 64 << 10
@@ -125,6 +126,13 @@ def manifest_file(path, size, mtime_ns=1_700_000_000_123_456_789, mode=0o644, ge
     return message((1, path), (2, size), (3, mtime_ns), (4, mode), (7, generation))
 
 
+def transfer_spec(source_export, source_path, dest_site, dest_export, dest_path, sources=(),
+                  requested_by=None):
+    """A TransferSpec (control.proto) naming a remote source."""
+    return message((1, list(sources)), (2, dest_site), (3, dest_export), (4, dest_path),
+                   (21, source_export), (22, source_path), (23, requested_by))
+
+
 def manifest(files, chunk_size=MIN_CHUNK_SIZE, empty_dirs=()):
     return message((1, list(files)), (2, chunk_size), (3, list(empty_dirs)))
 
@@ -145,7 +153,7 @@ class Answer:
         self.error = f.get(20, [b""])[0].decode()
         self.error_code = f.get(22, [0])[0]
         self.retryable = bool(f.get(21, [0])[0])
-        self.body_field = next((n for n in range(3, 10) if n in f), None)
+        self.body_field = next((n for n in range(3, 14) if n in f), None)
         self.body = decode(f[self.body_field][0]) if self.body_field else {}
 
     def ok(self):
@@ -213,6 +221,17 @@ class Channel:
     def verify(self, transfer_id):
         return self.call(8, message((1, transfer_id)))
 
+    def remote_submit(self, request_id, spec):
+        """A RemoteSubmitRequest (pull and third-party copy) with `spec`, a
+        TransferSpec from transfer_spec(); returns the Answer."""
+        return self.call(10, message((1, request_id), (2, spec)))
+
+    def remote_get(self, transfer_id):
+        return self.call(11, message((1, transfer_id)))
+
+    def remote_cancel(self, transfer_id):
+        return self.call(12, message((1, transfer_id)))
+
     def send_chunk(self, file_index, chunk_index, data, generation=0):
         """Sends one chunk with its right digest; returns (result, message) of its ack."""
         low, high = xxh128(data)
@@ -250,6 +269,12 @@ class HostilePeer:
 
     def control(self, transfer_id):
         return self.connect(ROLE_CONTROL, transfer_id)
+
+    def remote(self):
+        """A REMOTE channel: requests to the daemon's transfer manager as this site."""
+        channel = self.connect(ROLE_REMOTE, "")
+        channel.session = 0
+        return channel
 
     def publish(self, transfer_id, export, dest_path, files, chunk_size=MIN_CHUNK_SIZE, **open_args):
         """Opens, sends every chunk and commits a transfer of `files`

@@ -26,6 +26,10 @@ struct Destination {
   std::string path;
 };
 absl::StatusOr<Destination> ParseDestination(absl::string_view text);
+// Whether `text` names a location at a site, SITE:/EXPORT/PATH (a colon
+// right before the first slash), rather than a local path. Such a source is
+// a pull or third-party copy; ParseDestination parses it.
+bool IsRemoteLocation(absl::string_view text);
 
 // Whether a transfer state is final (COMPLETED, FAILED, CANCELLED).
 bool IsEndState(v1::TransferState state);

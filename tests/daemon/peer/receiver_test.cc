@@ -206,6 +206,30 @@ TEST_F(ReceiverAuthorizationTest, AReaderThatIsNotAWriterIsRefusedAndNothingIsWr
   EXPECT_EQ(receiver.stats().access_refused.size(), 1u);
 }
 
+// A pull this site issued lets its source write the one destination pulled,
+// with the transfer pulled only, while the pull lasts, though the export
+// lists no writers.
+TEST_F(ReceiverAuthorizationTest, APullsSourceMayOpenOnlyThePathPulledWhileThePullLasts) {
+  bool pull_running = true;
+  options_.exports[0].writers.clear();
+  options_.pull_granted = [&pull_running](absl::string_view site, absl::string_view export_name,
+                                          absl::string_view dest_path,
+                                          absl::string_view transfer_id) {
+    return pull_running && site == "site-c" && export_name == "ckpt" && dest_path == "pulled" &&
+           transfer_id == "t-c";
+  };
+  Receiver receiver(options_, *journal_, *fs_);
+  const int denied = static_cast<int>(absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(OpenAs(receiver, "site-c", "t-c", "other").error_code(), denied);
+  EXPECT_EQ(OpenAs(receiver, "site-c", "t-other", "pulled").error_code(), denied);
+  EXPECT_EQ(OpenAs(receiver, "site-a", "t-c", "pulled").error_code(), denied);
+  v1::PeerMessage ok = OpenAs(receiver, "site-c", "t-c", "pulled");
+  EXPECT_EQ(ok.error(), "");
+  EXPECT_TRUE(ok.has_open_reply());
+  pull_running = false;
+  EXPECT_EQ(OpenAs(receiver, "site-c", "t-c", "pulled").error_code(), denied);
+}
+
 TEST_F(ReceiverAuthorizationTest, AnExportWithoutWritersRefusesEveryone) {
   options_.exports[0].writers.clear();
   Receiver receiver(options_, *journal_, *fs_);

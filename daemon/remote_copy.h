@@ -1,0 +1,55 @@
+// Pull and third-party copy: a site asks another site to push one of its
+// exports' paths to a destination (`longhaul cp SITE:/EXPORT/PATH
+// SITE:/EXPORT/PATH`). The protocol is a REMOTE channel carrying
+// RemoteSubmitRequest, RemoteGetRequest and RemoteCancelRequest
+// (proto/longhaul/v1/peer.proto); the requester is the site the channel's TLS
+// certificate names, never a name inside a message.
+#ifndef LONGHAUL_DAEMON_REMOTE_COPY_H_
+#define LONGHAUL_DAEMON_REMOTE_COPY_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/config.h"
+#include "daemon/transport/transport.h"
+#include "longhaul/v1/control.pb.h"
+#include "longhaul/v1/peer.pb.h"
+
+namespace longhaul::daemon {
+
+// The source side's decision on a RemoteSubmitRequest's spec from
+// `requester`, before any file is looked at:
+//  - the spec names its source by source_export and source_path only (no
+//    `sources`), and no requester other than `requester` (requested_by);
+//  - the export exists here and lists `requester` in `readers`;
+//  - source_path is relative and clean (no "", "." or ".." components) and
+//    does not start with this site's own `.longhaul` (staging, trash);
+//  - the destination is another site than this one.
+// Returns the export. The caller then resolves the path strictly inside that
+// export with SourceAccess (symlinks judged by their targets, the daemon's
+// secrets and the export's .longhaul refused) and submits an ordinary push.
+// Refusals are PermissionDenied or InvalidArgument, worded for the
+// requester's operator: what to change and at which site.
+absl::StatusOr<const ExportConfig*> CheckRemoteSubmit(const DaemonConfig& config,
+                                                      const std::string& requester,
+                                                      const v1::TransferSpec& spec);
+
+// The absolute path below `e` that a checked spec names.
+std::string RemoteSourcePath(const ExportConfig& e, const v1::TransferSpec& spec);
+
+// The requester's side of one REMOTE request: dials `site` over `transport`,
+// sends `request` and returns the source's answer, its errors prefixed with
+// the site's name (Call). A source that has not answered within `timeout`
+// has its channel aborted: DeadlineExceeded, so a stalled peer cannot hold
+// the caller (a control call, a status) for longer.
+absl::StatusOr<v1::TransferStatus> CallRemote(transport::Transport& transport,
+                                              const PeerConfig& site, v1::PeerMessage request,
+                                              absl::Duration timeout = absl::Seconds(30));
+
+// The largest REMOTE message a daemon reads: requests are a spec and an id.
+inline constexpr size_t kMaxRemoteMessage = 64u << 10;
+
+}  // namespace longhaul::daemon
+
+#endif  // LONGHAUL_DAEMON_REMOTE_COPY_H_
