@@ -94,8 +94,10 @@ class RevocationTest(lh.SitesTestCase):
         # Long transfers from site-a (tcp and udp), one from site-c that
         # spans the reload, and a raw session held open by site-a.
         big = self.sites.path("big.bin")
-        with open(big, "wb") as f:
-            f.truncate(2048 * MIB)
+        with open(big, "wb") as f:  # written, not truncated: holes would not be sent
+            block = bytes(MIB)
+            for _ in range(512):
+                f.write(block)
         self.sites.cli("a", "limit", "--peer", "site-b", "40Mbit", check=True)
         long_args = ("--chunk-size", "4MiB", "--streams", "4")
         long_tcp = self.start("a", big, "site-b:/ckpt/long-tcp", "--transport", "tcp", *long_args)
