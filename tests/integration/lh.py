@@ -136,6 +136,21 @@ class Sites:
         raise AssertionError(f"{transfer_id} did not reach {states} in {timeout}s{logs}")
 
 
+class AccessSites(Sites):
+    """Local sites whose exports list the writers and readers given as
+    local-sites.sh entries ("site-b=site-a"); unlisted sites keep the
+    default (every other site)."""
+
+    def __init__(self, names, writers="", readers=""):
+        super().__init__(names=names)
+        self.writers = writers
+        self.readers = readers
+
+    def _script_env(self):
+        return dict(super()._script_env(), LONGHAUL_LOCAL_WRITERS=self.writers,
+                    LONGHAUL_LOCAL_READERS=self.readers)
+
+
 class SitesTestCase(unittest.TestCase):
     extra_config = ""
     site_names = ("site-a", "site-b")

@@ -20,27 +20,13 @@ CHUNK = 8 * MIB
 STREAMS = 4
 
 
-class AccessSites(lh.Sites):
-    """Local sites whose exports' writers and readers are local-sites.sh
-    entries ("site-a=site-b"); unlisted sites let every other site in."""
-
-    def __init__(self, names, writers="", readers=""):
-        super().__init__(names=names)
-        self.writers = writers
-        self.readers = readers
-
-    def _script_env(self):
-        return dict(super()._script_env(), LONGHAUL_LOCAL_WRITERS=self.writers,
-                    LONGHAUL_LOCAL_READERS=self.readers)
-
-
 class PullTestCase(unittest.TestCase):
     site_names = ("site-a", "site-b")
     writers = ""
     readers = ""
 
     def setUp(self):
-        self.sites = AccessSites(self.site_names, self.writers, self.readers)
+        self.sites = lh.AccessSites(self.site_names, self.writers, self.readers)
         self.addCleanup(self.sites.cleanup)
         self.sites.up()
 

@@ -22,28 +22,13 @@ import hostile_peer  # noqa: E402
 MARKER = "model.index.json"
 
 
-class AccessSites(lh.Sites):
-    """Local sites whose exports list the writers and readers given as
-    local-sites.sh entries ("site-b=site-a"); unlisted sites keep the
-    default (every other site)."""
-
-    def __init__(self, names, writers="", readers=""):
-        super().__init__(names=names)
-        self.writers = writers
-        self.readers = readers
-
-    def _script_env(self):
-        return dict(super()._script_env(), LONGHAUL_LOCAL_WRITERS=self.writers,
-                    LONGHAUL_LOCAL_READERS=self.readers)
-
-
 class AccessTestCase(unittest.TestCase):
     site_names = ("site-a", "site-b", "site-c")
     writers = ""
     readers = ""
 
     def setUp(self):
-        self.sites = AccessSites(self.site_names, self.writers, self.readers)
+        self.sites = lh.AccessSites(self.site_names, self.writers, self.readers)
         self.addCleanup(self.sites.cleanup)
         self.sites.up()
 
