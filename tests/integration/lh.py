@@ -151,6 +151,19 @@ class AccessSites(Sites):
                     LONGHAUL_LOCAL_READERS=self.readers)
 
 
+class AccessTestCase(unittest.TestCase):
+    """Each test gets fresh AccessSites `site_names`, whose exports list the
+    class's `writers` and `readers` (local-sites.sh entries)."""
+    site_names = ("site-a", "site-b")
+    writers = ""
+    readers = ""
+
+    def setUp(self):
+        self.sites = AccessSites(self.site_names, self.writers, self.readers)
+        self.addCleanup(self.sites.cleanup)
+        self.sites.up()
+
+
 class SitesTestCase(unittest.TestCase):
     extra_config = ""
     site_names = ("site-a", "site-b")

@@ -20,16 +20,7 @@ CHUNK = 8 * MIB
 STREAMS = 4
 
 
-class PullTestCase(unittest.TestCase):
-    site_names = ("site-a", "site-b")
-    writers = ""
-    readers = ""
-
-    def setUp(self):
-        self.sites = lh.AccessSites(self.site_names, self.writers, self.readers)
-        self.addCleanup(self.sites.cleanup)
-        self.sites.up()
-
+class PullTestCase(lh.AccessTestCase):
     def source_tree(self, name="step-100", files=3, size=256 << 10):
         src = os.path.join(self.sites.export("site-a"), name)
         for i in range(files):

@@ -22,15 +22,8 @@ import hostile_peer  # noqa: E402
 MARKER = "model.index.json"
 
 
-class AccessTestCase(unittest.TestCase):
+class AccessTestCase(lh.AccessTestCase):
     site_names = ("site-a", "site-b", "site-c")
-    writers = ""
-    readers = ""
-
-    def setUp(self):
-        self.sites = lh.AccessSites(self.site_names, self.writers, self.readers)
-        self.addCleanup(self.sites.cleanup)
-        self.sites.up()
 
     # -- helpers ----------------------------------------------------------
 
