@@ -236,6 +236,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
   if (!symlinks.ok()) return symlinks.status();
   storage::ManifestOptions manifest_options;
   manifest_options.symlinks = *symlinks;
+  manifest_options.hard_links = spec.hard_links();
   auto built = storage::BuildManifest(sources, spec.chunk_size(), manifest_options);
   if (!built.ok()) return built.status();
   if (absl::Status s = access.CheckBuild(caller, sources, *resolved, &*built); !s.ok()) {

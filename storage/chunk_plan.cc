@@ -25,6 +25,7 @@ namespace {
 // both suffices.
 void ForEachChunkWithData(const v1::ManifestFile& file, uint64_t chunk_size,
                           absl::FunctionRef<void(uint64_t chunk_index)> fn) {
+  if (file.link_of() != 0) return;  // its bytes are those of the file it links to
   const uint64_t n = ChunkCount(file.size(), chunk_size);
   if (!file.sparse()) {
     for (uint64_t c = 0; c < n; ++c) fn(c);
@@ -44,6 +45,7 @@ void ForEachChunkWithData(const v1::ManifestFile& file, uint64_t chunk_size,
 }  // namespace
 
 uint64_t PlannedBytes(const v1::ManifestFile& file, uint64_t chunk_size) {
+  if (file.link_of() != 0) return 0;
   if (!file.sparse()) return file.size();
   uint64_t bytes = 0;
   ForEachChunkWithData(file, chunk_size,

@@ -39,18 +39,21 @@ uint64_t ChunkCount(const v1::ManifestFile& file, uint64_t chunk_size);
 uint64_t ChunkSize(uint64_t file_size, uint64_t chunk_index, uint64_t chunk_size);
 uint64_t ChunkSize(const v1::ManifestFile& file, uint64_t chunk_index, uint64_t chunk_size);
 
-// The bytes of `file` the plan sends: the sizes of its chunks with data.
+// The bytes of `file` the plan sends: the sizes of its chunks with data; 0
+// for a hard link of an earlier file (ManifestFile.link_of).
 uint64_t PlannedBytes(const v1::ManifestFile& file, uint64_t chunk_size);
 
-// Whether the plan sends no chunk of `file` (0 bytes, or all holes): its
-// destination copy is made at its size without any chunk.
+// Whether the plan sends no chunk of `file` (0 bytes, all holes, or a hard
+// link of an earlier file).
 bool HasNoPlannedChunk(const v1::ManifestFile& file, uint64_t chunk_size);
 
 // Calls fn(id, size) for every chunk of file `file_index` of `manifest` that
 // has data, in chunk order: all of them, except for a sparse file
 // (ManifestFile.sparse) the chunks lying wholly in its holes, which are
 // never sent and read as zeros in a file made `size` bytes long without
-// writing them. file_index < manifest.files_size().
+// writing them, and none of a hard link of an earlier file
+// (ManifestFile.link_of), which is published as a link to that file.
+// file_index < manifest.files_size().
 void ForEachChunkOfFile(const v1::Manifest& manifest, uint32_t file_index,
                         absl::FunctionRef<void(ChunkId id, uint64_t size)> fn);
 

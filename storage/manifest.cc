@@ -10,6 +10,7 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -230,11 +231,28 @@ absl::StatusOr<ManifestBuild> BuildManifest(const std::vector<std::string>& sour
           absl::StrCat("source ", source, " is not a regular file or directory"));
     }
   }
+  if (options.hard_links) GroupHardLinks(out.manifest);
   return out;
+}
+
+void GroupHardLinks(v1::Manifest& manifest) {
+  // (device, inode) -> index of the first file with it.
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, int> first;
+  for (int i = 0; i < manifest.files_size(); ++i) {
+    v1::ManifestFile& f = *manifest.mutable_files(i);
+    f.clear_link_of();
+    auto [it, inserted] = first.try_emplace(std::make_pair(f.device(), f.inode()), i);
+    if (inserted) continue;
+    const v1::ManifestFile& target = manifest.files(it->second);
+    if (target.size() != f.size() || target.mode() != f.mode()) continue;
+    f.set_link_of(static_cast<uint32_t>(it->second) + 1);
+  }
 }
 
 void DropFollowed(const std::vector<std::string>& links, ManifestBuild& build) {
   if (links.empty()) return;
+  const bool grouped = std::any_of(build.manifest.files().begin(), build.manifest.files().end(),
+                                   [](const v1::ManifestFile& f) { return f.link_of() != 0; });
   const absl::flat_hash_set<std::string> drop(links.begin(), links.end());
   v1::Manifest kept = build.manifest;
   kept.clear_files();
@@ -257,6 +275,8 @@ void DropFollowed(const std::vector<std::string>& links, ManifestBuild& build) {
   build.file_links = std::move(out.file_links);
   build.empty_dir_paths = std::move(out.empty_dir_paths);
   build.empty_dir_links = std::move(out.empty_dir_links);
+  // Indices moved, and a group may have lost its first name.
+  if (grouped) GroupHardLinks(build.manifest);
 }
 
 std::string SymlinkTargetProblem(std::string_view link_path, std::string_view target,
@@ -411,6 +431,24 @@ absl::Status ValidateManifest(const v1::Manifest& m, const ManifestLimits& limit
                                 f.size()));
       }
       data_end = x.offset() + x.length();
+    }
+    if (f.link_of() != 0) {
+      // Publish links this name to its target's file, placed earlier.
+      const uint32_t target = f.link_of() - 1;
+      if (target >= static_cast<uint32_t>(i)) {
+        return bad(
+            absl::StrCat("is a hard link of file ", target, ", which does not come before it"));
+      }
+      const v1::ManifestFile& t = m.files(static_cast<int>(target));
+      if (t.link_of() != 0) {
+        return bad(absl::StrCat("is a hard link of file ", target,
+                                ", which is itself a hard link (not the first name of its file)"));
+      }
+      if (t.size() != f.size() || t.mode() != f.mode()) {
+        return bad(absl::StrFormat(
+            "is a hard link of file %u, but its size %u or mode 0%o differs from %u, 0%o", target,
+            f.size(), f.mode(), t.size(), t.mode()));
+      }
     }
   }
   // Symlinks: not a parent of anything (a write below one would go through

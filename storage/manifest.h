@@ -36,6 +36,9 @@ absl::StatusOr<SymlinkPolicy> ParseSymlinkPolicy(std::string_view name);
 
 struct ManifestOptions {
   SymlinkPolicy symlinks = SymlinkPolicy::kKeep;
+  // Files of the manifest that are names of one inode become a hard-link
+  // group (GroupHardLinks). Off: each name is an independent file.
+  bool hard_links = false;
 };
 
 // An entry of the sources that is not sent. `path` is relative to the
@@ -66,7 +69,8 @@ struct ManifestBuild {
 
 // Removes from `build` every file and empty dir reached through one of the
 // symlinks `links` (manifest paths, as in file_links), keeping the vectors
-// of `build` parallel to the manifest.
+// of `build` parallel to the manifest. Hard-link groups are formed again
+// over the files kept (GroupHardLinks) when the manifest had any.
 void DropFollowed(const std::vector<std::string>& links, ManifestBuild& build);
 
 // Why a symlink at manifest path `link_path` with `target` may not be sent
@@ -95,6 +99,14 @@ std::string SymlinkTargetProblem(std::string_view link_path, std::string_view ta
 absl::StatusOr<ManifestBuild> BuildManifest(const std::vector<std::string>& sources,
                                             uint64_t chunk_size,
                                             const ManifestOptions& options = {});
+
+// Sets ManifestFile.link_of for every file of `manifest` from the source
+// identity it records: the first file of each (device, inode) in manifest
+// order gets 0, every later one 1 + the index of that first file. Names of
+// the inode that are not in the manifest play no part. Files with the same
+// (device, inode) but another size or mode (a file changed between two
+// stats) are left independent.
+void GroupHardLinks(v1::Manifest& manifest);
 
 // Sets the size, mode and source identity (mtime, ctime, inode, device) of
 // `file` from `st`, a stat of its source. Path, generation and
@@ -130,10 +142,11 @@ struct ManifestLimits {
 // chunks; mode bits beyond 07777; a content_xxh128 that is neither empty
 // nor 16 bytes; data extents on a file that is not sparse, more than
 // max_data_extents of them, or extents that are empty, unsorted,
-// overlapping or reach past the file's size. empty_dirs follow the same
-// path rules. Symlinks follow the
-// path rules too, may not share a path with another entry nor be a parent
-// of one, and their targets must pass SymlinkTargetProblem.
+// overlapping or reach past the file's size; a link_of that does not name
+// an earlier file with link_of 0 and the same size and mode. empty_dirs
+// follow the same path rules. Symlinks follow the path rules too, may not
+// share a path with another entry nor be a parent of one, and their targets
+// must pass SymlinkTargetProblem.
 absl::Status ValidateManifest(const v1::Manifest& manifest, const ManifestLimits& limits = {});
 
 // Checks that the open source file `fd` is still the one in `file`: same

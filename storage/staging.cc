@@ -1,5 +1,6 @@
 #include "storage/staging.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -459,6 +460,38 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
     }
     std::optional<DirCache> dest_dirs;
     if (dest_dir) dest_dirs.emplace(fs, *dest_dir, dir_mode);
+    // Puts hard link `i` at `name` in `dir` (where `at` is found): another
+    // name of its target's file, placed in next/ earlier in this loop
+    // (ValidateManifest: the target comes first and is no link itself).
+    // A name an earlier run linked to an older copy of the target is linked
+    // again. Nothing when the target is lost: it is linked once the target
+    // is sent again.
+    auto place_link = [&](int i, Directory& dir, const std::string& name,
+                          const std::optional<FileInfo>& at) -> absl::Status {
+      const uint32_t t = manifest.files(i).link_of() - 1;
+      if (std::find(lost.begin(), lost.end(), t) != lost.end()) return absl::OkStatus();
+      auto [tprel, tname_sv] = SplitParent(manifest.files(static_cast<int>(t)).path());
+      const std::string tname(tname_sv);
+      absl::StatusOr<Directory*> tdir = next_dirs.Get(tprel, /*create=*/false);
+      if (!tdir.ok()) return tdir.status();
+      absl::StatusOr<std::optional<FileInfo>> target = fs.Stat(**tdir, tname);
+      if (!target.ok()) return target.status();
+      if (!target->has_value() || !(*target)->is_regular()) {
+        return absl::InternalError(absl::StrCat(
+            "staging ", s.dir, ": ", manifest.files(i).path(), " links to ",
+            manifest.files(static_cast<int>(t)).path(), ", which is not in the new version"));
+      }
+      if (at.has_value()) {
+        if (at->SameObject(**target)) return absl::OkStatus();  // linked by an earlier run
+        if (!at->is_regular()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("manifest file ", manifest.files(i).path(),
+                           " collides with another entry of the new version"));
+        }
+        if (absl::Status u = fs.Unlink(dir, name); !u.ok()) return u;
+      }
+      return fs.Link(**tdir, tname, dir, name);
+    };
     for (int i = 0; i < n; ++i) {
       const v1::ManifestFile& f = manifest.files(i);
       auto [prel, fname_sv] = SplitParent(f.path());
@@ -467,6 +500,11 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
       if (!dir.ok()) return dir.status();
       absl::StatusOr<std::optional<FileInfo>> at = fs.Stat(**dir, fname);
       if (!at.ok()) return at.status();
+      if (f.link_of() != 0) {
+        absl::Status l = place_link(i, **dir, fname, *at);
+        if (!l.ok()) return l;
+        continue;
+      }
       const bool placed = at->has_value() && (*at)->is_regular() && (*at)->size == f.size();
       if (skipped(i)) {
         if (placed) continue;  // linked by an earlier run

@@ -117,7 +117,9 @@ class Staging {
   //     mtime and is fsync'ed.
   //  2. single_file: f/0 is the new version. A tree: next/ is assembled,
   //     holding every file (staged ones moved in, skip_files hard-linked
-  //     from the current destination) and every empty dir; all of it fsync'ed.
+  //     from the current destination, each ManifestFile.link_of name
+  //     hard-linked to its target's file in next/) and every empty dir; all
+  //     of it fsync'ed.
   //  3. Point of no return: `installing` records the identity of what will
   //     be installed, durably.
   //  4. Install: rename (single file, or a new destination) or

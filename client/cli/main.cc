@@ -127,6 +127,7 @@ struct CopyOptions {
   std::string only_complete;
   bool checksum = false;
   std::string symlinks;  // keep|follow|refuse; "" is keep
+  bool hard_links = false;
 };
 
 // A checkpoint directory of a sync SRC and the commit markers it holds.
@@ -278,6 +279,7 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
   spec.set_sync(sync);
   spec.set_checksum(o.checksum);
   spec.set_symlinks(o.symlinks);
+  spec.set_hard_links(o.hard_links);
   spec.set_transport(o.transport);
   if (o.priority == "exchange") spec.set_priority(v1::EXCHANGE);
   if (o.priority == "background") spec.set_priority(v1::BACKGROUND);
@@ -544,6 +546,9 @@ int Main(int argc, char** argv) {
                     "keep (in-tree relative links stay links), follow (send targets inside a "
                     "readable export) or refuse; what is not sent is listed as skipped")
         ->check(CLI::IsMember({"keep", "follow", "refuse"}));
+    cmd->add_flag("--hard-links", copy.hard_links,
+                  "names of one file inside the sources arrive as hard links of one file, "
+                  "sent once");
     if (with_tuning) {
       cmd->add_option("--streams", copy.streams, "parallel streams")->check(CLI::Range(1, 64));
       cmd->add_option("--chunk-size", copy.chunk_size, "chunk size, e.g. 16MiB");

@@ -290,6 +290,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   answer.set_request_id(request.request_id());
   v1::OpenReply* reply = answer.mutable_open_reply();
   reply->set_sparse_files(true);
+  reply->set_hard_links(true);
   const bool published = *existing && (*existing)->state() == v1::IncomingTransfer::PUBLISHED;
   if (!published) {
     if (absl::Status s = owners_.Check(open.export_name(), dest->relative, peer_site); !s.ok()) {
@@ -319,6 +320,9 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   if (open.skip_unchanged()) {
     for (int f = 0; f < open.manifest().files_size(); ++f) {
       const v1::ManifestFile& file = open.manifest().files(f);
+      // A hard link is made again from its target's new version, so the
+      // group stays one file whether or not its target is unchanged.
+      if (file.link_of() != 0) continue;
       auto same = storage::PublishedFileMatches(fs_, *dest, open.single_file(), file,
                                                 open.compare_content());
       if (!same.ok()) return fail(same.status());

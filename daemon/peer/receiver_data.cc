@@ -135,7 +135,10 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
         valid = absl::InvalidArgumentError(absl::StrCat("no file ", chunk->file_index));
       } else {
         file = manifest.files(chunk->file_index);
-        if (chunk->chunk_index >= storage::ChunkCount(file, chunk_size)) {
+        if (file.link_of() != 0) {
+          valid = absl::InvalidArgumentError(
+              absl::StrCat("file ", file.path(), " is a hard link and has no chunks"));
+        } else if (chunk->chunk_index >= storage::ChunkCount(file, chunk_size)) {
           valid = absl::InvalidArgumentError(
               absl::StrCat("file ", file.path(), " has no chunk ", chunk->chunk_index));
         } else if (chunk->generation != file.generation()) {

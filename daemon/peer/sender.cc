@@ -296,13 +296,19 @@ absl::Status TransferSender::RunAttempt() {
     prefixes[{p.file_index(), p.chunk_index()}] = p.durable_bytes();
   }
 
-  // A receiver that does not plan by holes expects every chunk.
+  // A receiver that does not plan by holes expects every chunk; one that
+  // does not make hard links expects every name whole, read from its own
+  // source path.
   v1::Manifest dense;
-  if (!reply.sparse_files()) {
+  const bool as_sent = reply.sparse_files() && reply.hard_links();
+  if (!as_sent) {
     dense = manifest;
-    for (v1::ManifestFile& f : *dense.mutable_files()) f.clear_sparse();
+    for (v1::ManifestFile& f : *dense.mutable_files()) {
+      if (!reply.sparse_files()) f.clear_sparse();
+      if (!reply.hard_links()) f.clear_link_of();
+    }
   }
-  const v1::Manifest& plan = reply.sparse_files() ? manifest : dense;
+  const v1::Manifest& plan = as_sent ? manifest : dense;
 
   TransferProgress::Snapshot totals;
   std::deque<Chunk> queue;
@@ -768,21 +774,43 @@ absl::Status TransferSender::RefreshChangedFile(uint32_t file_index) {
   v1::OutgoingTransfer copy;
   {
     absl::MutexLock lock(&mu_);
-    const std::string& path = record_.source_paths(file_index);
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "source file ", path, " changed and can no longer be read: ", std::strerror(errno)));
+    v1::Manifest& manifest = *record_.mutable_manifest();
+    // A hard-link group changes as one: its first name and every link to
+    // it are stat'ed again, so links keep the size and mode of their target
+    // (ValidateManifest). A name that is no longer the target's file leaves
+    // the group and is sent as a file of its own.
+    const uint32_t link_of = manifest.files(static_cast<int>(file_index)).link_of();
+    const uint32_t first = link_of != 0 ? link_of - 1 : file_index;
+    std::vector<uint32_t> group = {first};
+    for (int i = static_cast<int>(first) + 1; i < manifest.files_size(); ++i) {
+      if (manifest.files(i).link_of() == first + 1) group.push_back(static_cast<uint32_t>(i));
     }
-    if (!S_ISREG(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("source ", path, " is no longer a regular file"));
+    struct stat first_st;
+    for (uint32_t f : group) {
+      const std::string& path = record_.source_paths(f);
+      struct stat st;
+      if (::stat(path.c_str(), &st) != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "source file ", path, " changed and can no longer be read: ", std::strerror(errno)));
+      }
+      if (!S_ISREG(st.st_mode)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("source ", path, " is no longer a regular file"));
+      }
+      v1::ManifestFile* file = manifest.mutable_files(static_cast<int>(f));
+      if (f == first) {
+        first_st = st;
+      } else if (st.st_dev == first_st.st_dev && st.st_ino == first_st.st_ino) {
+        // One file: one identity, even if it changes between the two stats.
+        st = first_st;
+      } else {
+        file->clear_link_of();
+      }
+      storage::RecordSourceIdentity(st, *file);
+      storage::RecordDataExtents(path, st, *file);
+      file->clear_content_xxh128();
+      file->set_generation(file->generation() + 1);
     }
-    v1::ManifestFile* file = record_.mutable_manifest()->mutable_files(file_index);
-    storage::RecordSourceIdentity(st, *file);
-    storage::RecordDataExtents(path, st, *file);
-    file->clear_content_xxh128();
-    file->set_generation(file->generation() + 1);
     copy = record_;
   }
   return journal_.PutOutgoing(copy, /*sync=*/true);

@@ -232,6 +232,50 @@ TEST_F(SymlinkManifestTest, RefuseFailsNamingTheLink) {
   EXPECT_EQ(*ParseSymlinkPolicy(""), SymlinkPolicy::kKeep);
 }
 
+TEST_F(BuildManifestTest, HardLinksGroupByInodeOnlyWhenAsked) {
+  // src/ gains a.bin with two more names, sub/deep/b.bin and sub/deep/c.bin,
+  // and a fourth one outside src, which is not part of the transfer.
+  const std::string src = dir_.Sub("src");
+  WriteFile(src + "/a.bin", Bytes(kChunk + 7, 5));
+  ASSERT_EQ(link((src + "/a.bin").c_str(), (src + "/sub/deep/b.bin").c_str()), 0);
+  ASSERT_EQ(link((src + "/a.bin").c_str(), (src + "/sub/deep/c.bin").c_str()), 0);
+  ASSERT_EQ(link((src + "/a.bin").c_str(), dir_.Sub("outside.bin").c_str()), 0);
+
+  auto linked = BuildManifest({src}, kChunk, {.hard_links = true});
+  ASSERT_TRUE(linked.ok()) << linked.status();
+  const v1::Manifest& m = linked->manifest;
+  std::map<std::string, uint32_t> link_of;
+  for (const v1::ManifestFile& f : m.files()) link_of[f.path()] = f.link_of();
+  // Walk order: a.bin, big.bin, empty.bin, one.bin, sub/deep/b.bin, ...
+  ASSERT_EQ(m.files(0).path(), "a.bin");
+  EXPECT_EQ(link_of, (std::map<std::string, uint32_t>{{"a.bin", 0},
+                                                      {"big.bin", 0},
+                                                      {"empty.bin", 0},
+                                                      {"one.bin", 0},
+                                                      {"sub/deep/b.bin", 1},
+                                                      {"sub/deep/c.bin", 1},
+                                                      {"sub/deep/x.txt", 0}}));
+  EXPECT_TRUE(ValidateManifest(m).ok()) << ValidateManifest(m);
+  uint64_t planned = 0;
+  ForEachChunk(m, [&](ChunkId, uint64_t size) { planned += size; });
+  EXPECT_EQ(planned, (kChunk + 7) + (kChunk * 2 + kChunk / 2) + 1 + 5);  // a.bin once
+
+  // A group is found again over what is left when names are dropped.
+  v1::Manifest without_first = m;
+  without_first.mutable_files()->erase(without_first.mutable_files()->begin());
+  GroupHardLinks(without_first);
+  for (const v1::ManifestFile& f : without_first.files()) link_of[f.path()] = f.link_of();
+  EXPECT_EQ(link_of.at("sub/deep/b.bin"), 0u);
+  EXPECT_EQ(link_of.at("sub/deep/c.bin"), 4u);  // 1 + index of sub/deep/b.bin
+  EXPECT_TRUE(ValidateManifest(without_first).ok());
+
+  auto independent = BuildManifest({src}, kChunk);
+  ASSERT_TRUE(independent.ok()) << independent.status();
+  for (const v1::ManifestFile& f : independent->manifest.files()) {
+    EXPECT_EQ(f.link_of(), 0u) << f.path();
+  }
+}
+
 TEST_F(BuildManifestTest, SpecialFilesAreListedAsSkipped) {
   ASSERT_EQ(mkfifo(dir_.Sub("src/fifo").c_str(), 0600), 0);
   auto b = BuildManifest({dir_.Sub("src")}, kChunk);
@@ -500,6 +544,46 @@ TEST(ValidateManifestTest, RejectsDataExtentsThatLieOrOverlap) {
     e->set_length(1);
   }
   EXPECT_EQ(ValidateManifest(two, limits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateManifestTest, RejectsHardLinksThatDoNotNameAnEarlierFile) {
+  // Good(): files 0..2 of 100 bytes, mode 0644.
+  auto with = [](std::vector<std::pair<int, uint32_t>> links,
+                 void (*edit)(v1::Manifest&) = nullptr) {
+    v1::Manifest m = Good();
+    for (const auto& [file, link_of] : links) m.mutable_files(file)->set_link_of(link_of);
+    if (edit != nullptr) edit(m);
+    return ValidateManifest(m);
+  };
+  EXPECT_TRUE(with({{1, 1}, {2, 1}}).ok()) << with({{1, 1}, {2, 1}});
+  EXPECT_TRUE(with({{2, 2}}).ok());
+  const absl::Status forward = with({{0, 3}});
+  EXPECT_EQ(forward.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(forward.message().find("does not come before it"), std::string::npos) << forward;
+  EXPECT_EQ(with({{1, 2}}).code(), absl::StatusCode::kInvalidArgument);  // itself
+  EXPECT_EQ(with({{2, 4}}).code(), absl::StatusCode::kInvalidArgument);  // past the end
+  EXPECT_EQ(with({{2, UINT32_MAX}}).code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status chained = with({{1, 1}, {2, 2}});  // a link of a link
+  EXPECT_EQ(chained.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(chained.message().find("itself a hard link"), std::string::npos) << chained;
+  const absl::Status size =
+      with({{1, 1}}, [](v1::Manifest& m) { m.mutable_files(1)->set_size(101); });
+  EXPECT_EQ(size.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(size.message().find("differs"), std::string::npos) << size;
+  EXPECT_EQ(with({{1, 1}}, [](v1::Manifest& m) { m.mutable_files(1)->set_mode(0600); }).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChunkPlanHardLinkTest, ALinkedNameHasNoChunks) {
+  v1::Manifest m = Good();
+  m.set_chunk_size(kChunk);
+  for (v1::ManifestFile& f : *m.mutable_files()) f.set_size(kChunk * 2);
+  m.mutable_files(2)->set_link_of(1);
+  std::vector<uint32_t> files;
+  ForEachChunk(m, [&](ChunkId id, uint64_t) { files.push_back(id.file_index); });
+  EXPECT_EQ(files, (std::vector<uint32_t>{0, 0, 1, 1}));
+  EXPECT_EQ(PlannedBytes(m.files(2), kChunk), 0u);
+  EXPECT_EQ(PlannedBytes(m.files(1), kChunk), kChunk * 2);
 }
 
 TEST(ValidateManifestTest, RejectsHugeSizesAndBadModes) {

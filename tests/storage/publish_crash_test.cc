@@ -56,6 +56,9 @@ struct Case {
   Layout layout;
   Restart restart;
   bool cancel_after_restart;
+  // A tree whose manifest also has hard links (ManifestFile.link_of): one of
+  // a staged file, one of an unchanged file linked from the old version.
+  bool hard_links = false;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
@@ -63,7 +66,8 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
                            "ReplaceFile"};
   return std::string(layouts[static_cast<int>(info.param.layout)]) +
          (info.param.restart == Restart::kPowerLoss ? "_PowerLoss" : "_ProcessCrash") +
-         (info.param.cancel_after_restart ? "_ThenCancel" : "_ThenResume");
+         (info.param.cancel_after_restart ? "_ThenCancel" : "_ThenResume") +
+         (info.param.hard_links ? "_HardLinks" : "");
 }
 
 class PublishCrashTest : public ::testing::TestWithParam<Case> {
@@ -96,6 +100,10 @@ class PublishCrashTest : public ::testing::TestWithParam<Case> {
       Add("sub/shard-2", "v2 shard 2", 0600);
       Add("new/deeper/shard-3", "v2 shard 3", 0644);
       Add("sub/empty-file", "", 0444);
+      if (GetParam().hard_links) {
+        Add("new/shard-2-again", contents_["sub/shard-2"], 0600)->set_link_of(4);
+        Add("shard-1-again", contents_["shard-1"], 0644)->set_link_of(3);
+      }
       manifest_.add_empty_dirs("logs/tensorboard");
       Tree files;
       for (const auto& f : manifest_.files()) files[f.path()] = contents_[f.path()];
@@ -105,13 +113,36 @@ class PublishCrashTest : public ::testing::TestWithParam<Case> {
     }
   }
 
-  void Add(const std::string& path, const std::string& contents, uint32_t mode) {
+  v1::ManifestFile* Add(const std::string& path, const std::string& contents, uint32_t mode) {
     v1::ManifestFile* f = manifest_.add_files();
     f->set_path(path);
     f->set_size(contents.size());
     f->set_mode(mode);
     f->set_mtime_ns(kMtime + manifest_.files_size());
     contents_[path] = contents;
+    return f;
+  }
+
+  // Whether every hard link of the manifest is, at the destination, the
+  // same file as its target.
+  ::testing::AssertionResult LinksAreOneFile(FaultInjectionFileSystem& fs) const {
+    auto stat = [&](const std::string& path) -> absl::StatusOr<std::optional<FileInfo>> {
+      const std::string abs = dest_abs() + "/" + path;
+      const size_t slash = abs.rfind('/');
+      auto dir = fs.OpenRoot(abs.substr(0, slash));
+      if (!dir.ok()) return dir.status();
+      return fs.Stat(**dir, abs.substr(slash + 1));
+    };
+    for (const v1::ManifestFile& f : manifest_.files()) {
+      if (f.link_of() == 0) continue;
+      const std::string& target = manifest_.files(static_cast<int>(f.link_of() - 1)).path();
+      auto a = stat(f.path());
+      auto b = stat(target);
+      if (!a.ok() || !b.ok() || !a->has_value() || !b->has_value() || !(*a)->SameObject(**b)) {
+        return ::testing::AssertionFailure() << f.path() << " is not a hard link of " << target;
+      }
+    }
+    return ::testing::AssertionSuccess();
   }
 
   // A fresh file system: the old version (if any) and the new one staged,
@@ -136,7 +167,7 @@ class PublishCrashTest : public ::testing::TestWithParam<Case> {
     ASSERT_TRUE(staging.ok()) << staging.status();
     for (int i = 0; i < manifest_.files_size(); ++i) {
       const v1::ManifestFile& f = manifest_.files(i);
-      if (f.size() == 0 || options_.skip_files.contains(i)) continue;
+      if (f.size() == 0 || options_.skip_files.contains(i) || f.link_of() != 0) continue;
       auto file = staging->OpenFile(i, f);
       ASSERT_TRUE(file.ok()) << file.status();
       const std::string& data = contents_[f.path()];
@@ -200,6 +231,7 @@ TEST_P(PublishCrashTest, EveryStepKeepsOneWholeVersionAndConverges) {
         // Publish finished before this step: every step was tried.
         ASSERT_TRUE(published.ok()) << published;
         EXPECT_EQ(Destination(fs), std::optional<Tree>(new_));
+        EXPECT_TRUE(LinksAreOneFile(fs));
         break;
       }
       EXPECT_FALSE(published.ok());
@@ -218,7 +250,10 @@ TEST_P(PublishCrashTest, EveryStepKeepsOneWholeVersionAndConverges) {
     if (Destination(fs) != std::optional<Tree>(new_)) {
       // Every acknowledged chunk is still there, wherever publish left it.
       for (int i = 0; i < manifest_.files_size(); ++i) {
-        if (options_.skip_files.contains(i) || manifest_.files(i).size() == 0) continue;
+        if (options_.skip_files.contains(i) || manifest_.files(i).size() == 0 ||
+            manifest_.files(i).link_of() != 0) {
+          continue;
+        }
         absl::StatusOr<bool> held = staging->HoldsFile(i, manifest_.files(i));
         ASSERT_TRUE(held.ok()) << held.status();
         EXPECT_TRUE(*held) << manifest_.files(i).path() << " lost\n" << log;
@@ -233,6 +268,7 @@ TEST_P(PublishCrashTest, EveryStepKeepsOneWholeVersionAndConverges) {
       absl::Status again = staging->Publish(manifest_, options_);
       ASSERT_TRUE(again.ok()) << again << "\n" << log;
       EXPECT_EQ(Destination(fs), std::optional<Tree>(new_)) << log;
+      EXPECT_TRUE(LinksAreOneFile(fs)) << log;
       ASSERT_TRUE(staging->Remove().ok());
     }
     EXPECT_EQ(fs.Tree(std::string(kExport) + "/.longhaul/staging"), std::optional<Tree>(Tree{}))
@@ -256,6 +292,19 @@ INSTANTIATE_TEST_SUITE_P(
       return cases;
     }()),
     CaseName);
+
+INSTANTIATE_TEST_SUITE_P(TreesWithHardLinks, PublishCrashTest, ::testing::ValuesIn([] {
+                           std::vector<Case> cases;
+                           for (Layout l : {Layout::kNewTree, Layout::kReplaceTree,
+                                            Layout::kReplaceTreeWithoutExchange}) {
+                             for (Restart r : {Restart::kProcessCrash, Restart::kPowerLoss}) {
+                               for (bool cancel : {false, true})
+                                 cases.push_back({l, r, cancel, /*hard_links=*/true});
+                             }
+                           }
+                           return cases;
+                         }()),
+                         CaseName);
 
 // On a file system that keeps whole seconds, a published tree is still
 // recognised as published (sync, and a publish re-run) and replaced cleanly.

@@ -207,6 +207,76 @@ TEST_F(StagingTest, UnchangedFilesAreHardLinkedIntoTheNewVersion) {
   EXPECT_TRUE(Exists(dest + "/.metadata"));
 }
 
+// ManifestFile.link_of: a linked name is no staged file of its own but a
+// hard link, in the new version, of its target's file: staged, or unchanged
+// and linked from the current destination.
+TEST_F(StagingTest, HardLinksArePublishedAsOneFileWithTheirTarget) {
+  const std::string dest = dir_.Sub("export/ckpt");
+  MakeDirs(dest);
+  WriteFile(dest + "/shard-0.distcp", std::string(70000, 'k'));
+  struct timespec times[2] = {{0, UTIME_OMIT}, {kMtime / 1000000000, kMtime % 1000000000}};
+  ASSERT_EQ(utimensat(AT_FDCWD, (dest + "/shard-0.distcp").c_str(), times, 0), 0);
+  struct stat unchanged;
+  ASSERT_EQ(stat((dest + "/shard-0.distcp").c_str(), &unchanged), 0);
+  v1::ManifestFile staged_link = m_.files(2);  // .metadata, staged
+  staged_link.set_path("other/metadata-again");
+  staged_link.set_link_of(3);
+  *m_.add_files() = staged_link;  // 5
+  v1::ManifestFile unchanged_link = m_.files(0);
+  unchanged_link.set_path("shard-0-again");
+  unchanged_link.set_link_of(1);
+  *m_.add_files() = unchanged_link;  // 6
+  auto s = Open("ckpt", "t-links");
+  ASSERT_TRUE(s.ok());
+  for (int i = 1; i <= 4; ++i) {
+    if (m_.files(i).size() == 0) continue;
+    auto file = s->OpenFile(i, m_.files(i));
+    ASSERT_TRUE(file.ok()) << file.status();
+    auto data = Bytes(m_.files(i).size(), i);
+    ASSERT_TRUE((*file)->WriteAt(0, data).ok());
+    ASSERT_TRUE((*file)->Sync().ok());
+  }
+  // An earlier, interrupted run left another file under a linked name.
+  MakeDirs(s->dir() + "/next/other");
+  WriteFile(s->dir() + "/next/other/metadata-again", std::string(300, 'o'));
+  opts_.skip_files = {0};
+  absl::Status st = s->Publish(m_, opts_);
+  ASSERT_TRUE(st.ok()) << st;
+
+  struct stat target, link;
+  ASSERT_EQ(stat((dest + "/.metadata").c_str(), &target), 0);
+  ASSERT_EQ(stat((dest + "/other/metadata-again").c_str(), &link), 0);
+  EXPECT_EQ(link.st_ino, target.st_ino);
+  EXPECT_EQ(link.st_nlink, 2u);
+  const auto metadata = Bytes(300, 2);
+  EXPECT_EQ(ReadFile(dest + "/other/metadata-again"),
+            std::string(metadata.begin(), metadata.end()));
+  ASSERT_EQ(stat((dest + "/shard-0-again").c_str(), &link), 0);
+  EXPECT_EQ(link.st_ino, unchanged.st_ino);
+  EXPECT_EQ(ReadFile(dest + "/shard-0-again"), std::string(70000, 'k'));
+  EXPECT_FALSE(Exists(s->dir() + "/f/5"));  // never staged
+}
+
+TEST_F(StagingTest, AHardLinkWaitsForItsLostTargetAndIsNotAskedFor) {
+  v1::ManifestFile link = m_.files(0);
+  link.set_path("shard-0-again");
+  link.set_link_of(1);
+  *m_.add_files() = link;  // 5
+  auto s = Open("ckpt/step-links", "t-lost-link");
+  ASSERT_TRUE(s.ok());
+  for (int i = 1; i <= 4; ++i) {
+    if (m_.files(i).size() == 0) continue;
+    auto file = s->OpenFile(i, m_.files(i));
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_TRUE((*file)->WriteAt(0, Bytes(m_.files(i).size(), i)).ok());
+  }
+  std::vector<uint32_t> resend;
+  absl::Status st = s->Publish(m_, opts_, &resend);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(resend, std::vector<uint32_t>{0});
+  EXPECT_FALSE(Exists(dir_.Sub("export/ckpt/step-links")));
+}
+
 TEST_F(StagingTest, AnUnchangedFileThatChangedMeanwhileIsAskedForAgain) {
   const std::string dest = dir_.Sub("export/ckpt");
   MakeDirs(dest);

@@ -2,6 +2,8 @@
 // with publishes a crash interrupted, and whom it lets write.
 #include "daemon/peer/receiver.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -305,6 +307,57 @@ TEST_F(ReceiverAuthorizationTest, AManifestSymlinkLeavingTheTreeIsRefusedAndNoth
   EXPECT_EQ(fs_->Tree(export_), before);
 }
 
+// A hostile writer's manifest whose hard links (ManifestFile.link_of) do not
+// name an earlier, ordinary file of the same size and mode: refused at open,
+// before anything is written. A well-formed one is accepted, and the answer
+// says hard links are made.
+TEST_F(ReceiverAuthorizationTest, AHostileHardLinkManifestIsRefusedAndNothingIsWritten) {
+  Receiver receiver(options_, *journal_, *fs_);
+  const auto before = fs_->Tree(export_);
+  // record_: shard-0 (0), .metadata (1, another size); file 2 is shard-0's
+  // size and mode, file 3 too.
+  auto open_with = [&](const std::string& id, std::vector<uint32_t> link_of) {
+    v1::PeerMessage request;
+    v1::OpenRequest* open = request.mutable_open();
+    open->set_transfer_id(id);
+    open->set_export_name("ckpt");
+    open->set_dest_path("ckpt/" + id);
+    v1::Manifest* m = open->mutable_manifest();
+    *m = record_.manifest();
+    for (const char* path : {"again/shard-0", "shard-0-too"}) {
+      v1::ManifestFile* f = m->add_files();
+      *f = m->files(0);
+      f->set_path(path);
+    }
+    for (size_t i = 0; i < link_of.size(); ++i) {
+      m->mutable_files(static_cast<int>(i))->set_link_of(link_of[i]);
+    }
+    return Call(receiver, "site-a", id, request);
+  };
+  const std::vector<std::pair<std::string, std::vector<uint32_t>>> hostile = {
+      {"forward", {3, 0, 0, 0}},         // shard-0 -> again/shard-0, later
+      {"itself", {0, 0, 3, 0}},          // again/shard-0 -> itself
+      {"chain", {0, 0, 1, 3}},           // shard-0-too -> again/shard-0, a link
+      {"out-of-range", {0, 0, 0, 100}},  // no file 99
+      {"size", {0, 0, 2, 0}},            // again/shard-0 -> .metadata, another size
+  };
+  for (const auto& [id, link_of] : hostile) {
+    v1::PeerMessage answer = open_with(id, link_of);
+    EXPECT_EQ(answer.error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << id;
+    EXPECT_NE(answer.error().find("manifest refused: manifest file"), std::string::npos)
+        << id << ": " << answer.error();
+    EXPECT_NE(answer.error().find("hard link"), std::string::npos) << answer.error();
+    EXPECT_FALSE(answer.retryable());
+    EXPECT_EQ(fs_->Tree(export_), before) << id;
+    auto record = journal_->GetIncoming(id);
+    ASSERT_TRUE(record.ok());
+    EXPECT_FALSE(record->has_value()) << id;
+  }
+  v1::PeerMessage good = open_with("linked", {0, 0, 1, 1});
+  EXPECT_TRUE(good.error().empty()) << good.error();
+  EXPECT_TRUE(good.open_reply().hard_links());
+}
+
 TEST_F(ReceiverAuthorizationTest, AnAbortFromASiteThatMayWriteNowhereLeavesNoRecord) {
   Receiver receiver(options_, *journal_, *fs_);
   v1::PeerMessage abort;
@@ -555,12 +608,13 @@ class ReceiverPiecesTest : public ReceiverAuthorizationTest {
     return answer.open_reply();
   }
 
-  // One chunk frame of chunk 0 from byte `offset` with the whole chunk's
-  // digest, of which only `sent` payload bytes arrive before the stream ends.
-  std::vector<uint8_t> ChunkFrame(uint64_t offset, uint64_t sent) {
+  // One chunk frame of chunk 0 (of file `file_index`) from byte `offset`
+  // with the whole chunk's digest, of which only `sent` payload bytes arrive
+  // before the stream ends.
+  std::vector<uint8_t> ChunkFrame(uint64_t offset, uint64_t sent, uint32_t file_index = 0) {
     std::array<uint8_t, wire::kChunkHeaderSize> header;
-    wire::EncodeChunkHeader({0, 0, 0, digest_.low, digest_.high, static_cast<uint32_t>(offset)},
-                            header);
+    wire::EncodeChunkHeader(
+        {file_index, 0, 0, digest_.low, digest_.high, static_cast<uint32_t>(offset)}, header);
     std::array<uint8_t, wire::kFrameHeaderSize> frame;
     wire::EncodeFrameHeader(
         {wire::FrameType::kChunk, static_cast<uint32_t>(wire::kChunkHeaderSize + kChunk - offset),
@@ -659,6 +713,36 @@ TEST_F(ReceiverPiecesTest, AChunkCutAfterTwoPiecesResumesFromItsDurablePrefix) {
   commit.mutable_commit()->set_transfer_id(kId);
   EXPECT_EQ(Call(*receiver, "site-a", kId, commit).error(), "");
   EXPECT_TRUE(storage::testing::ReadFile(export_ + "/pieces/shard-0") ==
+              std::string(data_.begin(), data_.end()));
+}
+
+// A hard link (ManifestFile.link_of) has no chunks: one sent for it is
+// refused. Its target's chunks make both names, published as one file.
+TEST_F(ReceiverPiecesTest, AHardLinkTakesNoChunkAndIsPublishedAsItsTargetsFile) {
+  v1::ManifestFile* link = manifest_.add_files();
+  *link = manifest_.files(0);
+  link->set_path("again/shard-0");
+  link->set_link_of(1);
+  std::unique_ptr<Receiver> receiver = Start();
+  v1::OpenReply reply = Open(*receiver);
+  EXPECT_TRUE(reply.hard_links());
+  Answers refused = Serve(*receiver, ChunkFrame(0, kChunk, /*file_index=*/1));
+  ASSERT_EQ(refused.acks.size(), 1u);
+  EXPECT_EQ(refused.acks[0].result, wire::ChunkAck::Result::kRefused);
+  EXPECT_NE(refused.acks[0].message.find("hard link"), std::string::npos)
+      << refused.acks[0].message;
+
+  Answers answers = Serve(*receiver, ChunkFrame(0, kChunk));
+  ASSERT_EQ(answers.acks.size(), 1u);
+  EXPECT_EQ(answers.acks[0].result, wire::ChunkAck::Result::kDurable) << answers.acks[0].message;
+  v1::PeerMessage commit;
+  commit.mutable_commit()->set_transfer_id(kId);
+  EXPECT_EQ(Call(*receiver, "site-a", kId, commit).error(), "");
+  struct stat target, linked;
+  ASSERT_EQ(stat((export_ + "/pieces/shard-0").c_str(), &target), 0);
+  ASSERT_EQ(stat((export_ + "/pieces/again/shard-0").c_str(), &linked), 0);
+  EXPECT_EQ(linked.st_ino, target.st_ino);
+  EXPECT_TRUE(storage::testing::ReadFile(export_ + "/pieces/again/shard-0") ==
               std::string(data_.begin(), data_.end()));
 }
 
