@@ -1,5 +1,6 @@
 """Faithful trees: symlinks kept, followed or refused per transfer, and what
-is not sent is listed in the result, the human output and `status`."""
+is not sent is listed in the result, the human output and `status`; sparse
+files keep their holes; hard links stay hard links with --hard-links."""
 
 import json
 import os
@@ -194,6 +195,95 @@ class SparseFileTest(lh.SitesTestCase):
         dest = os.path.join(self.sites.export("site-b"), "moving")
         self.assertEqual(lh.tree_digest(src), lh.tree_digest(dest))
         self.assertLess(os.stat(os.path.join(dest, "disk.img")).st_blocks * 512, 64 * MIB)
+
+class HardLinkTest(lh.SitesTestCase):
+    """--hard-links: names of one file inside the sources arrive as hard links
+    of one file, and its bytes are sent once."""
+
+    SIZE = 3 << 20
+
+    def setUp(self):
+        super().setUp()
+        # src/
+        #   weights.bin            \
+        #   sub/weights-a.bin       } one file, three names
+        #   sub/weights-b.bin      /
+        #   other.bin              an ordinary file
+        self.src = self.sites.path("src")
+        self.names = ["weights.bin", "sub/weights-a.bin", "sub/weights-b.bin"]
+        lh.write_random(os.path.join(self.src, self.names[0]), self.SIZE, seed=11)
+        for name in self.names[1:]:
+            os.makedirs(os.path.dirname(os.path.join(self.src, name)), exist_ok=True)
+            os.link(os.path.join(self.src, self.names[0]), os.path.join(self.src, name))
+        lh.write_random(os.path.join(self.src, "other.bin"), 100_000, seed=12)
+        self.dest = os.path.join(self.sites.export("site-b"), "linked")
+
+    def inodes(self, root, names):
+        return {os.stat(os.path.join(root, n)).st_ino for n in names}
+
+    def assertOneFile(self, root, names):
+        self.assertEqual(len(self.inodes(root, names)), 1, f"{names} are not one file")
+        self.assertGreaterEqual(os.stat(os.path.join(root, names[0])).st_nlink, len(names))
+
+    def test_a_group_arrives_as_one_file_sent_once(self):
+        proc, result = self.sites.cp(self.src, "site-b:/ckpt/linked", "--hard-links")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(result["state"], "COMPLETED", result.get("error"))
+        self.assertEqual(lh.tree_digest(self.src), lh.tree_digest(self.dest))
+        self.assertOneFile(self.dest, self.names)
+        self.assertEqual(os.stat(os.path.join(self.dest, "other.bin")).st_nlink, 1)
+        # One copy of the group and other.bin, not three.
+        self.assertLess(result["bytes_sent"], 1.5 * self.SIZE)
+        verify = self.sites.cli("a", "verify", result["id"], "--json")
+        self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
+
+    def test_without_the_option_each_name_is_a_file_of_its_own(self):
+        proc, result = self.sites.cp(self.src, "site-b:/ckpt/linked")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(result["state"], "COMPLETED", result.get("error"))
+        self.assertEqual(lh.tree_digest(self.src), lh.tree_digest(self.dest))
+        self.assertEqual(len(self.inodes(self.dest, self.names)), 3)
+        self.assertGreaterEqual(result["bytes_sent"], 3 * self.SIZE)
+
+    def test_names_outside_the_tree_play_no_part(self):
+        outside = self.sites.path("outside.bin")
+        os.link(os.path.join(self.src, self.names[0]), outside)
+        proc, result = self.sites.cp(os.path.join(self.src, "sub"), "site-b:/ckpt/linked",
+                                     "--hard-links")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(result["state"], "COMPLETED", result.get("error"))
+        inside = ["weights-a.bin", "weights-b.bin"]
+        self.assertOneFile(self.dest, inside)
+        self.assertEqual(os.stat(os.path.join(self.dest, inside[0])).st_nlink, 2)
+        self.assertEqual(lh.tree_digest(os.path.join(self.src, "sub")), lh.tree_digest(self.dest))
+        self.assertLess(result["bytes_sent"], 1.5 * self.SIZE)
+
+    def sync(self):
+        proc = self.sites.cli("a", "sync", self.src, "site-b:/ckpt/linked", "--hard-links",
+                              "--wait", "--json")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        result = json.loads(proc.stdout)
+        self.assertEqual(result["state"], "COMPLETED", result.get("error"))
+        self.assertEqual(lh.tree_digest(self.src), lh.tree_digest(self.dest))
+        self.assertOneFile(self.dest, self.names)
+        return result
+
+    def test_sync_keeps_the_group_and_sends_a_change_once(self):
+        first = self.sync()
+        self.assertLess(first["bytes_sent"], 1.5 * self.SIZE)
+        again = self.sync()
+        self.assertEqual(again["bytes_sent"], 0)
+        # Rewritten through one name: every name shows the new content.
+        lh.rewrite_in_place(os.path.join(self.src, "sub/weights-b.bin"), self.SIZE, seed=13)
+        changed = self.sync()
+        self.assertGreater(changed["bytes_sent"], 0)
+        self.assertLess(changed["bytes_sent"], 1.5 * self.SIZE)
+        with open(os.path.join(self.src, "sub/weights-b.bin"), "rb") as f:
+            new = f.read()
+        for name in self.names:
+            with open(os.path.join(self.dest, name), "rb") as f:
+                self.assertEqual(f.read(), new, name)
+
 
 if __name__ == "__main__":
     import unittest
