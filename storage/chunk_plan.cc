@@ -66,6 +66,16 @@ void ForEachChunkOfFile(const v1::Manifest& manifest, uint32_t file_index,
   });
 }
 
+v1::Manifest ManifestAsPlannedBy(const v1::Manifest& manifest, bool sparse_files, bool hard_links) {
+  v1::Manifest plan = manifest;
+  if (sparse_files && hard_links) return plan;
+  for (v1::ManifestFile& f : *plan.mutable_files()) {
+    if (!sparse_files) f.clear_sparse();
+    if (!hard_links) f.clear_link_of();
+  }
+  return plan;
+}
+
 void ForEachChunk(const v1::Manifest& manifest,
                   absl::FunctionRef<void(ChunkId id, uint64_t size)> fn) {
   for (int f = 0; f < manifest.files_size(); ++f) {

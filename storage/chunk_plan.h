@@ -57,6 +57,13 @@ bool HasNoPlannedChunk(const v1::ManifestFile& file, uint64_t chunk_size);
 void ForEachChunkOfFile(const v1::Manifest& manifest, uint32_t file_index,
                         absl::FunctionRef<void(ChunkId id, uint64_t size)> fn);
 
+// The manifest as a receiver plans it, by what its OpenReply announced:
+// without `sparse_files` (an older receiver) every file is planned whole,
+// holes sent as zeros; without `hard_links` every linked name is planned as
+// an independent file, its bytes read from its own source path. Returns
+// `manifest` unchanged when both are announced.
+v1::Manifest ManifestAsPlannedBy(const v1::Manifest& manifest, bool sparse_files, bool hard_links);
+
 // Calls fn(id, size) for every chunk of `manifest` that has data: file by
 // file, each in chunk order. An empty file has none.
 void ForEachChunk(const v1::Manifest& manifest,

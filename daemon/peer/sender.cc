@@ -296,19 +296,14 @@ absl::Status TransferSender::RunAttempt() {
     prefixes[{p.file_index(), p.chunk_index()}] = p.durable_bytes();
   }
 
-  // A receiver that does not plan by holes expects every chunk; one that
-  // does not make hard links expects every name whole, read from its own
-  // source path.
-  v1::Manifest dense;
+  // An older receiver expects every chunk of holes, or every linked name
+  // whole; a copy of the manifest is made only for one.
+  v1::Manifest older;
   const bool as_sent = reply.sparse_files() && reply.hard_links();
   if (!as_sent) {
-    dense = manifest;
-    for (v1::ManifestFile& f : *dense.mutable_files()) {
-      if (!reply.sparse_files()) f.clear_sparse();
-      if (!reply.hard_links()) f.clear_link_of();
-    }
+    older = storage::ManifestAsPlannedBy(manifest, reply.sparse_files(), reply.hard_links());
   }
-  const v1::Manifest& plan = as_sent ? manifest : dense;
+  const v1::Manifest& plan = as_sent ? manifest : older;
 
   TransferProgress::Snapshot totals;
   std::deque<Chunk> queue;

@@ -273,6 +273,8 @@ class HardLinkTest(lh.SitesTestCase):
         self.assertLess(first["bytes_sent"], 1.5 * self.SIZE)
         again = self.sync()
         self.assertEqual(again["bytes_sent"], 0)
+        # other.bin and the group's first name; its links are made again.
+        self.assertEqual(again["files_unchanged"], 2)
         # Rewritten through one name: every name shows the new content.
         lh.rewrite_in_place(os.path.join(self.src, "sub/weights-b.bin"), self.SIZE, seed=13)
         changed = self.sync()
@@ -283,6 +285,37 @@ class HardLinkTest(lh.SitesTestCase):
         for name in self.names:
             with open(os.path.join(self.dest, name), "rb") as f:
                 self.assertEqual(f.read(), new, name)
+
+    def test_a_group_rewritten_mid_transfer_arrives_whole_and_linked(self):
+        # The first name is re-read under a new generation; its links are
+        # stat'ed again with it (a link must keep its target's size), so the
+        # receiver takes the new manifest and every name shows the new
+        # content.
+        MIB = 1 << 20
+        big = 24 * MIB
+        for name in self.names:
+            os.unlink(os.path.join(self.src, name))
+        lh.write_random(os.path.join(self.src, self.names[0]), big, seed=21)
+        for name in self.names[1:]:
+            os.link(os.path.join(self.src, self.names[0]), os.path.join(self.src, name))
+        self.sites.cli("a", "limit", "--peer", "site-b", "40Mbit", check=True)
+        tid = self.sites.cli("a", "cp", self.src, "site-b:/ckpt/linked", "--hard-links",
+                             "--chunk-size", "1MiB", "--streams", "2", check=True).stdout.strip()
+        lh.wait_until(lambda: self.sites.status("a", tid)["bytes_done"] >= 4 * MIB, 120,
+                      "progress before the rewrite")
+        # Grown through another name: the links' size must follow.
+        with open(os.path.join(self.src, "sub/weights-b.bin"), "r+b") as f:
+            f.seek(0, os.SEEK_END)
+            f.write(os.urandom(MIB))
+        mid = self.sites.status("a", tid)
+        self.assertNotIn(mid["state"], ("PUBLISHING", "COMPLETED"),
+                         "the transfer ended before the rewrite; slow the link more")
+        self.sites.cli("a", "limit", "--peer", "site-b", "off", check=True)
+        done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"}, timeout=180)
+        self.assertEqual(done["state"], "COMPLETED", done.get("error"))
+        self.assertIn("source file changed since its manifest", self.sites.log("site-a"))
+        self.assertEqual(lh.tree_digest(self.src), lh.tree_digest(self.dest))
+        self.assertOneFile(self.dest, self.names)
 
 
 if __name__ == "__main__":

@@ -105,6 +105,35 @@ TEST(ChunkPlanTest, AFileOfHolesOnlyHasNoPlannedChunk) {
   EXPECT_EQ(PlannedBytes(m.files(0), kChunk), 0u);
 }
 
+// ManifestFile.link_of: a linked name's bytes are its target's, sent once.
+TEST(ChunkPlanTest, AHardLinkHasNoPlannedChunk) {
+  v1::Manifest m = ManifestOf({2 * kChunk, 2 * kChunk, 2 * kChunk});
+  m.mutable_files(2)->set_link_of(2);
+  std::vector<uint32_t> files;
+  ForEachChunk(m, [&](ChunkId id, uint64_t) { files.push_back(id.file_index); });
+  EXPECT_EQ(files, (std::vector<uint32_t>{0, 0, 1, 1}));
+  EXPECT_EQ(PlannedBytes(m.files(2), kChunk), 0u);
+  EXPECT_TRUE(HasNoPlannedChunk(m.files(2), kChunk));
+  EXPECT_EQ(PlannedBytes(m.files(1), kChunk), 2 * kChunk);
+}
+
+// A receiver that did not announce OpenReply.hard_links ignores link_of: it
+// is sent every name whole, so nothing is lost. One that did not announce
+// sparse_files is sent holes as zeros.
+TEST(ChunkPlanTest, AnOlderReceiverIsPlannedEveryNameAndEveryHole) {
+  v1::Manifest m = ManifestOf({2 * kChunk, 2 * kChunk});
+  m.mutable_files(1)->set_link_of(1);
+  m.mutable_files(0)->set_sparse(true);  // all holes
+  EXPECT_TRUE(ChunksOf(ManifestAsPlannedBy(m, true, true)).empty());
+  const auto without_links = ChunksOf(ManifestAsPlannedBy(m, true, false));
+  ASSERT_EQ(without_links.size(), 2u);  // file 1 only
+  EXPECT_EQ(without_links[0].first, (ChunkId{1, 0}));
+  EXPECT_EQ(ChunksOf(ManifestAsPlannedBy(m, false, true)).size(), 2u);  // file 0 only
+  const v1::Manifest older = ManifestAsPlannedBy(m, false, false);
+  EXPECT_EQ(ChunksOf(older).size(), 4u);
+  EXPECT_EQ(older.files(1).link_of(), 0u);
+}
+
 TEST(ChunkIdTest, HashesAndComparesByFileThenChunk) {
   EXPECT_TRUE(absl::VerifyTypeImplementsAbslHashCorrectly(
       {ChunkId{0, 0}, ChunkId{0, 1}, ChunkId{1, 0}, ChunkId{UINT32_MAX, UINT32_MAX}}));

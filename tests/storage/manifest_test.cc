@@ -574,18 +574,6 @@ TEST(ValidateManifestTest, RejectsHardLinksThatDoNotNameAnEarlierFile) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(ChunkPlanHardLinkTest, ALinkedNameHasNoChunks) {
-  v1::Manifest m = Good();
-  m.set_chunk_size(kChunk);
-  for (v1::ManifestFile& f : *m.mutable_files()) f.set_size(kChunk * 2);
-  m.mutable_files(2)->set_link_of(1);
-  std::vector<uint32_t> files;
-  ForEachChunk(m, [&](ChunkId id, uint64_t) { files.push_back(id.file_index); });
-  EXPECT_EQ(files, (std::vector<uint32_t>{0, 0, 1, 1}));
-  EXPECT_EQ(PlannedBytes(m.files(2), kChunk), 0u);
-  EXPECT_EQ(PlannedBytes(m.files(1), kChunk), kChunk * 2);
-}
-
 TEST(ValidateManifestTest, RejectsHugeSizesAndBadModes) {
   v1::Manifest big = Good();
   big.mutable_files(0)->set_size((uint64_t{1} << 50) + 1);
