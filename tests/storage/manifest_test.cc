@@ -202,6 +202,31 @@ TEST_F(SymlinkManifestTest, FollowSendsTargetsAndSkipsLoopsAndDanglingLinks) {
   EXPECT_EQ(b->file_links.size(), static_cast<size_t>(b->manifest.files_size()));
 }
 
+// With --symlinks follow and --hard-links, a followed link is one more name
+// of its target; dropping a followed link (the caller may not read it)
+// forms the groups again over the files kept.
+TEST_F(SymlinkManifestTest, FollowedNamesOfOneFileAreGroupedAgainWhenOneIsDropped) {
+  auto b = BuildManifest({dir_.Sub("src")}, kChunk,
+                         {.symlinks = SymlinkPolicy::kFollow, .hard_links = true});
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto links = [&] {  // linked name -> the first name of its file
+    std::map<std::string, std::string> out;
+    for (const v1::ManifestFile& f : b->manifest.files()) {
+      if (f.link_of() != 0) out[f.path()] = b->manifest.files(f.link_of() - 1).path();
+    }
+    return out;
+  };
+  // abs, link, odd -> one.bin; sub/up -> ../big.bin.
+  EXPECT_EQ(links(),
+            (std::map<std::string, std::string>{
+                {"link", "abs"}, {"odd", "abs"}, {"one.bin", "abs"}, {"sub/up", "big.bin"}}));
+  EXPECT_TRUE(ValidateManifest(b->manifest).ok());
+  DropFollowed({"abs"}, *b);
+  EXPECT_EQ(links(), (std::map<std::string, std::string>{
+                         {"odd", "link"}, {"one.bin", "link"}, {"sub/up", "big.bin"}}));
+  EXPECT_TRUE(ValidateManifest(b->manifest).ok()) << ValidateManifest(b->manifest);
+}
+
 TEST_F(SymlinkManifestTest, FollowingALoopOfDirectoriesEnds) {
   const std::string src = dir_.Sub("loop");
   MakeDirs(src + "/a");
