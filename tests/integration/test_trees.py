@@ -10,6 +10,17 @@ import tempfile
 import lh
 
 
+def finish_after_rewrite(test, tid):
+    """Lifts site-b's rate cap once a source was rewritten mid-transfer, and
+    asserts the transfer was still under way then and completes."""
+    mid = test.sites.status("a", tid)
+    test.assertNotIn(mid["state"], ("PUBLISHING", "COMPLETED"),
+                     "the transfer ended before the rewrite; slow the link more")
+    test.sites.cli("a", "limit", "--peer", "site-b", "off", check=True)
+    done = test.sites.wait_state("a", tid, {"COMPLETED", "FAILED"}, timeout=180)
+    test.assertEqual(done["state"], "COMPLETED", done.get("error"))
+
+
 class SymlinkTest(lh.SitesTestCase):
 
     def setUp(self):
@@ -186,12 +197,7 @@ class SparseFileTest(lh.SitesTestCase):
         with open(path, "r+b") as f:
             f.seek(200 * MIB)
             f.write(os.urandom(2 * MIB))
-        mid = self.sites.status("a", tid)
-        self.assertNotIn(mid["state"], ("PUBLISHING", "COMPLETED"),
-                         "the transfer ended before the rewrite; slow the link more")
-        self.sites.cli("a", "limit", "--peer", "site-b", "off", check=True)
-        done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"}, timeout=180)
-        self.assertEqual(done["state"], "COMPLETED", done.get("error"))
+        finish_after_rewrite(self, tid)
         dest = os.path.join(self.sites.export("site-b"), "moving")
         self.assertEqual(lh.tree_digest(src), lh.tree_digest(dest))
         self.assertLess(os.stat(os.path.join(dest, "disk.img")).st_blocks * 512, 64 * MIB)
@@ -307,12 +313,7 @@ class HardLinkTest(lh.SitesTestCase):
         with open(os.path.join(self.src, "sub/weights-b.bin"), "r+b") as f:
             f.seek(0, os.SEEK_END)
             f.write(os.urandom(MIB))
-        mid = self.sites.status("a", tid)
-        self.assertNotIn(mid["state"], ("PUBLISHING", "COMPLETED"),
-                         "the transfer ended before the rewrite; slow the link more")
-        self.sites.cli("a", "limit", "--peer", "site-b", "off", check=True)
-        done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"}, timeout=180)
-        self.assertEqual(done["state"], "COMPLETED", done.get("error"))
+        finish_after_rewrite(self, tid)
         self.assertIn("source file changed since its manifest", self.sites.log("site-a"))
         self.assertEqual(lh.tree_digest(self.src), lh.tree_digest(self.dest))
         self.assertOneFile(self.dest, self.names)
