@@ -170,6 +170,8 @@ absl::Status Daemon::StartPeerTransports() {
 
   StartReceiverAndRouter();
   StartExchangeHub();
+  const transport::TransportSet transports = {{"tcp", tcp_.get()}, {"udp", udp_.get()}};
+  relays_ = std::make_unique<Relays>(config_, transports, *gate_, *journal_, *receiver_);
   if (absl::Status s = tcp_->Listen(config_.listen,
                                     [this](auto channel) { router_->Serve(std::move(channel)); });
       !s.ok()) {
@@ -195,8 +197,12 @@ void Daemon::StartReceiverAndRouter() {
                                          absl::string_view transfer_id) {
     return manager_->PullGranted(source_site, export_name, dest_path, transfer_id);
   };
+  receiver_options.relay = [this](const std::string& transfer_id, const v1::RelayTarget& target) {
+    relays_->Set(transfer_id, target);
+  };
   receiver_ = std::make_unique<peer::Receiver>(std::move(receiver_options), *journal_, file_system_,
                                                memory_budget_.get(), clock_);
+
   receiver_->FinishInterruptedPublishes();
   receiver_->StartExpirySweep();
   router_ = std::make_unique<peer::PeerRouter>();
@@ -340,6 +346,7 @@ void Daemon::Shutdown() {
   if (tcp_server_) tcp_server_->Shutdown(drained_by);
   if (local_server_) local_server_->Shutdown(drained_by);
   if (manager_) manager_->Shutdown();
+  if (relays_) relays_->Shutdown();
   if (receiver_) receiver_->Shutdown();
   if (udp_) udp_->Shutdown();
   if (tcp_) tcp_->Shutdown();

@@ -26,6 +26,7 @@
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
 #include "daemon/peer/receiver.h"
+#include "daemon/relay.h"
 #include "daemon/peer/router.h"
 #include "daemon/transfer_manager.h"
 #include "daemon/transport/transport.h"
@@ -132,6 +133,7 @@ class Daemon {
   std::unique_ptr<peer::RateLimiter> limiter_;
   std::unique_ptr<peer::PriorityGate> gate_;
   std::unique_ptr<exchange::ExchangeHub> exchange_hub_;
+  std::unique_ptr<Relays> relays_;  // fan-out: relays of incoming transfers
   std::unique_ptr<TransferManager> manager_;
   std::unique_ptr<exchange::ExchangeService> exchange_service_;
   std::unique_ptr<LocalControlServer> local_server_;

@@ -13,6 +13,7 @@
 #include "common/checkpoints.h"
 #include "common/clock.h"
 #include "common/fmt_absl.h"
+#include "daemon/fanout_sender.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/session_options.h"
 #include "daemon/wire/messaging.h"
@@ -110,6 +111,7 @@ absl::Status TransferManager::Start() {
       for (const auto& f : record.manifest().files()) {
         s.bytes_total += storage::PlannedBytes(f, record.manifest().chunk_size());
       }
+      s.bytes_total *= std::max(1, record.legs_size());
     });
     t->record = std::move(record);
     transfers_[t->record.id()] = std::move(t);
@@ -143,6 +145,10 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Submit(const std::string& re
                                                            v1::TransferSpec spec,
                                                            const Caller& caller) {
   if (!spec.source_site().empty() || !spec.source_export().empty() || !spec.source_path().empty()) {
+    if (!spec.also().empty()) {
+      return absl::InvalidArgumentError(
+          "a fan-out (--also) needs local sources; pull to one site, then fan out from there");
+    }
     return SubmitRemote(request_id, std::move(spec), caller);
   }
   if (!spec.requested_by().empty()) {
@@ -260,6 +266,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
   for (const std::string& g : config_.transfer.commit_last) record.add_commit_last(g);
   for (const std::string& g : spec.commit_last()) record.add_commit_last(g);
   *record.mutable_spec() = std::move(spec);
+  if (absl::Status s = PlanFanout(record); !s.ok()) return s;
   record.set_state(v1::QUEUED);
   record.set_created_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
 
@@ -274,6 +281,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
   for (const auto& f : record.manifest().files()) {
     total += storage::PlannedBytes(f, record.manifest().chunk_size());
   }
+  total *= std::max(1, record.legs_size());
   t->progress.Update([&](peer::TransferProgress::Snapshot& s) { s.bytes_total = total; });
   t->record = std::move(record);
   Transfer& ref = *t;
@@ -284,6 +292,34 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
                ref.record.spec().dest_path());
   ScheduleLocked();
   return StatusOf(ref);
+}
+
+absl::Status TransferManager::PlanFanout(v1::OutgoingTransfer& record) const {
+  const v1::TransferSpec& spec = record.spec();
+  if (spec.also().empty()) return absl::OkStatus();
+  std::vector<std::string> sites = {spec.dest_site()};
+  for (const v1::Destination& d : spec.also()) {
+    if (config_.FindPeer(d.site()) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown peer site '", d.site(), "' in --also"));
+    }
+    if (d.export_name().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--also ", d.site(), ": a destination must be SITE:/EXPORT/PATH"));
+    }
+    if (record.single_file() && d.path().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--also ", d.site(), ": copying a single file needs a destination file name"));
+    }
+    // A site relays to the next: it cannot be its own relay nor relay twice.
+    if (std::find(sites.begin(), sites.end(), d.site()) != sites.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "site ", d.site(), " is named twice; each destination of a fan-out is another site"));
+    }
+    sites.push_back(d.site());
+  }
+  for (v1::FanoutLeg& leg : PlanFanoutLegs(record.id(), spec)) *record.add_legs() = std::move(leg);
+  return absl::OkStatus();
 }
 
 void TransferManager::ScheduleLocked() {
@@ -321,11 +357,8 @@ bool TransferManager::StartLocked(Transfer& t) {
   std::string site = t.record.spec().dest_site();
   transport::Transport* data = transport::FindTransport(transports_, t.record.spec().transport());
   if (data == nullptr) data = &control_transport_;  // journaled before that transport was removed
-  peer::SenderOptions options = SenderOptionsFor(config_, site);
-  options.clock = &clock_;
-  t.sender = std::make_unique<peer::TransferSender>(
-      std::move(options), control_transport_, *data, gate_, journal_, t.record, t.progress,
-      [this, tp = &t](const std::string& peer_site, const transport::LinkStats& stats) {
+  peer::LinkObserver observer = [this, tp = &t](const std::string& peer_site,
+                                                const transport::LinkStats& stats) {
         absl::MutexLock lock(&mu_);
         link_stats_[peer_site] = stats;
         // Called after every chunk acknowledged durable. The sender journals
@@ -334,7 +367,17 @@ bool TransferManager::StartLocked(Transfer& t) {
         if (absl::Status journal = journal_.writable(); !journal.ok()) {
           PauseForJournalLocked(*tp, journal);
         }
-      });
+  };
+  if (t.record.legs_size() > 0) {
+    t.sender = std::make_unique<FanoutSender>(config_, transports_, gate_, journal_, t.record,
+                                              t.progress, std::move(observer), clock_);
+  } else {
+    peer::SenderOptions options = SenderOptionsFor(config_, site);
+    options.clock = &clock_;
+    t.sender = std::make_unique<peer::TransferSender>(std::move(options), control_transport_,
+                                                      *data, gate_, journal_, t.record, t.progress,
+                                                      std::move(observer));
+  }
   t.sender->set_rate_limiter(rate_limiter_);
   ++running_threads_;
   std::thread([this, tp = &t] { RunTransfer(tp); }).detach();
@@ -364,6 +407,7 @@ void TransferManager::RunTransfer(Transfer* t) {
     absl::MutexLock lock(&mu_);
     v1::OutgoingTransfer updated = t->sender->record();
     t->record.mutable_manifest()->Swap(updated.mutable_manifest());
+    t->record.mutable_legs()->Swap(updated.mutable_legs());
     t->record.set_attempts(updated.attempts());
     t->record.set_active_seconds(t->record.active_seconds() +
                                  (clock_.Now() - *t->running_since).ToSecondsF());
@@ -470,6 +514,21 @@ v1::TransferStatus TransferManager::StatusOf(const Transfer& t) const {
   }
   status.set_created_unix_ms(t.record.created_unix_ms());
   status.set_finished_unix_ms(t.record.finished_unix_ms());
+  const std::vector<v1::FanoutLeg> legs =
+      t.sender ? t.sender->legs()
+               : std::vector<v1::FanoutLeg>(t.record.legs().begin(), t.record.legs().end());
+  for (const v1::FanoutLeg& leg : legs) {
+    v1::DestinationStatus* d = status.add_destinations();
+    *d->mutable_destination() = leg.destination();
+    d->set_transfer_id(leg.transfer_id());
+    // A leg not ended shows the transfer's state (queued, paused...).
+    d->set_state(IsEndState(leg.state()) ? leg.state() : t.record.state());
+    d->set_bytes_total(leg.bytes_total());
+    d->set_bytes_done(leg.bytes_done());
+    d->set_bytes_sent(leg.bytes_sent());
+    d->set_relay_by(leg.relay_by());
+    d->set_error(leg.error());
+  }
   return status;
 }
 
@@ -590,8 +649,20 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Cancel(const std::string& id
     record = t->record;
   }
   // Not under mu_: the destination may be in the middle of publishing this
-  // transfer and answers only when it is done.
-  absl::StatusOr<bool> published = AbortRemote(record);
+  // transfer and answers only when it is done. A fan-out aborts every
+  // destination that has not published; it counts as published only when
+  // all had.
+  absl::StatusOr<bool> published = true;
+  if (record.legs_size() == 0) {
+    published = AbortRemote(record.spec().dest_site(), record.id());
+  } else {
+    for (const v1::FanoutLeg& leg : record.legs()) {
+      if (leg.state() == v1::COMPLETED) continue;
+      absl::StatusOr<bool> leg_published =
+          AbortRemote(leg.destination().site(), leg.transfer_id());
+      if (!leg_published.ok() || !*leg_published) published = leg_published;
+    }
+  }
   absl::MutexLock lock(&mu_);
   t->cancelling = false;
   t->record.set_finished_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
@@ -673,21 +744,21 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Resume(const std::string& id
   return StatusOf(t);
 }
 
-absl::StatusOr<bool> TransferManager::AbortRemote(const v1::OutgoingTransfer& record) {
-  const PeerConfig* peer = config_.FindPeer(record.spec().dest_site());
+absl::StatusOr<bool> TransferManager::AbortRemote(const std::string& site,
+                                                  const std::string& transfer_id) {
+  const PeerConfig* peer = config_.FindPeer(site);
   if (peer == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("site ", record.spec().dest_site(), " is no longer a peer"));
+    return absl::FailedPreconditionError(absl::StrCat("site ", site, " is no longer a peer"));
   }
   v1::Hello hello;
   hello.set_role(v1::Hello::CONTROL);
-  hello.set_transfer_id(record.id());
+  hello.set_transfer_id(transfer_id);
   auto channel = peer::DialSession(control_transport_, peer->site, peer->address, hello);
   if (!channel.ok()) return channel.status();
   v1::PeerMessage request;
-  request.mutable_abort()->set_transfer_id(record.id());
+  request.mutable_abort()->set_transfer_id(transfer_id);
   request.mutable_abort()->set_reason("cancelled by the source site's operator");
-  auto answer = peer::Call(**channel, wire::SessionIdFor(record.id()), request);
+  auto answer = peer::Call(**channel, wire::SessionIdFor(transfer_id), request);
   if (!answer.ok()) return answer.status();
   return answer->abort_reply().published();
 }
@@ -706,35 +777,59 @@ absl::StatusOr<v1::VerifyResponse> TransferManager::Verify(const std::string& id
                                                       v1::TransferState_Name(record.state()),
                                                       "; only completed transfers can be verified"));
   }
-  const PeerConfig* peer = config_.FindPeer(record.spec().dest_site());
+  v1::VerifyResponse response;
+  if (record.legs_size() == 0) {
+    if (absl::Status s = VerifyDestination(record, record.spec().dest_site(), id, "", response);
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    for (const v1::FanoutLeg& leg : record.legs()) {
+      const std::string& site = leg.destination().site();
+      if (absl::Status s =
+              VerifyDestination(record, site, leg.transfer_id(), absl::StrCat(site, ": "), response);
+          !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(site, ": ", s.message()));
+      }
+    }
+  }
+  response.set_ok(response.mismatches().empty());
+  return response;
+}
+
+absl::Status TransferManager::VerifyDestination(const v1::OutgoingTransfer& record,
+                                               const std::string& site,
+                                               const std::string& transfer_id,
+                                               const std::string& prefix,
+                                               v1::VerifyResponse& response) {
+  const PeerConfig* peer = config_.FindPeer(site);
   if (peer == nullptr) return absl::FailedPreconditionError("destination site is no longer a peer");
   v1::Hello hello;
   hello.set_role(v1::Hello::CONTROL);
-  hello.set_transfer_id(id);
+  hello.set_transfer_id(transfer_id);
   auto channel = peer::DialSession(control_transport_, peer->site, peer->address, hello);
   if (!channel.ok()) return channel.status();
   v1::PeerMessage request;
-  request.mutable_verify()->set_transfer_id(id);
-  auto answer = peer::Call(**channel, wire::SessionIdFor(id), request);
+  request.mutable_verify()->set_transfer_id(transfer_id);
+  auto answer = peer::Call(**channel, wire::SessionIdFor(transfer_id), request);
   if (!answer.ok()) return answer.status();
   const v1::VerifyReply& reply = answer->verify_reply();
 
   const v1::Manifest& manifest = record.manifest();
   std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
   std::vector<uint8_t> buffer(manifest.chunk_size());
-  v1::VerifyResponse response;
   for (const v1::FileDigest& remote : reply.files()) {
     if (remote.file_index() >= static_cast<uint32_t>(manifest.files_size())) continue;
     const v1::ManifestFile& file = manifest.files(remote.file_index());
     const std::string& source = record.source_paths(remote.file_index());
     response.set_files_checked(response.files_checked() + 1);
     if (!remote.error().empty()) {
-      response.add_mismatches(absl::StrCat(file.path(), ": destination: ", remote.error()));
+      response.add_mismatches(absl::StrCat(prefix, file.path(), ": destination: ", remote.error()));
       continue;
     }
     int fd = storage::OpenCheckedSource(source);
     if (fd < 0) {
-      response.add_mismatches(absl::StrCat(file.path(), ": cannot read source ", source));
+      response.add_mismatches(absl::StrCat(prefix, file.path(), ": cannot read source ", source));
       continue;
     }
     uint64_t n = storage::ChunkCount(file, manifest.chunk_size());
@@ -757,13 +852,13 @@ absl::StatusOr<v1::VerifyResponse> TransferManager::Verify(const std::string& id
       if (!read.ok()) problem = std::string(read.message());
     }
     ::close(fd);
-    if (!problem.empty()) response.add_mismatches(absl::StrCat(file.path(), ": ", problem));
+    if (!problem.empty()) response.add_mismatches(absl::StrCat(prefix, file.path(), ": ", problem));
   }
   if (reply.files_size() != manifest.files_size()) {
-    response.add_mismatches("destination reported a different number of files");
+    response.add_mismatches(
+        absl::StrCat(prefix, "destination reported a different number of files"));
   }
-  response.set_ok(response.mismatches().empty());
-  return response;
+  return absl::OkStatus();
 }
 
 v1::PeersResponse TransferManager::Peers(bool probe) {

@@ -142,7 +142,8 @@ class TransferManager {
 
     v1::OutgoingTransfer record;
     longhaul::peer::TransferProgress progress;
-    std::unique_ptr<longhaul::peer::TransferSender> sender;
+    // A TransferSender, or a FanoutSender for a transfer with legs.
+    std::unique_ptr<longhaul::peer::OutgoingRun> sender;
     StopReason stop_reason = StopReason::kNone;
     // Cancel is waiting for the destination's answer: nothing else may
     // start, pause or resume the transfer meanwhile.
@@ -180,6 +181,14 @@ class TransferManager {
   void ApplyRemoteLocked(Transfer& t, const v1::TransferStatus& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::TransferStatus RemoteStatusOf(const Transfer& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks spec.also and plans `record`'s fan-out legs (no also: none).
+  absl::Status PlanFanout(v1::OutgoingTransfer& record) const;
+  // Re-hashes the source of `record` and compares it with what destination
+  // `site` published as transfer `transfer_id`; mismatches go to `response`
+  // prefixed with `prefix`.
+  absl::Status VerifyDestination(const v1::OutgoingTransfer& record, const std::string& site,
+                                 const std::string& transfer_id, const std::string& prefix,
+                                 v1::VerifyResponse& response);
   // Asks the source of remote transfer `record` to cancel it.
   absl::StatusOr<v1::TransferStatus> CancelRemote(const v1::OutgoingTransfer& record);
   // The refusal of `what` ("paused") for a remote transfer: it is done at its source.
@@ -208,7 +217,7 @@ class TransferManager {
   // Tells the destination to drop the staging of `record`. True when it
   // answered that it had published the transfer already (so nothing was
   // dropped); an error when it could not be asked or refused.
-  absl::StatusOr<bool> AbortRemote(const v1::OutgoingTransfer& record);
+  absl::StatusOr<bool> AbortRemote(const std::string& site, const std::string& transfer_id);
 
   const DaemonConfig& config_;
   const transport::TransportSet transports_;

@@ -189,6 +189,12 @@ void Receiver::ServeControl(transport::Channel& channel, const std::string& tran
       case v1::PeerMessage::kVerify:
         answer = HandleVerify(channel.peer_site(), request);
         break;
+      case v1::PeerMessage::kRelayAttach:
+        answer = HandleRelayAttach(channel.peer_site(), request);
+        break;
+      case v1::PeerMessage::kProgress:
+        answer = HandleProgress(channel.peer_site(), request);
+        break;
       default:
         answer = ErrorAnswer(request.request_id(),
                              absl::InvalidArgumentError("unexpected control message"));
@@ -235,6 +241,28 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   if (absl::Status s = ValidateCheckpointMarker(open.checkpoint_marker()); !s.ok()) {
     return fail(s);
   }
+  // Fan-out: the relay writes the chunks, so it must be allowed to write
+  // here too; it cannot be the owner itself, nor this site.
+  if (!open.relay_by().empty()) {
+    if (open.relay_by() == peer_site || open.relay_by() == options_.local_site) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("relay_by must name another destination, not ", open.relay_by())));
+    }
+    if (absl::Status s = CheckWriter(open.relay_by(), open.export_name(), open.dest_path(),
+                                     open.transfer_id());
+        !s.ok()) {
+      return fail(absl::PermissionDeniedError(absl::StrCat("relay refused: ", s.message())));
+    }
+  }
+  if (open.has_relay_to()) {
+    if (absl::Status s = CheckTransferId(open.relay_to().transfer_id()); !s.ok()) return fail(s);
+    if (open.relay_to().site().empty() || open.relay_to().site() == options_.local_site ||
+        open.relay_to().site() == peer_site) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("relay_to must name another destination, not '", open.relay_to().site(),
+                       "'")));
+    }
+  }
 
   // Open and abort of one transfer are serialized by its session lock, so an
   // abort that overtakes a slow open cannot leave staging behind.
@@ -278,6 +306,8 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   record.set_single_file(open.single_file());
   record.set_keep_checkpoints(open.keep_checkpoints());
   record.set_checkpoint_marker(open.checkpoint_marker());
+  record.set_relay_by(open.relay_by());
+  if (open.has_relay_to()) *record.mutable_relay_to() = open.relay_to();
   record.set_state(v1::IncomingTransfer::RECEIVING);
   const int64_t now_ms = absl::ToUnixMillis(clock_.WallNow());
   record.set_created_unix_ms(*existing ? (*existing)->created_unix_ms() : now_ms);
@@ -353,6 +383,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   auto chunks = journal_.ListDurableChunks(open.transfer_id());
   if (!chunks.ok()) return fail(chunks.status());
   session->durable.clear();
+  session->durable_digests.clear();
   session->read_back.clear();
   // Journal and disk reconcile: chunks recorded durable whose staged file is
   // gone or short (removed by someone, or lost) are asked for again.
@@ -377,6 +408,9 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
     const v1::ManifestFile& file = record.manifest().files(c.file_index);
     if (c.chunk.generation() != file.generation() || !held[c.file_index]) continue;
     const uint64_t write = session->durable[{c.file_index, c.chunk_index}] = ++session->writes;
+    if (auto digest = storage::Xxh128::FromBytes(c.chunk.xxh128())) {
+      session->durable_digests[{c.file_index, c.chunk_index}] = *digest;
+    }
     QueueReadBack(session, c, write);
     v1::ChunkId* id = reply->add_durable();
     id->set_file_index(c.file_index);
@@ -414,6 +448,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   for (uint32_t f : record.unchanged_files()) reply->add_unchanged_files(f);
   session->dest = *dest;
   session->record = std::move(record);
+  if (options_.relay) options_.relay(open.transfer_id(), open.relay_to());
   spdlog::info(
       "transfer {} from {}: opened into {}:{} ({} files, {} chunks already durable, {} in part)",
       open.transfer_id(), peer_site, open.export_name(), open.dest_path(),
@@ -429,14 +464,16 @@ std::shared_ptr<Receiver::Session> Receiver::SessionFor(const std::string& trans
 }
 
 absl::StatusOr<std::shared_ptr<Receiver::Session>> Receiver::FindSession(
-    const std::string& transfer_id, const std::string& peer_site) {
+    const std::string& transfer_id, const std::string& peer_site, bool or_relay) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(transfer_id);
   if (it == sessions_.end()) {
     return absl::UnavailableError(absl::StrCat("transfer ", transfer_id, " is not open here"));
   }
   absl::MutexLock session_lock(&it->second->mu);
-  if (it->second->record.source_site() != peer_site) {
+  const v1::IncomingTransfer& record = it->second->record;
+  const bool relay = or_relay && !record.relay_by().empty() && record.relay_by() == peer_site;
+  if (record.source_site() != peer_site && !relay) {
     return absl::PermissionDeniedError(
         absl::StrCat("transfer ", transfer_id, " belongs to another site"));
   }

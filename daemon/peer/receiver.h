@@ -23,10 +23,13 @@
 #include "daemon/peer/durability_committer.h"
 #include "daemon/peer/memory_budget.h"
 #include "daemon/peer/read_back_pool.h"
+#include "daemon/peer/relay_chunk_source.h"
 #include "daemon/transport/channel_registry.h"
 #include "daemon/transport/transport.h"
 #include "storage/buffer_pool.h"
+#include "storage/chunk_io.h"
 #include "storage/exports.h"
+#include "storage/file_io.h"
 #include "storage/file_system.h"
 #include "storage/journal.h"
 #include "storage/staging.h"
@@ -81,6 +84,11 @@ struct ReceiverOptions {
   std::function<bool(absl::string_view source_site, absl::string_view export_name,
                      absl::string_view dest_path, absl::string_view transfer_id)>
       pull_granted;
+  // Fan-out: told after every open of a transfer that is receiving here
+  // which transfer of which site it relays its chunks to (an empty target:
+  // none, and a relay running for it stops). Called with the transfer's
+  // session lock held: it must not block nor call back into the Receiver.
+  std::function<void(const std::string& transfer_id, const v1::RelayTarget& target)> relay;
 
   // The export named `name`, or nullptr.
   const Export* FindExport(absl::string_view name) const;
@@ -167,6 +175,33 @@ class Receiver {
 
   ReceiverStats stats() const;
 
+  // Fan-out: reads the chunks of an incoming transfer as they become durable
+  // here, for its relay to the next destination. One per relay stream; not
+  // thread-safe.
+  class RelayReader : public RelayChunkSource {
+   public:
+    RelayReader(Receiver& receiver, std::string transfer_id);
+    ~RelayReader() override;
+    // Waits until whole chunk `chunk_index` of file `file_index` at
+    // `generation` is durable here, reads it into `out` (an AlignedBuffer's
+    // span of the chunk's size) and checks the bytes against the digest the
+    // chunk was acknowledged with, which it returns: the relayed chunk
+    // carries the source's digest end to end. Cancelled once `stopping`
+    // says so; FailedPrecondition when the transfer stops receiving here or
+    // the file moved to another generation; DataLoss when the bytes read do
+    // not match.
+    absl::StatusOr<storage::Xxh128> Read(uint32_t file_index, uint32_t chunk_index,
+                                         uint32_t generation, absl::Span<uint8_t> out,
+                                         const std::function<bool()>& stopping) override;
+
+   private:
+    Receiver& receiver_;
+    const std::string transfer_id_;
+    std::unique_ptr<storage::FileIo> io_;
+    uint32_t file_index_ = UINT32_MAX;  // the file `file_` holds open
+    std::unique_ptr<storage::File> file_;
+  };
+
   // A chunk is received, written and made durable in pieces of this many
   // bytes from its start (a multiple of storage::kDirectIoAlignment); each
   // but the last is answered CHUNK_PROGRESS when the sender asked for it.
@@ -188,6 +223,8 @@ class Receiver {
   v1::PeerMessage HandleCommit(const std::string& peer_site, const v1::PeerMessage& request);
   v1::PeerMessage HandleAbort(const std::string& peer_site, const v1::PeerMessage& request);
   v1::PeerMessage HandleVerify(const std::string& peer_site, const v1::PeerMessage& request);
+  v1::PeerMessage HandleRelayAttach(const std::string& peer_site, const v1::PeerMessage& request);
+  v1::PeerMessage HandleProgress(const std::string& peer_site, const v1::PeerMessage& request);
 
   // Expires the transfer if it is still RECEIVING and was inactive for the expiry;
   // a session seen busy has its activity time persisted now and then.
@@ -202,9 +239,11 @@ class Receiver {
 
   // The session of `transfer_id`, created empty if there is none.
   std::shared_ptr<Session> SessionFor(const std::string& transfer_id);
-  // The open session of `transfer_id` owned by `peer_site`, or an error.
+  // The open session of `transfer_id` owned by `peer_site` (or, with
+  // `or_relay`, whose chunks `peer_site` relays), or an error.
   absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& transfer_id,
-                                                       const std::string& peer_site);
+                                                       const std::string& peer_site,
+                                                       bool or_relay = false);
   // Queues `chunk`, durable by write number `write` of the session, to be
   // read back by read_back_pool_; if it matches its digest and was not
   // written again meanwhile, VerifyStaged skips it.

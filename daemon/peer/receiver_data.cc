@@ -48,7 +48,7 @@ absl::Status HashStagedRange(storage::FileIo& io, storage::File& file, uint64_t 
 }  // namespace
 
 void Receiver::ServeData(transport::Channel& channel, const std::string& transfer_id) {
-  auto found = FindSession(transfer_id, channel.peer_site());
+  auto found = FindSession(transfer_id, channel.peer_site(), /*or_relay=*/true);
   if (!found.ok()) {
     spdlog::warn("data connection from {} refused: {}", channel.peer_site(),
                  found.status().message());
@@ -310,6 +310,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     {
       absl::MutexLock lock(&session->mu);
       write = session->durable[key] = ++session->writes;
+      session->durable_digests[key] = actual;
       session->partial.erase(key);
     }
     {

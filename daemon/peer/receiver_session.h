@@ -48,6 +48,8 @@ struct Receiver::Session {
   // Chunks journaled durable, each with the number of the write that made
   // it so: a chunk written again gets a new number.
   absl::flat_hash_map<storage::ChunkId, uint64_t> durable ABSL_GUARDED_BY(mu);
+  // The digest each chunk of `durable` was acknowledged with (a relay sends it on).
+  absl::flat_hash_map<storage::ChunkId, storage::Xxh128> durable_digests ABSL_GUARDED_BY(mu);
   uint64_t writes ABSL_GUARDED_BY(mu) = 0;
   // Chunks read back and found matching since, with the number of the write
   // they were read back after. A chunk counts as checked only while that is

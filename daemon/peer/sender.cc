@@ -152,6 +152,17 @@ void TransferSender::Stop() {
 
 void TransferSender::AbortChannels() { channels_.AbortAll(); }
 
+absl::Status TransferSender::Persist(const v1::OutgoingTransfer& record, bool sync) {
+  return options_.persist ? options_.persist(record, sync) : journal_.PutOutgoing(record, sync);
+}
+
+void TransferSender::BypassRelay() { bypass_relay_.store(true); }
+
+void TransferSender::StopRelaying() {
+  absl::MutexLock lock(&mu_);
+  record_.clear_relay_to();
+}
+
 absl::Status TransferSender::Run() {
   int failures = 0;
   // The give-up deadline is on the monotonic clock: a wall-clock step
@@ -173,6 +184,21 @@ absl::Status TransferSender::Run() {
       return status;
     }
     if (stopping()) return absl::CancelledError("stopped");
+    if (options_.on_attempt_failed) options_.on_attempt_failed(status);
+    if (bypass_relay_.load()) {
+      bool was_relayed;
+      {
+        absl::MutexLock lock(&mu_);
+        was_relayed = !record_.relay_by().empty();
+        record_.clear_relay_by();
+      }
+      if (was_relayed) {
+        // Not a failure: the next attempt sends what the relay did not.
+        spdlog::warn("transfer {}: {}; sending directly", record().id(), status.message());
+        failures = 0;
+        continue;
+      }
+    }
 
     std::optional<uint32_t> changed;
     {
@@ -231,7 +257,10 @@ absl::Status TransferSender::RunAttempt() {
   // peer routes a stream to its open session. This starts the data 3 round
   // trips sooner. Channels the Open answer leaves without chunks (a resumed
   // or synced transfer) are closed unused.
+  const bool relayed = !record.relay_by().empty();
+  const bool relaying = static_cast<bool>(options_.relay_source);
   uint32_t streams = spec.streams() ? spec.streams() : options_.default_streams;
+  if (relayed) streams = 0;  // the relay sends the chunks
   uint64_t manifest_chunks = 0;
   storage::ForEachChunk(manifest, [&](storage::ChunkId, uint64_t) { ++manifest_chunks; });
   streams = static_cast<uint32_t>(std::min<uint64_t>(streams, manifest_chunks));
@@ -252,19 +281,25 @@ absl::Status TransferSender::RunAttempt() {
   if (stop_.load()) return absl::CancelledError("stopped");
 
   v1::PeerMessage request;
-  v1::OpenRequest* open = request.mutable_open();
-  open->set_transfer_id(record.id());
-  open->set_source_site(options_.local_site);
-  open->set_export_name(spec.dest_export());
-  open->set_dest_path(spec.dest_path());
-  *open->mutable_manifest() = record.manifest();
-  *open->mutable_commit_last() = record.commit_last();
-  open->set_skip_unchanged(spec.sync());
-  open->set_single_file(record.single_file());
-  open->set_keep_checkpoints(spec.keep_checkpoints());
-  open->set_checkpoint_marker(spec.checkpoint_marker());
-  open->set_compare_content(spec.sync() && spec.checksum());
-  open->set_durable_pieces(true);
+  if (relaying) {
+    request.mutable_relay_attach()->set_transfer_id(record.id());
+  } else {
+    v1::OpenRequest* open = request.mutable_open();
+    open->set_transfer_id(record.id());
+    open->set_source_site(options_.local_site);
+    open->set_export_name(spec.dest_export());
+    open->set_dest_path(spec.dest_path());
+    *open->mutable_manifest() = record.manifest();
+    *open->mutable_commit_last() = record.commit_last();
+    open->set_skip_unchanged(spec.sync());
+    open->set_single_file(record.single_file());
+    open->set_keep_checkpoints(spec.keep_checkpoints());
+    open->set_checkpoint_marker(spec.checkpoint_marker());
+    open->set_compare_content(spec.sync() && spec.checksum());
+    open->set_durable_pieces(true);
+    open->set_relay_by(record.relay_by());
+    if (record.has_relay_to()) *open->mutable_relay_to() = record.relay_to();
+  }
   auto opened = Call(**control, session_id, request);
   if (!opened.ok()) return opened.status();
   const v1::OpenReply& reply = opened->open_reply();
@@ -343,6 +378,9 @@ absl::Status TransferSender::RunAttempt() {
     s.resent_bytes = bytes_sent > totals.bytes_done ? bytes_sent - totals.bytes_done : 0;
   });
 
+  if (relayed) {
+    if (absl::Status s = AwaitRelayedChunks(**control, session_id, totals); !s.ok()) return s;
+  }
   size_t pending;
   {
     absl::MutexLock lock(&mu_);
@@ -382,6 +420,8 @@ absl::Status TransferSender::RunAttempt() {
     if (!first.ok()) return first;
   }
 
+  // A relay is done once its chunks are durable: the source commits.
+  if (relaying) return absl::OkStatus();
   // Every chunk is durable. A source file touched after its chunks were read
   // must not be published mixed: check them all once more.
   if (std::optional<uint32_t> changed = FindChangedSource()) {
@@ -408,7 +448,42 @@ void TransferSender::ChangeSendingStreams(int delta) {
   channels_.ForEach([each](transport::Channel& channel) { channel.LimitPacingRate(each); });
 }
 
+absl::Status TransferSender::AwaitRelayedChunks(transport::Channel& control, uint64_t session_id,
+                                                const TransferProgress::Snapshot& totals) {
+  constexpr absl::Duration kPoll = absl::Milliseconds(200);
+  const std::string relay = record().relay_by();
+  uint64_t best_chunks = 0, best_bytes = 0;
+  Timestamp last_gain = clock_.Now();
+  while (true) {
+    if (stopping()) return absl::CancelledError("stopped");
+    if (bypass_relay_.load()) return absl::AbortedError(absl::StrCat("relay ", relay, " bypassed"));
+    v1::PeerMessage ask;
+    ask.mutable_progress()->set_transfer_id(record().id());
+    auto answer = Call(control, session_id, ask);
+    if (!answer.ok()) return answer.status();
+    const v1::ProgressReply& reply = answer->progress_reply();
+    if (reply.chunks_durable() > best_chunks || reply.bytes_durable() > best_bytes) {
+      best_chunks = std::max(best_chunks, reply.chunks_durable());
+      best_bytes = std::max(best_bytes, reply.bytes_durable());
+      last_gain = clock_.Now();
+      progress_.Update([&](TransferProgress::Snapshot& s) {
+        s.chunks_done = std::min(totals.chunks_total, best_chunks);
+        s.bytes_done = std::min(totals.bytes_total, best_bytes);
+      });
+    }
+    if (best_chunks >= totals.chunks_total) return absl::OkStatus();
+    const TimeDelta stalled = clock_.Now() - last_gain;
+    if (stalled.ToNanoseconds() > absl::ToInt64Nanoseconds(kRelayStall)) {
+      bypass_relay_.store(true);
+      return absl::AbortedError(absl::StrCat("relay ", relay, " delivered nothing for ",
+                                             absl::FormatDuration(kRelayStall)));
+    }
+    absl::SleepFor(kPoll);
+  }
+}
+
 void TransferSender::AddBytesSent(uint64_t bytes) {
+  if (options_.relay_source) return;  // a relay's bytes are not journaled
   v1::OutgoingCounters counters;
   std::string id;
   {
@@ -451,7 +526,9 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
   const v1::Manifest& manifest = record.manifest();
   const uint64_t chunk_size = manifest.chunk_size();
   std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
-  std::vector<uint8_t> buffer(chunk_size);
+  std::unique_ptr<RelayChunkSource> relay =
+      options_.relay_source ? options_.relay_source() : nullptr;
+  storage::AlignedBuffer buffer(chunk_size);
   int fd = -1;
   uint32_t fd_file = UINT32_MAX;
   struct CloseFd {
@@ -466,6 +543,42 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     absl::MutexLock lock(&mu_);
     changed_file_ = file_index;
     return absl::AbortedError(why.message());
+  };
+
+  // Reads the chunk from its source file and returns its digest. The
+  // identity is checked before and after the read, so the bytes hashed
+  // belong to the file the manifest describes. The whole chunk is read and
+  // hashed even when only its end is sent: the digest covers the durable
+  // prefix the receiver reads back too.
+  auto read_source = [&](const Chunk& chunk, const v1::ManifestFile& file,
+                         absl::Span<uint8_t> data) -> absl::StatusOr<storage::Xxh128> {
+    if (fd_file != chunk.file_index) {
+      if (fd >= 0) ::close(fd);
+      const std::string& path = record.source_paths(chunk.file_index);
+      fd = storage::OpenCheckedSource(path);
+      fd_file = chunk.file_index;
+      if (fd < 0) {
+        if (errno == ENOENT) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("source file ", path, " was removed during the transfer"));
+        }
+        return absl::UnavailableError(
+            absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+      }
+    }
+    if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) {
+      return s.code() == absl::StatusCode::kAborted ? source_changed(chunk.file_index, s) : s;
+    }
+    auto hash = storage::ReadChunkHashed(*io, fd, chunk.chunk_index * chunk_size, data);
+    if (!hash.ok()) {
+      return hash.status().code() == absl::StatusCode::kAborted
+                 ? source_changed(chunk.file_index, hash.status())
+                 : hash.status();
+    }
+    if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) {
+      return s.code() == absl::StatusCode::kAborted ? source_changed(chunk.file_index, s) : s;
+    }
+    return hash;
   };
 
   // Bytes sent on this stream and not acknowledged durable stay within one
@@ -607,37 +720,12 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
       in_flight_bytes_ += chunk.size - chunk.start;
     }
     const v1::ManifestFile& file = manifest.files(chunk.file_index);
-    if (fd_file != chunk.file_index) {
-      if (fd >= 0) ::close(fd);
-      const std::string& path = record.source_paths(chunk.file_index);
-      fd = storage::OpenCheckedSource(path);
-      fd_file = chunk.file_index;
-      if (fd < 0) {
-        if (errno == ENOENT) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("source file ", path, " was removed during the transfer"));
-        }
-        return absl::UnavailableError(
-            absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-      }
-    }
-    // The identity is checked before and after the read, so the bytes we
-    // hash belong to the file the manifest describes. The whole chunk is
-    // read and hashed even when only its end is sent: the digest covers
-    // the durable prefix the receiver reads back too.
-    if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) {
-      return s.code() == absl::StatusCode::kAborted ? source_changed(chunk.file_index, s) : s;
-    }
-    absl::Span<uint8_t> data(buffer.data(), chunk.size);
-    auto hash = storage::ReadChunkHashed(*io, fd, chunk.chunk_index * chunk_size, data);
-    if (!hash.ok()) {
-      return hash.status().code() == absl::StatusCode::kAborted
-                 ? source_changed(chunk.file_index, hash.status())
-                 : hash.status();
-    }
-    if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) {
-      return s.code() == absl::StatusCode::kAborted ? source_changed(chunk.file_index, s) : s;
-    }
+    const absl::Span<uint8_t> data = buffer.span(chunk.size);
+    absl::StatusOr<storage::Xxh128> hash =
+        relay != nullptr ? relay->Read(chunk.file_index, chunk.chunk_index, file.generation(), data,
+                                       [this] { return stopping(); })
+                         : read_source(chunk, file, data);
+    if (!hash.ok()) return hash.status();
 
     wire::ChunkHeader header{chunk.file_index,  chunk.chunk_index,
                              file.generation(), hash->low,
@@ -744,7 +832,7 @@ absl::Status TransferSender::DigestSources() {
   spdlog::info("transfer {}: hashed {} files ({} bytes) for --checksum in {:.2f} s", record.id(),
                files, bytes, (clock_.Now() - start).ToSecondsF());
   // Unsynced: digests lost in a power loss are only computed again.
-  if (absl::Status s = journal_.PutOutgoing(this->record(), /*sync=*/false); !s.ok()) {
+  if (absl::Status s = Persist(this->record(), /*sync=*/false); !s.ok()) {
     spdlog::warn("transfer {}: cannot journal content digests: {}", record.id(), s.message());
   }
   return absl::OkStatus();
@@ -808,7 +896,7 @@ absl::Status TransferSender::RefreshChangedFile(uint32_t file_index) {
     }
     copy = record_;
   }
-  return journal_.PutOutgoing(copy, /*sync=*/true);
+  return Persist(copy, /*sync=*/true);
 }
 
 }  // namespace longhaul::peer

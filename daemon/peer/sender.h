@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -20,10 +21,12 @@
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
+#include "daemon/peer/relay_chunk_source.h"
 #include "daemon/transport/channel_registry.h"
 #include "daemon/transport/transport.h"
 #include "daemon/wire/frames.h"
 #include "longhaul/v1/journal.pb.h"
+#include "storage/chunk_io.h"
 #include "storage/journal.h"
 
 namespace longhaul::peer {
@@ -140,6 +143,40 @@ struct SenderOptions {
   // Times give_up_after and the digest pass (not owned, outlives the
   // sender); null: RealClock::Get().
   const Clock* clock = nullptr;
+
+  // Fan-out. Set for a relay (daemon/relay.h): the chunks come from these
+  // readers, not from source files; the sender attaches to the session the
+  // source opened at the destination (RelayAttachRequest) instead of opening
+  // it, journals nothing, and never commits (the source does).
+  std::function<std::unique_ptr<RelayChunkSource>()> relay_source;
+  // Told of every failed attempt (the legs this one relays to are then
+  // bypassed: FanoutSender).
+  std::function<void(const absl::Status&)> on_attempt_failed;
+  // Journals the record when the sender changes it (content digests, a new
+  // generation); unset: Journal::PutOutgoing. A fan-out leg's record is
+  // part of its transfer's.
+  std::function<absl::Status(const v1::OutgoingTransfer&, bool sync)> persist;
+};
+
+// What the TransferManager runs for one outgoing transfer: a TransferSender,
+// or a daemon::FanoutSender driving one per destination.
+class OutgoingRun {
+ public:
+  virtual ~OutgoingRun() = default;
+  // OK: published at every destination. Cancelled: stopped by Drain/Stop.
+  // Another error: the transfer cannot complete without an operator.
+  virtual absl::Status Run() = 0;
+  // Finish the chunks in flight, then stop (SIGTERM, pause).
+  virtual void Drain() = 0;
+  // Stop now, abandoning chunks in flight.
+  virtual void Stop() = 0;
+  // The record as last journaled (the manifest may have new generations).
+  virtual v1::OutgoingTransfer record() const = 0;
+  // Fan-out: every destination's state and progress now (empty otherwise).
+  virtual std::vector<v1::FanoutLeg> legs() const { return {}; }
+  // Operators' rate caps, asked before every chunk (nullptr: none). Set
+  // before Run(); `limiter` must outlive the sender.
+  virtual void set_rate_limiter(RateLimiter* limiter) = 0;
 };
 
 // Drives one outgoing transfer to its end: opens a session with the
@@ -157,9 +194,16 @@ struct SenderOptions {
 // the destination) are retried with exponential backoff; the journal record
 // is kept current so a restarted daemon resumes where this one stopped.
 //
+// Fan-out legs (record.relay_by set): the destination is opened naming the
+// relay that delivers its chunks; this sender then only asks the
+// destination's progress (ProgressRequest) until every chunk is there, and
+// commits. When the relay makes no progress for kRelayStall, or
+// BypassRelay() is called, the leg drops the relay and sends the chunks
+// itself from the next attempt on: the destination keeps what it has.
+//
 // Run() is called once, on a thread of its own; Drain() and Stop() may be
 // called from any thread.
-class TransferSender {
+class TransferSender : public OutgoingRun {
  public:
   // Control messages go over `control` (TLS over TCP, also the key source
   // for other transports); chunks over `data`.
@@ -167,21 +211,21 @@ class TransferSender {
                  PriorityGate& gate, storage::Journal& journal, v1::OutgoingTransfer record,
                  TransferProgress& progress, LinkObserver observer);
 
-  // OK: published at the destination. Cancelled: stopped by Drain/Stop.
-  // Another error: the transfer cannot complete without an operator.
-  absl::Status Run();
+  absl::Status Run() override;
+  void Drain() override;
+  void Stop() override;
+  // Fan-out: a relayed leg stops waiting for its relay and sends the chunks
+  // itself. No effect on a leg sent directly.
+  void BypassRelay();
+  // Fan-out: the next opens no longer ask the destination to relay.
+  void StopRelaying();
 
-  // Finish the chunks in flight, then stop (SIGTERM, pause).
-  void Drain();
-  // Stop now, abandoning chunks in flight.
-  void Stop();
+  // A relayed leg whose destination gains nothing for this long bypasses
+  // its relay.
+  static constexpr absl::Duration kRelayStall = absl::Seconds(10);
 
-  // The record as last journaled (the manifest may have new generations).
-  v1::OutgoingTransfer record() const;
-
-  // Operators' rate caps, asked before every chunk (nullptr: none). Set
-  // before Run(); `limiter` must outlive the sender.
-  void set_rate_limiter(RateLimiter* limiter) { rate_limiter_ = limiter; }
+  v1::OutgoingTransfer record() const override;
+  void set_rate_limiter(RateLimiter* limiter) override { rate_limiter_ = limiter; }
 
   // The pacing rate each of a transfer's `streams` is capped at on a link
   // configured at `link`: together they stay just below it. Kernel
@@ -202,6 +246,10 @@ class TransferSender {
   };
 
   absl::Status RunAttempt();
+  // The relayed leg's wait: asks the destination's progress on `control`
+  // until it holds `totals`'s chunks. Aborted once the relay is bypassed.
+  absl::Status AwaitRelayedChunks(transport::Channel& control, uint64_t session_id,
+                                  const TransferProgress::Snapshot& totals);
   // Sends chunks on one stream. `durable_piece`: OpenReply.durable_piece
   // (0: the destination acknowledges whole chunks only).
   absl::Status StreamLoop(uint32_t stream_index, uint64_t session_id, uint64_t durable_piece,
@@ -219,6 +267,7 @@ class TransferSender {
   // Any source file whose identity differs from the manifest, or nullopt.
   std::optional<uint32_t> FindChangedSource();
   bool stopping() const { return drain_.load() || stop_.load(); }
+  absl::Status Persist(const v1::OutgoingTransfer& record, bool sync);
   void AbortChannels();
   void AddBytesSent(uint64_t bytes);
 
@@ -245,6 +294,7 @@ class TransferSender {
 
   std::atomic<bool> drain_{false};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> bypass_relay_{false};
   absl::Notification wake_;  // cuts a backoff short on Drain/Stop
 };
 
