@@ -82,12 +82,23 @@ absl::Status FanoutSender::Run() {
     transport::Transport* control = transport::FindTransport(transports_, "tcp");
     transport::Transport* data = transport::FindTransport(transports_, record_.spec().transport());
     if (data == nullptr) data = control;
+    // A destination published in an earlier run relays nothing: the legs
+    // it relayed go direct.
+    for (int i = 0; i < n; ++i) {
+      if (record_.legs(i).state() != v1::COMPLETED) continue;
+      for (v1::FanoutLeg& leg : *record_.mutable_legs()) {
+        if (leg.relay_by() == record_.legs(i).destination().site()) leg.clear_relay_by();
+      }
+    }
     for (int i = 0; i < n; ++i) {
       if (record_.legs(i).state() == v1::COMPLETED) continue;
       const std::string& site = record_.legs(i).destination().site();
       peer::SenderOptions options = SenderOptionsFor(config_, site);
       options.clock = &clock_;
       options.on_attempt_failed = [this, i](const absl::Status& s) { OnLegAttemptFailed(i, s); };
+      options.relay_unchanged_files = [this, i]() {
+        return RelayUnchangedFiles(i);
+      };
       options.persist = [this](const v1::OutgoingTransfer& leg_record, bool sync) {
         v1::OutgoingTransfer copy;
         {
@@ -176,6 +187,19 @@ void FanoutSender::OnLegAttemptFailed(int index, const absl::Status& status) {
     legs_[j]->sender->BypassRelay();
     legs_[index]->sender->StopRelaying();
   }
+}
+
+std::optional<absl::flat_hash_set<uint32_t>> FanoutSender::RelayUnchangedFiles(int index) const {
+  peer::TransferSender* relay = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string& site = record_.legs(index).relay_by();
+    for (int k = 0; k < index; ++k) {
+      if (record_.legs(k).destination().site() == site) relay = legs_[k]->sender.get();
+    }
+  }
+  if (relay == nullptr) return std::nullopt;
+  return relay->unchanged_at_destination();
 }
 
 void FanoutSender::Aggregate() {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "daemon/config.h"
@@ -67,6 +68,9 @@ class FanoutSender : public peer::OutgoingRun {
   v1::OutgoingTransfer LegRecordLocked(int index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Leg `index`'s attempt failed: the legs it relays to go direct.
   void OnLegAttemptFailed(int index, const absl::Status& status);
+  // The files leg `index`'s relay destination took as unchanged (see
+  // SenderOptions::relay_unchanged_files).
+  std::optional<absl::flat_hash_set<uint32_t>> RelayUnchangedFiles(int index) const;
   // Sums the legs' progress into progress_.
   void Aggregate();
   // Leg `index` in the record, with its live progress.

@@ -128,6 +128,7 @@ struct CopyOptions {
   bool checksum = false;
   std::string symlinks;  // keep|follow|refuse; "" is keep
   bool hard_links = false;
+  std::vector<std::string> also;  // fan-out: more destinations, in chain order
 };
 
 // A checkpoint directory of a sync SRC and the commit markers it holds.
@@ -269,6 +270,24 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
   spec.set_dest_site(dest->site);
   spec.set_dest_export(dest->export_name);
   spec.set_dest_path(dest->path);
+  for (const std::string& text : o.also) {
+    auto also = ParseDestination(text);
+    if (!also.ok()) return Report(absl::InvalidArgumentError(absl::StrCat("--also: ", also.status().message())));
+    if (also->path.empty()) {
+      std::fprintf(stderr, "longhaul: --also %s needs a path below the export, e.g. %s:/%s/NAME\n",
+                   text.c_str(), also->site.c_str(), also->export_name.c_str());
+      return kExitUsage;
+    }
+    v1::Destination* d = spec.add_also();
+    d->set_site(also->site);
+    d->set_export_name(also->export_name);
+    d->set_path(also->path);
+  }
+  if (!spec.also().empty() && !spec.source_site().empty()) {
+    std::fprintf(stderr,
+                 "longhaul: --also needs local sources; pull to one site, then fan out from there\n");
+    return kExitUsage;
+  }
   spec.set_streams(o.streams);
   if (!o.chunk_size.empty()) {
     auto size = ParseByteSize(o.chunk_size);
@@ -339,6 +358,7 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
     v1::TransferSpec one = spec;
     one.set_sources(0, absl::StrCat(spec.sources(0), "/", c.name));
     one.set_dest_path(absl::StrCat(spec.dest_path(), "/", c.name));
+    for (v1::Destination& d : *one.mutable_also()) d.set_path(absl::StrCat(d.path(), "/", c.name));
     one.set_keep_checkpoints(o.keep);
     one.set_checkpoint_marker(dest_marker);
     // The markers are published last, whatever the daemon's own defaults.
@@ -549,6 +569,9 @@ int Main(int argc, char** argv) {
     cmd->add_flag("--hard-links", copy.hard_links,
                   "names of one file inside the sources arrive as hard links of one file, "
                   "sent once");
+    cmd->add_option("--also", copy.also,
+                    "another destination SITE:/EXPORT/PATH (repeatable): the source sends the "
+                    "bytes once, each destination relays them to the next");
     if (with_tuning) {
       cmd->add_option("--streams", copy.streams, "parallel streams")->check(CLI::Range(1, 64));
       cmd->add_option("--chunk-size", copy.chunk_size, "chunk size, e.g. 16MiB");

@@ -121,8 +121,43 @@ JsonObject TransferJson(const v1::TransferStatus& s) {
                                  s.spec().source_path()));
   }
   if (!s.spec().requested_by().empty()) o.Add("requested_by", s.spec().requested_by());
+  // Fan-out: every destination's own progress, in chain order.
+  if (s.destinations_size() > 0) {
+    std::vector<std::string> destinations;
+    for (const v1::DestinationStatus& d : s.destinations()) {
+      JsonObject one;
+      one.Add("destination", DestinationText(d.destination()))
+          .Add("id", d.transfer_id())
+          .Add("state", StateName(d.state()))
+          .Add("bytes", d.bytes_total())
+          .Add("bytes_done", d.bytes_done())
+          .Add("bytes_sent", d.bytes_sent())
+          .Add("relay_by", d.relay_by());
+      if (!d.error().empty()) one.Add("error", d.error());
+      destinations.push_back(one.str());
+    }
+    o.AddRaw("destinations", JsonArray(destinations));
+  }
   if (!s.error().empty()) o.Add("error", s.error());
   return o;
+}
+
+std::string DestinationText(const v1::Destination& d) {
+  return absl::StrCat(d.site(), ":/", d.export_name(), "/", d.path());
+}
+
+std::string DestinationLines(const v1::TransferStatus& s) {
+  std::string out;
+  for (const v1::DestinationStatus& d : s.destinations()) {
+    const double pct = d.bytes_total() ? 100.0 * d.bytes_done() / d.bytes_total() : 100.0;
+    absl::StrAppend(&out, absl::StrFormat("\n  %-10s %5.1f%%  %s  %s", StateName(d.state()), pct,
+                                          DestinationText(d.destination()),
+                                          d.relay_by().empty()
+                                              ? std::string("(from the source)")
+                                              : absl::StrCat("(relayed by ", d.relay_by(), ")")));
+    if (!d.error().empty()) absl::StrAppend(&out, ": ", d.error());
+  }
+  return out;
 }
 
 std::string SkippedLines(const v1::TransferStatus& s) {
@@ -153,7 +188,7 @@ std::string ProgressLine(const v1::TransferStatus& s) {
 }
 
 std::string StatusText(const v1::TransferStatus& s) {
-  return absl::StrCat(ProgressLine(s), SkippedLines(s));
+  return absl::StrCat(ProgressLine(s), DestinationLines(s), SkippedLines(s));
 }
 
 std::string Summary(const v1::TransferStatus& s) {
@@ -164,11 +199,15 @@ std::string Summary(const v1::TransferStatus& s) {
                                       FormatBytes(s.resent_bytes()));
     if (s.files_unchanged() > 0) absl::StrAppend(&out, ", ", s.files_unchanged(), " files unchanged");
     if (s.skipped_size() > 0) absl::StrAppend(&out, ", ", s.skipped_size(), " skipped");
-    return absl::StrCat(out, SkippedLines(s));
+    if (s.destinations_size() > 0) {
+      absl::StrAppend(&out, ", ", s.destinations_size(), " destinations, source sent ",
+                      FormatBytes(s.bytes_sent()));
+    }
+    return absl::StrCat(out, DestinationLines(s), SkippedLines(s));
   }
   std::string out = absl::StrCat(s.id(), " ", StateName(s.state()));
   if (!s.error().empty()) absl::StrAppend(&out, ": ", s.error());
-  return absl::StrCat(out, SkippedLines(s));
+  return absl::StrCat(out, DestinationLines(s), SkippedLines(s));
 }
 
 }  // namespace longhaul::cli

@@ -45,11 +45,16 @@ std::string StateName(v1::TransferState state);
 std::string ProgressBar(const v1::TransferStatus& status, int width);
 // A plain progress line for logs.
 std::string ProgressLine(const v1::TransferStatus& status);
-// The progress line, then one line per entry the transfer skipped
-// (`longhaul status`).
+// The progress line, then one line per destination of a fan-out and one
+// per entry the transfer skipped (`longhaul status`).
 std::string StatusText(const v1::TransferStatus& status);
 // "\n  skipped PATH: WHY" for each entry the transfer skipped.
 std::string SkippedLines(const v1::TransferStatus& status);
+// "SITE:/EXPORT/PATH".
+std::string DestinationText(const v1::Destination& destination);
+// Fan-out: "\n  STATE PCT% SITE:/EXPORT/PATH (relayed by SITE)" for each
+// destination.
+std::string DestinationLines(const v1::TransferStatus& status);
 // The closing summary of a transfer.
 std::string Summary(const v1::TransferStatus& status);
 

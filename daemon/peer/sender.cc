@@ -158,6 +158,11 @@ absl::Status TransferSender::Persist(const v1::OutgoingTransfer& record, bool sy
 
 void TransferSender::BypassRelay() { bypass_relay_.store(true); }
 
+std::optional<absl::flat_hash_set<uint32_t>> TransferSender::unchanged_at_destination() const {
+  absl::MutexLock lock(&mu_);
+  return unchanged_at_destination_;
+}
+
 void TransferSender::StopRelaying() {
   absl::MutexLock lock(&mu_);
   record_.clear_relay_to();
@@ -306,6 +311,10 @@ absl::Status TransferSender::RunAttempt() {
 
   absl::flat_hash_set<uint32_t> unchanged(reply.unchanged_files().begin(),
                                           reply.unchanged_files().end());
+  if (!relaying) {
+    absl::MutexLock lock(&mu_);
+    unchanged_at_destination_ = unchanged;
+  }
   absl::flat_hash_set<storage::ChunkId> durable;
   for (const v1::ChunkId& id : reply.durable()) durable.insert({id.file_index(), id.chunk_index()});
   // A piece is at most a chunk. One below kMinDurablePiece is the peer's
@@ -379,7 +388,9 @@ absl::Status TransferSender::RunAttempt() {
   });
 
   if (relayed) {
-    if (absl::Status s = AwaitRelayedChunks(**control, session_id, totals); !s.ok()) return s;
+    if (absl::Status s = AwaitRelayedChunks(**control, session_id, totals, unchanged); !s.ok()) {
+      return s;
+    }
   }
   size_t pending;
   {
@@ -449,14 +460,28 @@ void TransferSender::ChangeSendingStreams(int delta) {
 }
 
 absl::Status TransferSender::AwaitRelayedChunks(transport::Channel& control, uint64_t session_id,
-                                                const TransferProgress::Snapshot& totals) {
+                                                const TransferProgress::Snapshot& totals,
+                                                const absl::flat_hash_set<uint32_t>& unchanged) {
   constexpr absl::Duration kPoll = absl::Milliseconds(200);
   const std::string relay = record().relay_by();
+  const int files = record().manifest().files_size();
   uint64_t best_chunks = 0, best_bytes = 0;
   Timestamp last_gain = clock_.Now();
   while (true) {
     if (stopping()) return absl::CancelledError("stopped");
     if (bypass_relay_.load()) return absl::AbortedError(absl::StrCat("relay ", relay, " bypassed"));
+    // A sync: the relay sends on only what its destination received.
+    if (options_.relay_unchanged_files) {
+      if (std::optional<absl::flat_hash_set<uint32_t>> skipped = options_.relay_unchanged_files()) {
+        for (uint32_t f : *skipped) {
+          if (f < static_cast<uint32_t>(files) && !unchanged.contains(f)) {
+            bypass_relay_.store(true);
+            return absl::AbortedError(absl::StrCat("relay ", relay, " already held file ", f,
+                                                   " unchanged and does not send it on"));
+          }
+        }
+      }
+    }
     v1::PeerMessage ask;
     ask.mutable_progress()->set_transfer_id(record().id());
     auto answer = Call(control, session_id, ask);

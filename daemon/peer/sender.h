@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -152,6 +153,11 @@ struct SenderOptions {
   // Told of every failed attempt (the legs this one relays to are then
   // bypassed: FanoutSender).
   std::function<void(const absl::Status&)> on_attempt_failed;
+  // Fan-out, a relayed leg: the files its relay's destination took as
+  // unchanged (sync), which the relay therefore cannot deliver; nullopt
+  // until that destination has answered an open. A leg that needs one of
+  // them bypasses its relay at once.
+  std::function<std::optional<absl::flat_hash_set<uint32_t>>()> relay_unchanged_files;
   // Journals the record when the sender changes it (content digests, a new
   // generation); unset: Journal::PutOutgoing. A fan-out leg's record is
   // part of its transfer's.
@@ -226,6 +232,9 @@ class TransferSender : public OutgoingRun {
 
   v1::OutgoingTransfer record() const override;
   void set_rate_limiter(RateLimiter* limiter) override { rate_limiter_ = limiter; }
+  // The files the destination took as unchanged (sync) at the last open;
+  // nullopt before the first.
+  std::optional<absl::flat_hash_set<uint32_t>> unchanged_at_destination() const;
 
   // The pacing rate each of a transfer's `streams` is capped at on a link
   // configured at `link`: together they stay just below it. Kernel
@@ -247,9 +256,12 @@ class TransferSender : public OutgoingRun {
 
   absl::Status RunAttempt();
   // The relayed leg's wait: asks the destination's progress on `control`
-  // until it holds `totals`'s chunks. Aborted once the relay is bypassed.
+  // until it holds `totals`'s chunks. Aborted once the relay is bypassed,
+  // or when the relay's destination holds one of `unchanged` (this
+  // destination's unchanged files) as unchanged.
   absl::Status AwaitRelayedChunks(transport::Channel& control, uint64_t session_id,
-                                  const TransferProgress::Snapshot& totals);
+                                  const TransferProgress::Snapshot& totals,
+                                  const absl::flat_hash_set<uint32_t>& unchanged);
   // Sends chunks on one stream. `durable_piece`: OpenReply.durable_piece
   // (0: the destination acknowledges whole chunks only).
   absl::Status StreamLoop(uint32_t stream_index, uint64_t session_id, uint64_t durable_piece,
@@ -286,6 +298,7 @@ class TransferSender : public OutgoingRun {
   std::deque<Chunk> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t in_flight_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<uint32_t> changed_file_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::flat_hash_set<uint32_t>> unchanged_at_destination_ ABSL_GUARDED_BY(mu_);
   uint32_t sending_streams_ ABSL_GUARDED_BY(mu_) = 0;
   // The control and data channels of the running attempt.
   transport::ChannelRegistry channels_;

@@ -6,7 +6,7 @@
 #   tests/bench/run.sh SCENARIO [--json FILE] [--smoke] [--size BYTES]
 #
 #   SCENARIO  lan wan-clean wan-lossy wan-far small-files ckpt-dcp fairness
-#             resume exchange allreduce handshake-flood
+#             resume exchange allreduce handshake-flood fanout
 #   --json    write the result object to FILE
 #   --smoke   small data and short iperf3 runs (CI)
 #   --size    total data bytes for the bulk scenarios (e.g. 256MiB)
@@ -17,6 +17,9 @@
 # and cpu_seconds_receiver (utime + stime of all of the daemon's threads,
 # io_uring workers included, from /proc/PID/stat before and after the `cp`),
 # and the same per GiB of data (cpu_seconds_per_gib_sender, ..._receiver).
+#
+# fanout exits 1 when a row did not run or a destination was not verified;
+# its ratios against the targets are reported, not checked.
 #
 # handshake-flood exits 1 (after its table) when the receiving daemon died or
 # one of its two transfers did not complete and verify; the goodput ratio is
@@ -169,6 +172,7 @@ link_params() {
     lan) echo "0 0ms 0 65000" ;;
     wan-clean|small-files|ckpt-dcp|fairness|resume|exchange) echo "1Gbit 20ms 0 9000" ;;
     allreduce) echo "1Gbit 20ms 0 9000" ;;  # each site's access link of the star
+    fanout) echo "1Gbit 10ms 0 9000" ;;  # star access links: site to site as wan-clean
     wan-lossy) echo "1Gbit 20ms 1% 9000" ;;
     wan-far) echo "500Mbit 75ms 0.1% 1500" ;;
     handshake-flood) echo "500Mbit 10ms 0 9000" ;;
@@ -701,6 +705,104 @@ print("; ".join(r["tool"] + (": " + r["error"][:200] if "error" in r else ": not
   [[ -z "$bad" ]] || SCENARIO_FAILED="$bad"
 }
 
+# --- fanout: one transfer to two destinations on a 3-site star -------------------
+# fanout_row ROLE TOOL SITE... -- CP ARGS...: runs one `longhaul cp` per argument
+# group at site-1, all at once, and reports them as one row: the wall time
+# until the last ended, every destination verified, and the bytes that
+# crossed site-1's uplink (the emulator's count) and that site-1 said it
+# sent. Destinations are site-K:/ckpt/NAME, verified under $WORK/dst/site-K.
+fanout_row() {
+  local role=$1 tool=$2 tag=$1
+  shift 2
+  if [[ -n "$LH_ERROR" ]]; then
+    result_error "$tool" "$LH_ERROR"
+    return
+  fi
+  local -a dests=()
+  while [[ $1 != -- ]]; do dests+=("$1"); shift; done
+  shift
+  local site
+  for site in "${dests[@]}"; do rm -rf "$WORK/dst/$site/run"; done
+  link_stats >"$WORK/star.before" 2>/dev/null
+  local t0 t1 k=0 rc=0 pids=()
+  t0=$(date +%s%N)
+  local group=()
+  for arg in "$@" "++"; do
+    if [[ $arg == "++" ]]; then
+      lh_cli site-1 cp "$SRC" "${group[@]}" --wait --json >"$WORK/$tag.$k.out" 2>"$WORK/$tag.$k.err" &
+      pids+=($!)
+      k=$((k + 1))
+      group=()
+    else
+      group+=("$arg")
+    fi
+  done
+  local p
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  t1=$(date +%s%N)
+  link_stats >"$WORK/star.after" 2>/dev/null
+  if [[ $rc != 0 ]]; then
+    result_error "$tool" "longhaul cp exit $rc: $(cat "$WORK/$tag".*.err "$WORK/$tag".*.out | tail -c 300 | tr '\n' ' ')"
+    return
+  fi
+  local verified=true
+  for site in "${dests[@]}"; do
+    [[ $(verify_tree "$(lh_dest_tree "$WORK/dst/$site/run")") == true ]] || verified=false
+  done
+  local secs sent uplink
+  secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
+  sent=$(python3 -c 'import json, sys; print(sum(json.load(open(f))["bytes_sent"] for f in sys.argv[1:]))' "$WORK/$tag".*.out)
+  uplink=$(python3 -c 'import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+print(b["site1"]["up"]["forwarded_bytes"] - a["site1"]["up"]["forwarded_bytes"])' "$WORK/star.before" "$WORK/star.after" 2>/dev/null || echo null)
+  REPORT row "$WORK/rows.jsonl" "tool=$(jstr "$tool")" "bytes=$DATA_BYTES" "seconds=$secs" \
+    "goodput_mbit=$(mbit "$DATA_BYTES" "$secs")" "destinations=${#dests[@]}" "verified=$verified" \
+    "source_bytes_sent=$sent" "source_uplink_bytes=$uplink" "cpu_seconds=null" "role=\"$role\"" \
+    "note=\"seconds: wall time from submitting to the last destination published; goodput: data bytes per destination over it\""
+  log "$tool: ${secs}s to ${#dests[@]} destination(s), source sent $sent bytes (uplink $uplink), verified=$verified"
+  for site in "${dests[@]}"; do rm -rf "$WORK/dst/$site/run"; done
+}
+
+scenario_fanout() {
+  make_data files 2 "$(bulk_size 2 $((2 * GiB)) $((32 * MiB)))"
+  # Site to site: two access links each way.
+  LH_RTT=$(awk -v d="${L_DELAY%ms}" 'BEGIN { print 4 * d "ms" }')
+  export LH_STAR_LINK=3
+  star_up 3 "$L_RATE" "$L_DELAY" "$L_MTU"
+  LH_EXTRA_CONFIG="" longhaul_star_up 3
+  fanout_row single "longhaul cp (one destination)" site-2 -- site-2:/ckpt/run
+  fanout_row two_cps "two separate longhaul cp (site-2 and site-3 at once)" site-2 site-3 -- \
+    site-2:/ckpt/run ++ site-3:/ckpt/run
+  fanout_row fanout "longhaul cp --also (fan-out, site-2 relays to site-3)" site-2 site-3 -- \
+    site-2:/ckpt/run --also site-3:/ckpt/run
+  longhaul_star_down
+  python3 - "$WORK/rows.jsonl" "$DATA_BYTES" >"$WORK/fanout.json" <<'PY'
+import json, sys
+rows = {r.get("role"): r for r in map(json.loads, filter(str.strip, open(sys.argv[1])))}
+single, two, fan = (rows.get(k, {}) for k in ("single", "two_cps", "fanout"))
+data = int(sys.argv[2])
+out = {"targets": {"fanout_seconds_over_single": 1.3, "source_sent_over_data": 1.1}}
+if single.get("seconds") and fan.get("seconds"):
+    out["fanout_seconds_over_single"] = round(fan["seconds"] / single["seconds"], 3)
+if single.get("seconds") and two.get("seconds"):
+    out["two_cps_seconds_over_single"] = round(two["seconds"] / single["seconds"], 3)
+if fan.get("source_bytes_sent") is not None:
+    out["source_sent_over_data"] = round(fan["source_bytes_sent"] / data, 4)
+if fan.get("source_uplink_bytes") not in (None, "null"):
+    out["source_uplink_over_data"] = round(fan["source_uplink_bytes"] / data, 4)
+print(json.dumps(out))
+PY
+  extra fanout "$(cat "$WORK/fanout.json")"
+  log "fanout: $(cat "$WORK/fanout.json")"
+  local bad
+  bad=$(python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print("; ".join(r["tool"] + (": " + r["error"][:200] if "error" in r else ": not verified")
+                for r in rows if "error" in r or not r.get("verified")))' "$WORK/rows.jsonl")
+  [[ -z "$bad" ]] || SCENARIO_FAILED="$bad"
+}
+
 # --- handshake-flood: a transfer alone, then during a flood of pending handshakes ---
 FLOOD() { python3 "$BENCH_LIB/handshake_flood.py" "$@"; }
 now_s() { date +%s.%N; }
@@ -923,6 +1025,7 @@ case "$SCENARIO" in
   exchange) scenario_exchange ;;
   allreduce) scenario_allreduce ;;
   handshake-flood) scenario_handshake_flood ;;
+  fanout) scenario_fanout ;;
 esac
 finish
 if [[ -n "$SCENARIO_FAILED" ]]; then

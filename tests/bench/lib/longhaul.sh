@@ -369,9 +369,10 @@ for k, v in json.load(open(sys.argv[1]))["extra"].items(): print(k + "=" + json.
   done
 }
 
-# --- the allreduce scenario: N daemons on the star, one per site -------------
+# --- the allreduce and fanout scenarios: N daemons on the star, one per site -------------
 # Sites are site-1 .. site-N (site-K in the star's namespace K); each lists
-# every other as a peer. LH_EXTRA_CONFIG is appended to each config.
+# every other as a peer and as a writer of its export `ckpt`
+# ($WORK/dst/site-K; `fanout`). LH_EXTRA_CONFIG is appended to each config.
 LH_STAR_SITES=()
 
 # longhaul_star_up N: PKI, configs and the N daemons; on failure LH_ERROR says why.
@@ -388,18 +389,20 @@ longhaul_star_up() {
     return 1
   fi
   for ((k = 1; k <= n; k++)); do
-    local site=site-$k d="$WORK/lh/site-$k" peers=""
+    local site=site-$k d="$WORK/lh/site-$k" peers="" writers=""
     for ((j = 1; j <= n; j++)); do
       [[ $j == "$k" ]] && continue
       peers+="${peers:+, }{site: site-$j, address: ${STAR_ADDR[$j]}:7700}"
+      writers+="${writers:+, }site-$j"
     done
-    mkdir -p "$d/state"
+    mkdir -p "$d/state" "$WORK/dst/$site"
     cat >"$d/longhauld.yaml" <<CFG
 site: $site
 listen: ${STAR_ADDR[$k]}:7700
 control_socket: $d/control.sock
 state_dir: $d/state
 tls: {ca: $WORK/lh/pki/ca.pem, cert: $WORK/lh/pki/$site.pem, key: $WORK/lh/pki/$site.key}
+exports: [{name: ckpt, path: $WORK/dst/$site, writers: [$writers]}, {name: local, path: $WORK}]
 peers: [$peers]
 link: {bandwidth: $LH_BANDWIDTH, rtt: $LH_RTT${LH_CONGESTION_CONTROL:+, congestion_control: $LH_CONGESTION_CONTROL}}
 metrics: {listen: "127.0.0.1:0"}
