@@ -23,10 +23,9 @@ namespace longhaul::daemon {
 // others get "<id>.<n>".
 std::string FanoutLegId(const std::string& transfer_id, int leg);
 
-// The legs of a fan-out of `spec` (TransferSpec.also set) under transfer
-// id `transfer_id`, sent from `source_site`, in chain order: each leg is
-// relayed by the one before it, unless that is at the same site (a site
-// does not relay to itself), which makes it a leg the source sends itself.
+// The legs of a fan-out of `spec` (TransferSpec.also set, every destination
+// at another site) under transfer id `transfer_id`, in chain order: the
+// first is sent by the source, each other is relayed by the one before it.
 std::vector<v1::FanoutLeg> PlanFanoutLegs(const std::string& transfer_id,
                                           const v1::TransferSpec& spec);
 

@@ -315,13 +315,21 @@ class PyClient {
 
   py::object Submit(std::vector<std::string> sources, const std::string& dest,
                     const std::string& request_id, bool sync, const std::string& priority,
-                    uint32_t streams, uint64_t chunk_size, const std::string& transport) {
+                    uint32_t streams, uint64_t chunk_size, const std::string& transport,
+                    const std::vector<std::string>& also) {
     Destination d = Unwrap(ParseDestination(dest));
     v1::TransferSpec spec;
     for (auto& s : sources) spec.add_sources(s);
     spec.set_dest_site(d.site);
     spec.set_dest_export(d.export_name);
     spec.set_dest_path(d.path);
+    for (const std::string& text : also) {
+      Destination a = Unwrap(ParseDestination(text));
+      v1::Destination* more = spec.add_also();
+      more->set_site(a.site);
+      more->set_export_name(a.export_name);
+      more->set_path(a.path);
+    }
     spec.set_sync(sync);
     spec.set_streams(streams);
     spec.set_chunk_size(chunk_size);
@@ -458,8 +466,9 @@ PYBIND11_MODULE(_longhaul, m) {      // re-exported by longhaul/__init__.py
       .def("submit", &PyClient::Submit, py::arg("sources"), py::arg("dest"),
            py::arg("request_id") = "", py::arg("sync") = false, py::arg("priority") = "checkpoint",
            py::arg("streams") = 0, py::arg("chunk_size") = 0, py::arg("transport") = "",
+           py::arg("also") = std::vector<std::string>(),
            "Submits a transfer of `sources` (absolute paths) to 'SITE:/EXPORT/PATH'; "
-           "returns its status dict.")
+           "`also`: more destinations of a fan-out. Returns its status dict.")
       .def("get", &PyClient::Get, py::arg("id"))
       .def("cancel", &PyClient::Cancel, py::arg("id"))
       .def("wait", &PyClient::Wait, py::arg("id"), py::arg("timeout") = py::none(),

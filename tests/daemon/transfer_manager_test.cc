@@ -14,6 +14,7 @@
 
 #include "absl/time/clock.h"
 #include "common/clock.h"
+#include "daemon/fanout_sender.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
 #include "daemon/peer/receiver.h"
@@ -383,6 +384,31 @@ TEST_F(TransferManagerTest, ASourceFileRemovedAfterSubmitFailsTheTransferNamingI
   ASSERT_EQ(failed.state(), v1::FAILED);
   EXPECT_EQ(failed.error(), "source file " + removed + " was removed during the transfer");
   EXPECT_FALSE(Exists(dir_.Sub("dest/job")));  // nothing published half
+}
+
+TEST(PlanFanoutLegsTest, EachDestinationIsRelayedByTheOneBeforeItUnderItsOwnId) {
+  v1::TransferSpec spec;
+  spec.set_dest_site("site-b");
+  spec.set_dest_export("ckpt");
+  spec.set_dest_path("x");
+  for (const char* site : {"site-c", "site-d"}) {
+    v1::Destination* also = spec.add_also();
+    also->set_site(site);
+    also->set_export_name("mirror");
+    also->set_path("y");
+  }
+  const std::vector<v1::FanoutLeg> legs = PlanFanoutLegs("t-1", spec);
+  ASSERT_EQ(legs.size(), 3u);
+  EXPECT_EQ(legs[0].transfer_id(), "t-1");
+  EXPECT_EQ(legs[0].destination().site(), "site-b");
+  EXPECT_EQ(legs[0].destination().export_name(), "ckpt");
+  EXPECT_EQ(legs[0].relay_by(), "");
+  EXPECT_EQ(legs[1].transfer_id(), "t-1.1");
+  EXPECT_EQ(legs[1].destination().path(), "y");
+  EXPECT_EQ(legs[1].relay_by(), "site-b");
+  EXPECT_EQ(legs[2].transfer_id(), "t-1.2");
+  EXPECT_EQ(legs[2].relay_by(), "site-c");
+  for (const v1::FanoutLeg& leg : legs) EXPECT_EQ(leg.state(), v1::QUEUED);
 }
 
 }  // namespace

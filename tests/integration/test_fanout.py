@@ -200,6 +200,12 @@ class FanoutCrashTest(FanoutTestCase):
         # site-c kept what the relay delivered: the source sent it only the rest.
         self.assertLess(dests[1]["bytes_sent"], 0.85 * dests[1]["bytes"], dests)
 
+    def test_a_source_file_rewritten_mid_transfer_arrives_new_at_both(self):
+        src, tid = self.start_big_fanout()
+        self.wait_relayed(tid, 0.2)
+        lh.rewrite_in_place(os.path.join(src, "shard_0.bin"), 96 * MIB, seed=99)
+        self.finish(src, tid)
+
     def test_fanout_resumes_after_the_source_is_sigkilled(self):
         src, tid = self.start_big_fanout()
         self.wait_relayed(tid, 0.2)

@@ -138,10 +138,14 @@ def manifest(files, chunk_size=MIN_CHUNK_SIZE, empty_dirs=()):
 
 
 def open_request(transfer_id, export, dest_path, manifest_bytes, commit_last=(), single_file=False,
-                 keep_checkpoints=0, checkpoint_marker="", skip_unchanged=False):
+                 keep_checkpoints=0, checkpoint_marker="", skip_unchanged=False, relay_by="",
+                 relay_to=None):
+    """An OpenRequest; fan-out: `relay_by` a site, `relay_to` (site, transfer id)."""
     return message((1, transfer_id), (3, export), (4, dest_path), (5, manifest_bytes),
                    (6, list(commit_last)), (7, skip_unchanged or None), (8, single_file or None),
-                   (9, keep_checkpoints or None), (10, checkpoint_marker or None))
+                   (9, keep_checkpoints or None), (10, checkpoint_marker or None),
+                   (13, relay_by or None),
+                   (14, message((1, relay_to[0]), (2, relay_to[1])) if relay_to else None))
 
 
 class Answer:
@@ -200,7 +204,7 @@ class Channel:
 
     def call(self, field, body):
         """Sends a PeerMessage with `body` as field `field` (2 open, 4 commit,
-        6 abort, 8 verify); returns the Answer."""
+        6 abort, 8 verify, 14 relay attach, 15 progress); returns the Answer."""
         request_id = self.next_request
         self.next_request += 1
         self.sock.sendall(_frame(CONTROL, message((1, request_id), (field, body)), self.session))
@@ -220,6 +224,13 @@ class Channel:
 
     def verify(self, transfer_id):
         return self.call(8, message((1, transfer_id)))
+
+    def relay_attach(self, transfer_id):
+        """Fan-out: attaches as the relay of `transfer_id` (answered like an open)."""
+        return self.call(14, message((1, transfer_id)))
+
+    def progress(self, transfer_id):
+        return self.call(15, message((1, transfer_id)))
 
     def remote_submit(self, request_id, spec):
         """A RemoteSubmitRequest (pull and third-party copy) with `spec`, a

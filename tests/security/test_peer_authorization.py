@@ -260,5 +260,72 @@ class SharedExportTest(AccessTestCase):
         self.assertTrue(peer.publish("t-after", "ckpt", "run1/step-1", model).ok())
 
 
+class HostileRelayTest(AccessTestCase):
+    """Fan-out: only the site the owner's open names as relay may attach and
+    send chunks; it may neither commit nor abort; a later open without it
+    takes that right away. site-a is the owner, site-b the receiver."""
+
+    def open(self, peer, tid, **open_args):
+        control = peer.control(tid)
+        m = hostile_peer.manifest([hostile_peer.manifest_file("x.bin", 1000)])
+        return control, control.open(tid, "ckpt", "relayed", m, single_file=True, **open_args)
+
+    def test_a_relay_must_be_another_writer_named_by_the_owner(self):
+        owner = self.hostile("site-a")
+        for relay, why in (("site-a", "relay_by must name another destination"),
+                           ("site-b", "relay_by must name another destination"),
+                           ("site-z", "relay refused")):
+            control, answer = self.open(owner, "t-bad-relay", relay_by=relay)
+            control.close()
+            self.assertFalse(answer.ok(), relay)
+            self.assertIn(why, answer.error)
+        for target in (("site-b", "t-next"), ("site-a", "t-next"), ("site-c", "../x")):
+            control, answer = self.open(owner, "t-bad-relay", relay_to=target)
+            control.close()
+            self.assertFalse(answer.ok(), target)
+        self.assertEqual(self.visible_entries(), [])
+
+    def test_only_the_named_relay_attaches_sends_and_it_never_commits(self):
+        owner, relay = self.hostile("site-a"), self.hostile("site-c")
+        content = os.urandom(1000)
+        # Opened without a relay: site-c may not attach nor send chunks.
+        control, answer = self.open(owner, "t-fan")
+        self.assertTrue(answer.ok(), answer)
+        impostor = relay.control("t-fan")
+        self.assert_refused(impostor.relay_attach("t-fan"), "not relayed by site-c")
+        self.assert_refused(impostor.progress("t-fan"), "belongs to another site")
+        impostor.close()
+        data = relay.connect(hostile_peer.ROLE_DATA, "t-fan")
+        with self.assertRaises((ConnectionError, OSError, ValueError)):
+            data.send_chunk(0, 0, content)
+        data.close()
+        control.close()
+
+        # Opened naming site-c: it attaches and sends, and only the owner commits.
+        control, answer = self.open(owner, "t-fan", relay_by="site-c")
+        self.assertTrue(answer.ok(), answer)
+        by_relay = relay.control("t-fan")
+        self.assertTrue(by_relay.relay_attach("t-fan").ok())
+        data = relay.connect(hostile_peer.ROLE_DATA, "t-fan")
+        self.assertEqual(data.send_chunk(0, 0, content)[0], hostile_peer.ACK_DURABLE)
+        data.close()
+        self.assert_refused(by_relay.commit("t-fan"), "belongs to another site")
+        self.assert_refused(by_relay.abort("t-fan"), "belongs to another site")
+        self.assertFalse(os.path.exists(self.export("relayed")))
+        by_relay.close()
+
+        # The owner opens again without it: the relay loses its right.
+        control.close()
+        control, answer = self.open(owner, "t-fan")
+        self.assertTrue(answer.ok(), answer)
+        by_relay = relay.control("t-fan")
+        self.assert_refused(by_relay.relay_attach("t-fan"), "not relayed by site-c")
+        by_relay.close()
+        self.assertTrue(control.commit("t-fan").ok())
+        control.close()
+        with open(self.export("relayed"), "rb") as f:
+            self.assertEqual(f.read(), content)
+
+
 if __name__ == "__main__":
     unittest.main()
