@@ -96,9 +96,7 @@ absl::Status FanoutSender::Run() {
       peer::SenderOptions options = SenderOptionsFor(config_, site);
       options.clock = &clock_;
       options.on_attempt_failed = [this, i](const absl::Status& s) { OnLegAttemptFailed(i, s); };
-      options.relay_unchanged_files = [this, i]() {
-        return RelayUnchangedFiles(i);
-      };
+      options.relay_unchanged_files = [this, i]() { return RelayUnchangedFiles(i); };
       options.persist = [this](const v1::OutgoingTransfer& leg_record, bool sync) {
         v1::OutgoingTransfer copy;
         {
@@ -108,9 +106,9 @@ absl::Status FanoutSender::Run() {
         }
         return journal_.PutOutgoing(copy, sync);
       };
-      legs_[i]->sender = std::make_unique<peer::TransferSender>(
-          std::move(options), *control, *data, gate_, journal_, LegRecordLocked(i),
-          legs_[i]->progress, observer_);
+      legs_[i]->sender = std::make_unique<peer::TransferSender>(std::move(options), *control, *data,
+                                                                gate_, journal_, LegRecordLocked(i),
+                                                                legs_[i]->progress, observer_);
       legs_[i]->sender->set_rate_limiter(rate_limiter_);
       if (stop_.load()) legs_[i]->sender->Stop();
       if (drain_.load()) legs_[i]->sender->Drain();

@@ -91,9 +91,9 @@ void Relays::Run(const std::string& transfer_id, Relay* relay, std::shared_ptr<R
     if (shut_down_ || relay->stopped) {
       return;  // replaced or stopped before it started
     }
-    relay->sender = std::make_unique<peer::TransferSender>(
-        std::move(options), *control, *data, gate_, journal_, std::move(record), relay->progress,
-        nullptr);
+    relay->sender =
+        std::make_unique<peer::TransferSender>(std::move(options), *control, *data, gate_, journal_,
+                                               std::move(record), relay->progress, nullptr);
   }
   spdlog::info("transfer {}: relaying its chunks to {} (transfer {}) as they become durable",
                transfer_id, target.site(), target.transfer_id());
@@ -101,8 +101,8 @@ void Relays::Run(const std::string& transfer_id, Relay* relay, std::shared_ptr<R
   if (result.ok()) {
     spdlog::info("transfer {}: relay to {} done", transfer_id, target.site());
   } else if (!absl::IsCancelled(result)) {
-    spdlog::warn("transfer {}: relay to {} ended: {}; the source sends to it directly",
-                 transfer_id, target.site(), result.message());
+    spdlog::warn("transfer {}: relay to {} ended: {}; the source sends to it directly", transfer_id,
+                 target.site(), result.message());
   }
 }
 

@@ -57,7 +57,7 @@ class Relays {
     peer::TransferProgress progress;
     std::unique_ptr<peer::TransferSender> sender;
     std::thread thread;
-    bool stopped = false;  // guarded by Relays::mu_
+    bool stopped = false;               // guarded by Relays::mu_
     std::atomic<bool> finished{false};  // Run returned: the thread can be joined at once
   };
 

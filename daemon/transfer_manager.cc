@@ -359,14 +359,14 @@ bool TransferManager::StartLocked(Transfer& t) {
   if (data == nullptr) data = &control_transport_;  // journaled before that transport was removed
   peer::LinkObserver observer = [this, tp = &t](const std::string& peer_site,
                                                 const transport::LinkStats& stats) {
-        absl::MutexLock lock(&mu_);
-        link_stats_[peer_site] = stats;
-        // Called after every chunk acknowledged durable. The sender journals
-        // its counters before each chunk and carries on when that fails, so
-        // this is where a journal gone unwritable stops the transfer.
-        if (absl::Status journal = journal_.writable(); !journal.ok()) {
-          PauseForJournalLocked(*tp, journal);
-        }
+    absl::MutexLock lock(&mu_);
+    link_stats_[peer_site] = stats;
+    // Called after every chunk acknowledged durable. The sender journals
+    // its counters before each chunk and carries on when that fails, so
+    // this is where a journal gone unwritable stops the transfer.
+    if (absl::Status journal = journal_.writable(); !journal.ok()) {
+      PauseForJournalLocked(*tp, journal);
+    }
   };
   if (t.record.legs_size() > 0) {
     t.sender = std::make_unique<FanoutSender>(config_, transports_, gate_, journal_, t.record,
@@ -374,9 +374,9 @@ bool TransferManager::StartLocked(Transfer& t) {
   } else {
     peer::SenderOptions options = SenderOptionsFor(config_, site);
     options.clock = &clock_;
-    t.sender = std::make_unique<peer::TransferSender>(std::move(options), control_transport_,
-                                                      *data, gate_, journal_, t.record, t.progress,
-                                                      std::move(observer));
+    t.sender =
+        std::make_unique<peer::TransferSender>(std::move(options), control_transport_, *data, gate_,
+                                               journal_, t.record, t.progress, std::move(observer));
   }
   t.sender->set_rate_limiter(rate_limiter_);
   ++running_threads_;
@@ -658,8 +658,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Cancel(const std::string& id
   } else {
     for (const v1::FanoutLeg& leg : record.legs()) {
       if (leg.state() == v1::COMPLETED) continue;
-      absl::StatusOr<bool> leg_published =
-          AbortRemote(leg.destination().site(), leg.transfer_id());
+      absl::StatusOr<bool> leg_published = AbortRemote(leg.destination().site(), leg.transfer_id());
       if (!leg_published.ok() || !*leg_published) published = leg_published;
     }
   }
@@ -786,8 +785,8 @@ absl::StatusOr<v1::VerifyResponse> TransferManager::Verify(const std::string& id
   } else {
     for (const v1::FanoutLeg& leg : record.legs()) {
       const std::string& site = leg.destination().site();
-      if (absl::Status s =
-              VerifyDestination(record, site, leg.transfer_id(), absl::StrCat(site, ": "), response);
+      if (absl::Status s = VerifyDestination(record, site, leg.transfer_id(),
+                                             absl::StrCat(site, ": "), response);
           !s.ok()) {
         return absl::Status(s.code(), absl::StrCat(site, ": ", s.message()));
       }
@@ -798,10 +797,10 @@ absl::StatusOr<v1::VerifyResponse> TransferManager::Verify(const std::string& id
 }
 
 absl::Status TransferManager::VerifyDestination(const v1::OutgoingTransfer& record,
-                                               const std::string& site,
-                                               const std::string& transfer_id,
-                                               const std::string& prefix,
-                                               v1::VerifyResponse& response) {
+                                                const std::string& site,
+                                                const std::string& transfer_id,
+                                                const std::string& prefix,
+                                                v1::VerifyResponse& response) {
   const PeerConfig* peer = config_.FindPeer(site);
   if (peer == nullptr) return absl::FailedPreconditionError("destination site is no longer a peer");
   v1::Hello hello;

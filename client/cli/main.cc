@@ -272,7 +272,8 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
   spec.set_dest_path(dest->path);
   for (const std::string& text : o.also) {
     auto also = ParseDestination(text);
-    if (!also.ok()) return Report(absl::InvalidArgumentError(absl::StrCat("--also: ", also.status().message())));
+    if (!also.ok())
+      return Report(absl::InvalidArgumentError(absl::StrCat("--also: ", also.status().message())));
     if (also->path.empty()) {
       std::fprintf(stderr, "longhaul: --also %s needs a path below the export, e.g. %s:/%s/NAME\n",
                    text.c_str(), also->site.c_str(), also->export_name.c_str());
@@ -284,8 +285,9 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
     d->set_path(also->path);
   }
   if (!spec.also().empty() && !spec.source_site().empty()) {
-    std::fprintf(stderr,
-                 "longhaul: --also needs local sources; pull to one site, then fan out from there\n");
+    std::fprintf(
+        stderr,
+        "longhaul: --also needs local sources; pull to one site, then fan out from there\n");
     return kExitUsage;
   }
   spec.set_streams(o.streams);

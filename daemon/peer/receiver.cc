@@ -248,8 +248,8 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
       return fail(absl::InvalidArgumentError(
           absl::StrCat("relay_by must name another destination, not ", open.relay_by())));
     }
-    if (absl::Status s = CheckWriter(open.relay_by(), open.export_name(), open.dest_path(),
-                                     open.transfer_id());
+    if (absl::Status s =
+            CheckWriter(open.relay_by(), open.export_name(), open.dest_path(), open.transfer_id());
         !s.ok()) {
       return fail(absl::PermissionDeniedError(absl::StrCat("relay refused: ", s.message())));
     }
@@ -258,9 +258,8 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
     if (absl::Status s = CheckTransferId(open.relay_to().transfer_id()); !s.ok()) return fail(s);
     if (open.relay_to().site().empty() || open.relay_to().site() == options_.local_site ||
         open.relay_to().site() == peer_site) {
-      return fail(absl::InvalidArgumentError(
-          absl::StrCat("relay_to must name another destination, not '", open.relay_to().site(),
-                       "'")));
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "relay_to must name another destination, not '", open.relay_to().site(), "'")));
     }
   }
 

@@ -33,9 +33,8 @@ v1::PeerMessage Receiver::HandleRelayAttach(const std::string& peer_site,
     if (it != sessions_.end()) session = it->second;
   }
   if (session == nullptr) {
-    return fail(absl::UnavailableError(
-        absl::StrCat("transfer ", id, " is not open at ", options_.local_site,
-                     "; its source opens it again")));
+    return fail(absl::UnavailableError(absl::StrCat(
+        "transfer ", id, " is not open at ", options_.local_site, "; its source opens it again")));
   }
   absl::MutexLock lock(&session->mu);
   const v1::IncomingTransfer& record = session->record;
@@ -100,9 +99,11 @@ Receiver::RelayReader::RelayReader(Receiver& receiver, std::string transfer_id)
 
 Receiver::RelayReader::~RelayReader() = default;
 
-absl::StatusOr<storage::Xxh128> Receiver::RelayReader::Read(
-    uint32_t file_index, uint32_t chunk_index, uint32_t generation, absl::Span<uint8_t> out,
-    const std::function<bool()>& stopping) {
+absl::StatusOr<storage::Xxh128> Receiver::RelayReader::Read(uint32_t file_index,
+                                                            uint32_t chunk_index,
+                                                            uint32_t generation,
+                                                            absl::Span<uint8_t> out,
+                                                            const std::function<bool()>& stopping) {
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&receiver_.mu_);
@@ -136,23 +137,23 @@ absl::StatusOr<storage::Xxh128> Receiver::RelayReader::Read(
         break;
       }
       if (!receiving) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "transfer ", transfer_id_, " was published here without chunk ", chunk_index,
-            " of file ", file_index, " on record"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("transfer ", transfer_id_, " was published here without chunk ",
+                         chunk_index, " of file ", file_index, " on record"));
       }
       if (stopping()) return absl::CancelledError("stopped");
       struct Wanted {
         Session* session;
         storage::ChunkId key;
       } wanted{session.get(), key};
-      session->mu.AwaitWithTimeout(
-          absl::Condition(
-              +[](Wanted* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                return w->session->durable.contains(w->key) ||
-                       w->session->record.state() != v1::IncomingTransfer::RECEIVING;
-              },
-              &wanted),
-          kRelayWaitSlice);
+      session->mu.AwaitWithTimeout(absl::Condition(
+                                       +[](Wanted* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                         return w->session->durable.contains(w->key) ||
+                                                w->session->record.state() !=
+                                                    v1::IncomingTransfer::RECEIVING;
+                                       },
+                                       &wanted),
+                                   kRelayWaitSlice);
     }
     offset = uint64_t{chunk_index} * session->record.manifest().chunk_size();
     if (file_index_ != file_index) {
