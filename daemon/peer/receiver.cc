@@ -470,9 +470,9 @@ absl::StatusOr<std::shared_ptr<Receiver::Session>> Receiver::FindSession(
     return absl::UnavailableError(absl::StrCat("transfer ", transfer_id, " is not open here"));
   }
   absl::MutexLock session_lock(&it->second->mu);
-  const v1::IncomingTransfer& record = it->second->record;
-  const bool relay = or_relay && !record.relay_by().empty() && record.relay_by() == peer_site;
-  if (record.source_site() != peer_site && !relay) {
+  const std::string& relay_by = it->second->record.relay_by();
+  const bool relay = or_relay && !relay_by.empty() && relay_by == peer_site;
+  if (it->second->record.source_site() != peer_site && !relay) {
     return absl::PermissionDeniedError(
         absl::StrCat("transfer ", transfer_id, " belongs to another site"));
   }

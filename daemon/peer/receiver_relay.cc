@@ -37,19 +37,20 @@ v1::PeerMessage Receiver::HandleRelayAttach(const std::string& peer_site,
         "transfer ", id, " is not open at ", options_.local_site, "; its source opens it again")));
   }
   absl::MutexLock lock(&session->mu);
-  const v1::IncomingTransfer& record = session->record;
-  if (record.relay_by().empty() || record.relay_by() != peer_site) {
+  if (session->record.relay_by().empty() || session->record.relay_by() != peer_site) {
     return fail(absl::PermissionDeniedError(
         absl::StrCat("transfer ", id, " is not relayed by ", peer_site)));
   }
-  if (record.state() != v1::IncomingTransfer::RECEIVING || !session->staging) {
+  if (session->record.state() != v1::IncomingTransfer::RECEIVING || !session->staging) {
     return fail(absl::FailedPreconditionError(
         absl::StrCat("transfer ", id, " is not receiving at ", options_.local_site)));
   }
   v1::PeerMessage answer;
   answer.set_request_id(request.request_id());
   v1::OpenReply* reply = answer.mutable_open_reply();
+  // The relay plans by the manifest as this site received it.
   reply->set_sparse_files(true);
+  reply->set_hard_links(true);
   for (const auto& [chunk, write] : session->durable) {
     v1::ChunkId* durable = reply->add_durable();
     durable->set_file_index(chunk.file_index);
@@ -64,7 +65,7 @@ v1::PeerMessage Receiver::HandleRelayAttach(const std::string& peer_site,
       p->set_durable_bytes(bytes);
     }
   }
-  for (uint32_t f : record.unchanged_files()) reply->add_unchanged_files(f);
+  for (uint32_t f : session->record.unchanged_files()) reply->add_unchanged_files(f);
   return answer;
 }
 
@@ -120,14 +121,15 @@ absl::StatusOr<storage::Xxh128> Receiver::RelayReader::Read(uint32_t file_index,
   {
     absl::MutexLock lock(&session->mu);
     while (true) {
-      const v1::IncomingTransfer& record = session->record;
-      const bool receiving = record.state() == v1::IncomingTransfer::RECEIVING;
-      if (!receiving && record.state() != v1::IncomingTransfer::PUBLISHED) {
+      const v1::IncomingTransfer::State state = session->record.state();
+      const bool receiving = state == v1::IncomingTransfer::RECEIVING;
+      if (!receiving && state != v1::IncomingTransfer::PUBLISHED) {
         return absl::FailedPreconditionError(
             absl::StrCat("transfer ", transfer_id_, " stopped receiving here"));
       }
-      if (file_index >= static_cast<uint32_t>(record.manifest().files_size()) ||
-          record.manifest().files(file_index).generation() != generation) {
+      const v1::Manifest& manifest = session->record.manifest();
+      if (file_index >= static_cast<uint32_t>(manifest.files_size()) ||
+          manifest.files(file_index).generation() != generation) {
         return absl::FailedPreconditionError(absl::StrCat(
             "file ", file_index, " of transfer ", transfer_id_, " is at another generation here"));
       }
@@ -167,9 +169,9 @@ absl::StatusOr<storage::Xxh128> Receiver::RelayReader::Read(uint32_t file_index,
       } else {
         // Published: read where it was published; the digest check below
         // catches anything changed there since.
-        const storage::ResolvedDestination& dest = session->dest;
+        const std::string base = session->dest.absolute;
         const std::string path =
-            session->record.single_file() ? dest.absolute : dest.absolute + "/" + file.path();
+            session->record.single_file() ? base : base + "/" + file.path();
         const size_t slash = path.rfind('/');
         absl::StatusOr<std::unique_ptr<storage::Directory>> dir =
             receiver_.fs_.OpenRoot(path.substr(0, slash));

@@ -70,6 +70,19 @@ class FanoutTest(FanoutTestCase):
         text = self.sites.cli("a", "status", out["id"], check=True).stdout
         self.assertIn("site-c:/ckpt/step-100  (relayed by site-b)", text)
 
+    def test_a_tree_with_hard_links_arrives_linked_at_both_destinations(self):
+        src = self.source_tree()
+        os.link(os.path.join(src, "shard_0.bin"), os.path.join(src, "shard_0.link"))
+        proc, out = self.fanout(src, "--hard-links", "--chunk-size", "1MiB")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(out["state"], "COMPLETED", out)
+        for site in ("site-b", "site-c"):
+            self.assertEqual(lh.tree_digest(src), lh.tree_digest(self.dest(site)), site)
+            self.assertEqual(os.stat(os.path.join(self.dest(site), "shard_0.bin")).st_ino,
+                             os.stat(os.path.join(self.dest(site), "shard_0.link")).st_ino, site)
+        self.assertEqual(out["destinations"][1]["relay_by"], "site-b", out)
+        self.assertEqual(out["destinations"][1]["bytes_sent"], 0, out)
+
     def test_sync_keep_with_also_replicates_and_prunes_at_both_destinations(self):
         run = os.path.join(self.sites.export("site-a"), "run")
         for step in (100, 200, 300):
