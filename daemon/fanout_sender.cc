@@ -74,9 +74,10 @@ v1::OutgoingTransfer FanoutSender::LegRecordLocked(int index) const {
 }
 
 absl::Status FanoutSender::Run() {
-  const int n = record_.legs_size();
+  int n;
   {
     absl::MutexLock lock(&mu_);
+    n = record_.legs_size();
     legs_.clear();
     for (int i = 0; i < n; ++i) legs_.push_back(std::make_unique<Leg>([this] { Aggregate(); }));
     transport::Transport* control = transport::FindTransport(transports_, "tcp");
@@ -141,6 +142,7 @@ absl::Status FanoutSender::Run() {
 
   absl::Status first = absl::OkStatus();
   bool cancelled = false;
+  absl::MutexLock lock(&mu_);
   for (int i = 0; i < n; ++i) {
     if (results[i].ok()) continue;
     if (absl::IsCancelled(results[i])) {

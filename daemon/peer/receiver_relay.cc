@@ -170,8 +170,7 @@ absl::StatusOr<storage::Xxh128> Receiver::RelayReader::Read(uint32_t file_index,
         // Published: read where it was published; the digest check below
         // catches anything changed there since.
         const std::string base = session->dest.absolute;
-        const std::string path =
-            session->record.single_file() ? base : base + "/" + file.path();
+        const std::string path = session->record.single_file() ? base : base + "/" + file.path();
         const size_t slash = path.rfind('/');
         absl::StatusOr<std::unique_ptr<storage::Directory>> dir =
             receiver_.fs_.OpenRoot(path.substr(0, slash));
