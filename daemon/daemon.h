@@ -104,6 +104,8 @@ class Daemon {
   // Shutdown, whatever step failed.
   absl::Status StartServing();
   absl::Status StartPeerTransports();
+  // Listens on the tcp and udp transports: peers may connect from now on.
+  absl::Status ListenForPeers();
   void StartReceiverAndRouter();
   void StartExchangeHub();
   absl::Status StartControlServers();
