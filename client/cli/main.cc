@@ -402,6 +402,9 @@ int ListTransfers(bool all, const Globals& g) {
     } else if (!s.spec().requested_by().empty()) {
       from = absl::StrCat("  (requested by ", s.spec().requested_by(), ")");
     }
+    if (s.destinations_size() > 1) {
+      absl::StrAppend(&from, "  (+", s.destinations_size() - 1, " more: status ", s.id(), ")");
+    }
     std::cout << absl::StrFormat("%-20s %-10s %6.1f%%  %s:/%s/%s%s\n", s.id(), StateName(s.state()),
                                  pct, s.spec().dest_site(), s.spec().dest_export(),
                                  s.spec().dest_path(), from);

@@ -69,6 +69,8 @@ class FanoutTest(FanoutTestCase):
         # The text status names every destination and who relays it.
         text = self.sites.cli("a", "status", out["id"], check=True).stdout
         self.assertIn("site-c:/ckpt/step-100  (relayed by site-b)", text)
+        listed = self.sites.cli("a", "ls", "--all", check=True).stdout
+        self.assertIn(f"site-b:/ckpt/step-100  (+1 more: status {out['id']})", listed)
 
     def test_a_tree_with_hard_links_arrives_linked_at_both_destinations(self):
         src = self.source_tree()
