@@ -144,6 +144,17 @@ TEST_F(ScenarioTest, HyStartCubicGetsLessThanSlowStartCubic) {
   EXPECT_GT(r.figures.at("aggregate_share"), r.figures.at("aggregate_share_no_hystart"));
 }
 
+// The shares the CUBIC-fairness work is judged by (congestion/README.md, "Against CUBIC by
+// buffer depth"). Not yet the 0.35-0.65 band: for now only that CUBIC is never starved.
+TEST_F(ScenarioTest, CoupledAggregateLeavesCubicAShareAtEveryBufferDepth) {
+  const ScenarioResult r = Run("coupled-vs-cubic-buffers");
+  for (const char* key : {"aggregate_share_0.5bdp", "aggregate_share_1bdp", "aggregate_share_2bdp",
+                          "aggregate_share_4bdp", "aggregate_share_1bdp_mss1500"}) {
+    EXPECT_LE(r.figures.at(key), 0.8) << key;
+    EXPECT_GE(r.figures.at(key), 0.2) << key;
+  }
+}
+
 TEST_F(ScenarioTest, AppLimitedNeverOverestimatesBandwidth) {
   const ScenarioResult r = Run("app-limited");
   EXPECT_LE(r.figures.at("peak_max_bw_over_link"), 1.02);

@@ -6,6 +6,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "congestion/aggregate_controller.h"
 #include "congestion/bbr1.h"
@@ -703,10 +704,11 @@ void VsCubic(uint64_t seed, ScenarioResult* r) {
 // AggregateController) against one TCP flow, both started at once, 1 Gbit/s, 40 ms, a drop-tail
 // queue of 1 x BDP, 30 s measured from the start, with packets of an MTU-9000 path (kJumboMss).
 
-Summary FairnessPairRun(uint64_t seed, Cc eight, Cc single) {
+Summary FairnessPairRun(uint64_t seed, Cc eight, Cc single, double buffer_bdp = 1.0,
+                        ByteCount mss = kJumboMss) {
   RunSpec spec;
-  spec.link = Link(Bandwidth::GbitsPerSecond(1), TimeDelta::Milliseconds(40), 1.0);
-  spec.mss = kJumboMss;
+  spec.link = Link(Bandwidth::GbitsPerSecond(1), TimeDelta::Milliseconds(40), buffer_bdp);
+  spec.mss = mss;
   AddGroup(&spec, eight, 8, 0);
   FlowSpec tcp;
   tcp.cc = single;
@@ -742,6 +744,26 @@ void CoupledVsCubic(uint64_t seed, ScenarioResult* r) {
   const Summary plain = FairnessPairRun(seed, Cc::kAggregate, Cc::kCubic);
   Set(r, j, "aggregate_share_no_hystart", plain.group_share[0]);
   j.Raw("no_hystart", VariantJson(plain));
+  r->json = j.Build();
+}
+
+// The coupled aggregate against one CUBIC flow (with HyStart) at buffers of 0.5, 1, 2 and 4 x
+// BDP, MTU-9000 packets, and at 1 x BDP with 1500-byte packets (an MTU-independent allowance
+// must give that the same share): the shares the fairness work is judged by.
+void CoupledVsCubicBuffers(uint64_t seed, ScenarioResult* r) {
+  const Summary s = FairnessPairRun(seed, Cc::kAggregate, Cc::kLinuxCubic, 1.0);
+  JsonObject j = Head("coupled-vs-cubic-buffers", seed, s, r);
+  Set(r, j, "aggregate_share_1bdp", s.group_share[0]);
+  for (const auto& [name, bdp] : {std::pair<const char*, double>{"0.5bdp", 0.5},
+                                  {"2bdp", 2.0},
+                                  {"4bdp", 4.0}}) {
+    const Summary other = FairnessPairRun(seed, Cc::kAggregate, Cc::kLinuxCubic, bdp);
+    Set(r, j, absl::StrCat("aggregate_share_", name), other.group_share[0]);
+    j.Raw(absl::StrCat("buffer_", name), VariantJson(other));
+  }
+  const Summary small = FairnessPairRun(seed, Cc::kAggregate, Cc::kLinuxCubic, 1.0, kMss);
+  Set(r, j, "aggregate_share_1bdp_mss1500", small.group_share[0]);
+  j.Raw("mss1500", VariantJson(small));
   r->json = j.Build();
 }
 
@@ -793,6 +815,7 @@ const std::vector<Entry>& Entries() {
       {"app-limited", AppLimited},
       {"vs-bbr1", VsBbr1},
       {"coupled-vs-cubic", CoupledVsCubic},
+      {"coupled-vs-cubic-buffers", CoupledVsCubicBuffers},
   };
   return *entries;
 }
