@@ -754,9 +754,8 @@ void CoupledVsCubicBuffers(uint64_t seed, ScenarioResult* r) {
   const Summary s = FairnessPairRun(seed, Cc::kAggregate, Cc::kLinuxCubic, 1.0);
   JsonObject j = Head("coupled-vs-cubic-buffers", seed, s, r);
   Set(r, j, "aggregate_share_1bdp", s.group_share[0]);
-  for (const auto& [name, bdp] : {std::pair<const char*, double>{"0.5bdp", 0.5},
-                                  {"2bdp", 2.0},
-                                  {"4bdp", 4.0}}) {
+  for (const auto& [name, bdp] :
+       {std::pair<const char*, double>{"0.5bdp", 0.5}, {"2bdp", 2.0}, {"4bdp", 4.0}}) {
     const Summary other = FairnessPairRun(seed, Cc::kAggregate, Cc::kLinuxCubic, bdp);
     Set(r, j, absl::StrCat("aggregate_share_", name), other.group_share[0]);
     j.Raw(absl::StrCat("buffer_", name), VariantJson(other));
