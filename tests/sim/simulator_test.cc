@@ -126,9 +126,12 @@ TEST(SimulatorTest, SameSeedGivesByteIdenticalJson) {
 
 TEST(SimulatorTest, ListsEveryScenarioOfTheIssue) {
   const std::vector<std::string> want = {
-      "startup",     "steady",    "loss-0.1",  "loss-1",      "lossy-jumbo", "lossy-jumbo-start",
-      "shallow",     "step-up",   "step-down", "probe-rtt",   "fair-4",      "coupled-8v1",
-      "rtt-mix",     "vs-cubic",  "app-limited", "vs-bbr1",   "coupled-vs-cubic"};
+      "startup",   "steady",           "loss-0.1",
+      "loss-1",    "lossy-jumbo",      "lossy-jumbo-start",
+      "shallow",   "step-up",          "step-down",
+      "probe-rtt", "fair-4",           "coupled-8v1",
+      "rtt-mix",   "vs-cubic",         "app-limited",
+      "vs-bbr1",   "coupled-vs-cubic", "coupled-vs-cubic-buffers"};
   EXPECT_EQ(ScenarioNames(), want);
   ScenarioResult r;
   EXPECT_FALSE(RunScenario("no-such-scenario", 1, &r));
