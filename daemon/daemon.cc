@@ -110,9 +110,10 @@ absl::Status Daemon::StartServing() {
 
   transport::TransportSet transports = {{"tcp", tcp_.get()}, {"udp", udp_.get()}};
   manager_ = std::make_unique<TransferManager>(config_, transports, *journal_, *gate_, clock_);
+  relays_ = std::make_unique<Relays>(config_, transports, *gate_, *journal_, *receiver_);
   manager_->SetRateLimiter(limiter_.get());
   if (absl::Status s = manager_->Start(); !s.ok()) return Failed("cannot resume transfers", s);
-  // Only now: a peer's open may ask the manager whether this site pulled it.
+  // Only now: a peer's open may ask the manager whether this site pulled it, and start a relay.
   if (absl::Status s = ListenForPeers(); !s.ok()) return s;
 
   if (absl::Status s = StartControlServers(); !s.ok()) return s;
@@ -126,7 +127,7 @@ absl::Status Daemon::StartServing() {
 }
 
 // The transports, and what serves the channels they accept (receiver,
-// router, exchange hub, relays); ListenForPeers lets peers connect.
+// router, exchange hub); ListenForPeers lets peers connect.
 absl::Status Daemon::StartPeerTransports() {
   transport::TlsIdentity identity{config_.tls.ca, config_.tls.cert, config_.tls.key,
                                   config_.site,   peer_sites_,      config_.tls.crl};
@@ -172,8 +173,6 @@ absl::Status Daemon::StartPeerTransports() {
 
   StartReceiverAndRouter();
   StartExchangeHub();
-  const transport::TransportSet transports = {{"tcp", tcp_.get()}, {"udp", udp_.get()}};
-  relays_ = std::make_unique<Relays>(config_, transports, *gate_, *journal_, *receiver_);
   return absl::OkStatus();
 }
 

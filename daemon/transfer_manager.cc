@@ -49,6 +49,16 @@ std::string JournalPauseError(const absl::Status& journal_error, const std::stri
                       ", then `longhaul resume ", id, "`");
 }
 
+// The bytes `record` plans to deliver: its manifest's, once per destination
+// of a fan-out.
+uint64_t PlannedTotalBytes(const v1::OutgoingTransfer& record) {
+  uint64_t total = 0;
+  for (const auto& f : record.manifest().files()) {
+    total += storage::PlannedBytes(f, record.manifest().chunk_size());
+  }
+  return total * std::max(1, record.legs_size());
+}
+
 }  // namespace
 
 v1::TransferStatus ExpiredStatus(const v1::IncomingTransfer& record, const DaemonConfig& config) {
@@ -108,10 +118,7 @@ absl::Status TransferManager::Start() {
       s.files_unchanged = record.files_unchanged();
       s.attempts = record.attempts();
       s.error = record.error();
-      for (const auto& f : record.manifest().files()) {
-        s.bytes_total += storage::PlannedBytes(f, record.manifest().chunk_size());
-      }
-      s.bytes_total *= std::max(1, record.legs_size());
+      s.bytes_total = PlannedTotalBytes(record);
     });
     t->record = std::move(record);
     transfers_[t->record.id()] = std::move(t);
@@ -277,11 +284,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("daemon is shutting down");
   std::unique_ptr<Transfer> t = NewTransfer();
-  uint64_t total = 0;
-  for (const auto& f : record.manifest().files()) {
-    total += storage::PlannedBytes(f, record.manifest().chunk_size());
-  }
-  total *= std::max(1, record.legs_size());
+  const uint64_t total = PlannedTotalBytes(record);
   t->progress.Update([&](peer::TransferProgress::Snapshot& s) { s.bytes_total = total; });
   t->record = std::move(record);
   Transfer& ref = *t;
