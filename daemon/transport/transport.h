@@ -32,6 +32,7 @@ struct TlsIdentity;
 // What the kernel (or our own controller) reports about one channel's path.
 struct LinkStats {
   std::string congestion_control;  // e.g. "bbr", or "cubic" after a fallback
+  std::string congestion_state;    // udp: the controller's state now, e.g. "Startup"; tcp: empty
   double rtt_ms = 0;
   double delivery_rate_mbit = 0;
   uint64_t retransmits = 0;         // segments/packets retransmitted so far

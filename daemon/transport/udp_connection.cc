@@ -227,8 +227,15 @@ void UdpConnection::Abort() {
 }
 
 LinkStats UdpConnection::Stats() const {
+  std::string_view state;
+  {
+    absl::MutexLock cc(params_.controller_mu.get());
+    state = params_.controller->DebugState().state;
+  }
   absl::MutexLock lock(&mu_);
-  return stats_;
+  LinkStats stats = stats_;
+  stats.congestion_state = std::string(state);
+  return stats;
 }
 
 UdpConnection::Counters UdpConnection::counters() const {

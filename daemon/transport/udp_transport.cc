@@ -385,6 +385,14 @@ class UdpTransportImpl final : public UdpTransport {
     std::unique_ptr<congestion::AggregateController> controller;
   };
 
+  // Whether no flow drives the aggregate's model any more. The next flow then starts a fresh one
+  // (Startup): the old model's rate and what it learned of its competitors (Bbr3's tolerance of
+  // loss in a loss-blind competitor's queue) describe traffic that may be long gone.
+  static bool AggregateIsUnused(const Aggregate& agg) {
+    absl::MutexLock cc(agg.mu.get());
+    return agg.controller->num_flows() == 0;
+  }
+
   absl::StatusOr<udp::ConnectionKeys> ExportKeys(Channel& tls) {
     auto exported = tls.ExportKeyingMaterial(udp::kExportLabel, udp::kExportLength);
     if (!exported.ok()) return exported.status();
@@ -401,6 +409,7 @@ class UdpTransportImpl final : public UdpTransport {
     const Timestamp now = clock_.Now();
     if (dialed && options_.coupled) {
       Aggregate& agg = aggregates_[site];
+      if (agg.controller != nullptr && AggregateIsUnused(agg)) agg.controller.reset();
       if (agg.controller == nullptr) {
         agg.random = std::make_unique<congestion::SplitMix64Random>(random_->NextUint64());
         agg.controller = std::make_unique<congestion::AggregateController>(bbr, *agg.random, now);

@@ -36,6 +36,8 @@
 #   LONGHAUL_BENCH_TOOL_TIMEOUT seconds before a tool's row is an error [1800]
 #   LONGHAUL_BENCH_TMP          parent of the work directory [/tmp]
 #   LONGHAUL_BENCH_KEEP         keep the work directory (logs) when set
+#   LONGHAUL_BENCH_FAIRNESS_PAIRS  the pairs `fairness` runs, of: reference tcp udp
+#                               tcp-cubic udp-cubic udp-uncoupled [all]
 #   LONGHAUL_BENCH_EXCHANGE_ANCHORS  0 skips the rsync/ssh rows of `exchange`
 #                               (its raw-TCP anchor always runs) [1]
 #   LONGHAUL_PYTHONPATH         where `import longhaul` is, for `exchange` and `allreduce`
@@ -377,6 +379,9 @@ PY
   extra "jain$key" "$(jain "$gl" "$gi")"
 }
 
+# fairness_wants PAIR: whether LONGHAUL_BENCH_FAIRNESS_PAIRS (default: all) names PAIR.
+fairness_wants() { [[ -z "${LONGHAUL_BENCH_FAIRNESS_PAIRS:-}" || " $LONGHAUL_BENCH_FAIRNESS_PAIRS " == *" $1 "* ]]; }
+
 scenario_fairness() {
   local secs=30
   [[ $SMOKE == 1 ]] && secs=5
@@ -386,6 +391,28 @@ scenario_fairness() {
   make_data files 4 "$(bulk_size 4 $((secs * 125 * 1000 * 1000 * 12 / 10)) $((64 * MiB)))"
   link_up "$L_RATE" "$L_DELAY" "$L_LOSS" "$L_MTU"
   # Reference pair from the kernel alone: 8 TCP flows against 1, same start.
+  fairness_wants reference && fairness_reference "$secs"
+  # The scenario proper: longhaul against one iperf3 flow, started together; figures `share`
+  # (tcp), `share_udp` (8 coupled udp flows) and `share_udp_uncoupled` (udp: {coupled: false}).
+  longhaul_up
+  fairness_wants tcp && fairness_pair longhaul
+  fairness_wants udp && fairness_pair longhaul-udp --transport udp
+  # Reported beside them: the same pairs against a CUBIC flow (Debian's stock
+  # default, and the loss-based traffic BBRv3 is built to share with); figures
+  # `share_cubic` and `share_udp_cubic`.
+  if iperf_cc_ok cubic; then
+    fairness_wants tcp-cubic && FAIR_CC=cubic fairness_pair longhaul
+    fairness_wants udp-cubic && FAIR_CC=cubic fairness_pair longhaul-udp --transport udp
+  fi
+  if [[ -z "$LH_ERROR" ]] && fairness_wants udp-uncoupled; then
+    longhaul_reconfigure "udp: {coupled: false}"
+    fairness_pair longhaul-udp-uncoupled --transport udp
+  fi
+}
+
+# fairness_reference SECONDS: the kernel's own pair, 8 TCP flows against 1 started together.
+fairness_reference() {
+  local secs=$1
   local port1 port8
   port1=$(free_port)
   port8=$((port1 + 1))
@@ -414,22 +441,6 @@ scenario_fairness() {
     extra jain_reference "$(jain "$g8" "$g1")"
   else
     result_error "iperf3 -P 8 vs iperf3 x1" "iperf3 failed: $(head -c 200 "$WORK/f1.json")"
-  fi
-  # The scenario proper: longhaul against one iperf3 flow, started together; figures `share`
-  # (tcp), `share_udp` (8 coupled udp flows) and `share_udp_uncoupled` (udp: {coupled: false}).
-  longhaul_up
-  fairness_pair longhaul
-  fairness_pair longhaul-udp --transport udp
-  # Reported beside them: the same pairs against a CUBIC flow (Debian's stock
-  # default, and the loss-based traffic BBRv3 is built to share with); figures
-  # `share_cubic` and `share_udp_cubic`.
-  if iperf_cc_ok cubic; then
-    FAIR_CC=cubic fairness_pair longhaul
-    FAIR_CC=cubic fairness_pair longhaul-udp --transport udp
-  fi
-  if [[ -z "$LH_ERROR" ]]; then
-    longhaul_reconfigure "udp: {coupled: false}"
-    fairness_pair longhaul-udp-uncoupled --transport udp
   fi
 }
 

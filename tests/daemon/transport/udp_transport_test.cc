@@ -11,12 +11,13 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <sstream>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "congestion/bbr3.h"
 #include "congestion/random.h"
 #include "daemon/peer/messaging.h"
@@ -52,7 +53,8 @@ struct Site {
                       udp->AcceptHandshake(std::move(c));
                     });
     router.Register(v1::Hello::DATA, [this](std::unique_ptr<Channel> c, const v1::Hello&) {
-      accepted.set_value(std::move(c));
+      absl::MutexLock lock(&mu);
+      accepted.push_back(std::move(c));
     });
     EXPECT_TRUE(tcp->Listen("127.0.0.1:0", [this](auto c) { router.Serve(std::move(c)); }).ok());
     EXPECT_TRUE(udp->Listen("127.0.0.1:0", [this](auto c) { router.Serve(std::move(c)); }).ok());
@@ -66,7 +68,20 @@ struct Site {
   std::unique_ptr<Transport> tcp;
   std::unique_ptr<UdpTransport> udp;
   peer::PeerRouter router;
-  std::promise<std::unique_ptr<Channel>> accepted;
+  // The next DATA channel dialed to this site, or null after 10 s.
+  std::unique_ptr<Channel> NextAccepted() {
+    absl::MutexLock lock(&mu);
+    auto arrived = +[](std::deque<std::unique_ptr<Channel>>* q) { return !q->empty(); };
+    if (!mu.AwaitWithTimeout(absl::Condition(arrived, &accepted), absl::Seconds(10))) {
+      return nullptr;
+    }
+    std::unique_ptr<Channel> c = std::move(accepted.front());
+    accepted.pop_front();
+    return c;
+  }
+
+  absl::Mutex mu;
+  std::deque<std::unique_ptr<Channel>> accepted ABSL_GUARDED_BY(mu);
 };
 
 std::vector<uint8_t> Pattern(size_t n, uint64_t seed) {
@@ -90,9 +105,8 @@ void MoveBytes(const UdpOptions& options, size_t bytes, udp::UdpConnection::Coun
   hello.set_transfer_id("t1");
   auto dialed = peer::DialSession(*a.udp, "site-b", b.address(), hello);
   ASSERT_TRUE(dialed.ok()) << dialed.status();
-  auto future = b.accepted.get_future();
-  ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  std::unique_ptr<Channel> accepted = future.get();
+  std::unique_ptr<Channel> accepted = b.NextAccepted();
+  ASSERT_NE(accepted, nullptr);
   EXPECT_EQ(accepted->peer_site(), "site-a");
   EXPECT_EQ((*dialed)->peer_site(), "site-b");
 
@@ -174,6 +188,53 @@ TEST(UdpTransportTest, DialToSiteWithoutUdpIsRefused) {
   auto dialed = a.udp->Dial("site-b", "127.0.0.1:" + std::to_string(tcp_only->listen_port()));
   EXPECT_FALSE(dialed.ok());
   tcp_only->Shutdown();
+}
+
+// The congestion state a flow's channel reports, once its model has one.
+std::string CongestionState(const Channel& channel) { return channel.Stats().congestion_state; }
+
+// Coupled flows to one site share one model while any of them is open; once the last has
+// closed, the next flow starts a fresh model in Startup instead of inheriting a rate (and a
+// view of competing traffic) learned from a transfer that is over.
+TEST(UdpTransportTest, CoupledFlowsShareAModelUntilTheLastCloses) {
+  UdpOptions options;
+  Site a("site-a", "site-b", options);
+  Site b("site-b", "site-a", options);
+  v1::Hello hello;
+  hello.set_role(v1::Hello::DATA);
+  hello.set_transfer_id("t1");
+  auto first = peer::DialSession(*a.udp, "site-b", b.address(), hello);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::unique_ptr<Channel> first_accepted = b.NextAccepted();
+  ASSERT_NE(first_accepted, nullptr);
+  EXPECT_EQ(CongestionState(**first), "Startup");
+
+  // Enough data for the model to fill the loopback pipe and leave Startup.
+  const std::vector<uint8_t> data = Pattern(8 << 20, 3);
+  std::vector<uint8_t> got(data.size());
+  for (int i = 0; i < 64 && CongestionState(**first) == "Startup"; ++i) {
+    std::thread writer([&] { ASSERT_TRUE((*first)->Write({absl::MakeConstSpan(data)}).ok()); });
+    ASSERT_TRUE(first_accepted->ReadExactly(absl::MakeSpan(got)).ok());
+    writer.join();
+  }
+  const std::string learned = CongestionState(**first);
+  ASSERT_NE(learned, "Startup") << "512 MiB did not take the model out of Startup";
+
+  // A second flow while the first is open joins its model.
+  hello.set_transfer_id("t2");
+  auto second = peer::DialSession(*a.udp, "site-b", b.address(), hello);
+  ASSERT_TRUE(second.ok()) << second.status();
+  std::unique_ptr<Channel> second_accepted = b.NextAccepted();
+  ASSERT_NE(second_accepted, nullptr);
+  EXPECT_NE(CongestionState(**second), "Startup");
+  EXPECT_EQ((*second)->Stats().congestion_control, "bbr3-coupled");
+
+  first->reset();
+  second->reset();
+  hello.set_transfer_id("t3");
+  auto third = peer::DialSession(*a.udp, "site-b", b.address(), hello);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(CongestionState(**third), "Startup");
 }
 
 // Two connections over a socketpair, built directly.
