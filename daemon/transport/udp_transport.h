@@ -23,8 +23,10 @@
 //
 // Congestion control: the flows this transport dials to one peer site share
 // one congestion::AggregateController (one BBRv3 model, one fair share),
-// unless `coupled` is false, when each flow has its own Bbr3. Accepted flows
-// (which carry acknowledgements back) each have their own Bbr3.
+// unless `coupled` is false, when each flow has its own Bbr3. The model lives
+// while any of those flows is open; a flow dialed after the last one closed
+// starts a fresh one. Accepted flows (which carry acknowledgements back) each
+// have their own Bbr3.
 //
 // Thread-safe.
 
