@@ -190,7 +190,7 @@ TEST(UdpTransportTest, DialToSiteWithoutUdpIsRefused) {
   tcp_only->Shutdown();
 }
 
-// The congestion state a flow's channel reports, once its model has one.
+// The state of the congestion model behind a udp channel, e.g. "Startup".
 std::string CongestionState(const Channel& channel) { return channel.Stats().congestion_state; }
 
 // Coupled flows to one site share one model while any of them is open; once the last has
