@@ -41,7 +41,7 @@ std::string PkiDir() {
 
 // One daemon's transports and router, listening on loopback.
 struct Site {
-  Site(const std::string& name, const std::string& peer, const UdpOptions& options) {
+  Site(const std::string& name, const std::string& peer, const UdpOptions& options) : name(name) {
     const std::string d = PkiDir();
     TlsIdentity identity{d + "/ca.pem", d + "/" + name + ".pem", d + "/" + name + ".key", name, {peer}};
     TcpTuning tuning;
@@ -65,6 +65,7 @@ struct Site {
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(tcp->listen_port()); }
 
+  const std::string name;
   std::unique_ptr<Transport> tcp;
   std::unique_ptr<UdpTransport> udp;
   peer::PeerRouter router;
@@ -94,27 +95,41 @@ std::vector<uint8_t> Pattern(size_t n, uint64_t seed) {
   return v;
 }
 
+// A DATA session dialed over udp from `from` to `to`, and the channel `to` accepted for it;
+// either is null if that step failed.
+struct DataSession {
+  std::unique_ptr<Channel> dialed;
+  std::unique_ptr<Channel> accepted;
+};
+DataSession DialData(Site& from, Site& to, const std::string& transfer_id) {
+  v1::Hello hello;
+  hello.set_role(v1::Hello::DATA);
+  hello.set_transfer_id(transfer_id);
+  auto dialed = peer::DialSession(*from.udp, to.name, to.address(), hello);
+  EXPECT_TRUE(dialed.ok()) << dialed.status();
+  if (!dialed.ok()) return {};
+  return DataSession{std::move(*dialed), to.NextAccepted()};
+}
+
 // Dials b from a, moves `bytes` a -> b in 1 MiB writes and a short answer
 // back, and returns the two channels' counters.
 void MoveBytes(const UdpOptions& options, size_t bytes, udp::UdpConnection::Counters* sender,
                udp::UdpConnection::Counters* receiver) {
   Site a("site-a", "site-b", options);
   Site b("site-b", "site-a", options);
-  v1::Hello hello;
-  hello.set_role(v1::Hello::DATA);
-  hello.set_transfer_id("t1");
-  auto dialed = peer::DialSession(*a.udp, "site-b", b.address(), hello);
-  ASSERT_TRUE(dialed.ok()) << dialed.status();
-  std::unique_ptr<Channel> accepted = b.NextAccepted();
+  DataSession session = DialData(a, b, "t1");
+  std::unique_ptr<Channel>& dialed = session.dialed;
+  std::unique_ptr<Channel>& accepted = session.accepted;
+  ASSERT_NE(dialed, nullptr);
   ASSERT_NE(accepted, nullptr);
   EXPECT_EQ(accepted->peer_site(), "site-a");
-  EXPECT_EQ((*dialed)->peer_site(), "site-b");
+  EXPECT_EQ(dialed->peer_site(), "site-b");
 
   const std::vector<uint8_t> data = Pattern(bytes, 7);
   std::thread writer([&] {
     for (size_t at = 0; at < data.size(); at += 1 << 20) {
       absl::Span<const uint8_t> part(&data[at], std::min<size_t>(1 << 20, data.size() - at));
-      ASSERT_TRUE((*dialed)->Write({part}).ok());
+      ASSERT_TRUE(dialed->Write({part}).ok());
     }
   });
   std::vector<uint8_t> got(bytes);
@@ -129,12 +144,12 @@ void MoveBytes(const UdpOptions& options, size_t bytes, udp::UdpConnection::Coun
   const uint8_t answer[3] = {'a', 'c', 'k'};
   ASSERT_TRUE(accepted->Write({absl::Span<const uint8_t>(answer)}).ok());
   uint8_t back[3];
-  ASSERT_TRUE((*dialed)->ReadExactly(absl::MakeSpan(back)).ok());
+  ASSERT_TRUE(dialed->ReadExactly(absl::MakeSpan(back)).ok());
   EXPECT_EQ(std::memcmp(back, answer, 3), 0);
-  EXPECT_FALSE((*dialed)->Stats().congestion_control.empty());
-  *sender = dynamic_cast<udp::UdpConnection&>(**dialed).counters();
+  EXPECT_FALSE(dialed->Stats().congestion_control.empty());
+  *sender = dynamic_cast<udp::UdpConnection&>(*dialed).counters();
   // The dialer closes; the listener then sees a clean close.
-  dialed->reset();
+  dialed.reset();
   uint8_t more;
   absl::Status closed = accepted->ReadExactly(absl::MakeSpan(&more, 1));
   EXPECT_EQ(closed.code(), absl::StatusCode::kUnavailable) << closed;
@@ -200,41 +215,33 @@ TEST(UdpTransportTest, CoupledFlowsShareAModelUntilTheLastCloses) {
   UdpOptions options;
   Site a("site-a", "site-b", options);
   Site b("site-b", "site-a", options);
-  v1::Hello hello;
-  hello.set_role(v1::Hello::DATA);
-  hello.set_transfer_id("t1");
-  auto first = peer::DialSession(*a.udp, "site-b", b.address(), hello);
-  ASSERT_TRUE(first.ok()) << first.status();
-  std::unique_ptr<Channel> first_accepted = b.NextAccepted();
-  ASSERT_NE(first_accepted, nullptr);
-  EXPECT_EQ(CongestionState(**first), "Startup");
+  DataSession first = DialData(a, b, "t1");
+  ASSERT_NE(first.dialed, nullptr);
+  ASSERT_NE(first.accepted, nullptr);
+  EXPECT_EQ(CongestionState(*first.dialed), "Startup");
 
   // Enough data for the model to fill the loopback pipe and leave Startup.
   const std::vector<uint8_t> data = Pattern(8 << 20, 3);
   std::vector<uint8_t> got(data.size());
-  for (int i = 0; i < 64 && CongestionState(**first) == "Startup"; ++i) {
-    std::thread writer([&] { ASSERT_TRUE((*first)->Write({absl::MakeConstSpan(data)}).ok()); });
-    ASSERT_TRUE(first_accepted->ReadExactly(absl::MakeSpan(got)).ok());
+  for (int i = 0; i < 64 && CongestionState(*first.dialed) == "Startup"; ++i) {
+    std::thread writer([&] { ASSERT_TRUE(first.dialed->Write({absl::MakeConstSpan(data)}).ok()); });
+    ASSERT_TRUE(first.accepted->ReadExactly(absl::MakeSpan(got)).ok());
     writer.join();
   }
-  const std::string learned = CongestionState(**first);
-  ASSERT_NE(learned, "Startup") << "512 MiB did not take the model out of Startup";
+  ASSERT_NE(CongestionState(*first.dialed), "Startup")
+      << "512 MiB did not take the model out of Startup";
 
   // A second flow while the first is open joins its model.
-  hello.set_transfer_id("t2");
-  auto second = peer::DialSession(*a.udp, "site-b", b.address(), hello);
-  ASSERT_TRUE(second.ok()) << second.status();
-  std::unique_ptr<Channel> second_accepted = b.NextAccepted();
-  ASSERT_NE(second_accepted, nullptr);
-  EXPECT_NE(CongestionState(**second), "Startup");
-  EXPECT_EQ((*second)->Stats().congestion_control, "bbr3-coupled");
+  DataSession second = DialData(a, b, "t2");
+  ASSERT_NE(second.dialed, nullptr);
+  EXPECT_NE(CongestionState(*second.dialed), "Startup");
+  EXPECT_EQ(second.dialed->Stats().congestion_control, "bbr3-coupled");
 
-  first->reset();
-  second->reset();
-  hello.set_transfer_id("t3");
-  auto third = peer::DialSession(*a.udp, "site-b", b.address(), hello);
-  ASSERT_TRUE(third.ok()) << third.status();
-  EXPECT_EQ(CongestionState(**third), "Startup");
+  first.dialed.reset();
+  second.dialed.reset();
+  DataSession third = DialData(a, b, "t3");
+  ASSERT_NE(third.dialed, nullptr);
+  EXPECT_EQ(CongestionState(*third.dialed), "Startup");
 }
 
 // Two connections over a socketpair, built directly.
