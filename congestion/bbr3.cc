@@ -208,7 +208,12 @@ void Bbr3::StartRound() { next_round_delivered_ = sampler_.delivered(); }
 void Bbr3::UpdateMaxBw() {
   UpdateRound();
   if (rs_.valid && (rs_.delivery_rate >= max_bw_ || !rs_.is_app_limited)) {
-    max_bw_filter_.Update(rs_.delivery_rate, cycle_count_);
+    Bandwidth sample = rs_.delivery_rate;
+    // A longhaul deviation (Bbr3Params::max_bw_grows_only_when_probing).
+    if (params_.max_bw_grows_only_when_probing && !IsProbingBw() && !max_bw_.IsZero()) {
+      sample = std::min(sample, max_bw_);
+    }
+    max_bw_filter_.Update(sample, cycle_count_);
     max_bw_ = max_bw_filter_.GetBest();
   }
 }
@@ -298,6 +303,7 @@ void Bbr3::UpdateCompetingStandingQueue(bool queue_in_round, ByteCount lost, Byt
   if (IsInProbeBwState() && !IsProbingBw() && queue_in_round &&
       lossy >= params_.standing_queue_lossy_rounds) {
     competing_standing_queue_ = true;
+    competing_queue_in_cycle_ = true;
   } else if ((!queue_in_round && !IsProbingBw()) || lossy == 0) {
     competing_standing_queue_ = false;
   }
@@ -356,6 +362,7 @@ bool Bbr3::IsCongestiveRound(ByteCount lost, ByteCount total, bool* full_sample)
 void Bbr3::AdaptLowerBoundsFromCongestion() {
   if (IsProbingBw()) return;
   if (loss_in_round_) {
+    if (IsInProbeBwState() && !competing_standing_queue_) loss_outside_probe_in_cycle_ = true;
     InitLowerBounds();
     LossLowerBounds();
   }
@@ -383,27 +390,34 @@ void Bbr3::ResetCongestionSignals() {
   inflight_latest_ = 0;
 }
 
-// With standing_queue_allowance_packets (a longhaul deviation), a flow cruising in a standing
+// With standing_queue_allowance_bytes (a longhaul deviation), a flow cruising in a standing
 // queue is held by its cwnd target (BoundCwndForModel), not by bw_shortterm: pacing at max_bw lets
 // a flow below its share deliver more, and so raise its target, the next round trip.
 void Bbr3::BoundBwForModel() {
   bw_ = IsCruisingInStandingQueue() ? max_bw_ : std::min(max_bw_, bw_shortterm_);
 }
 
-// A longhaul deviation (Bbr3Params::standing_queue_allowance_packets): cruising, and every RTT
+// A longhaul deviation (Bbr3Params::standing_queue_allowance_bytes): cruising, and every RTT
 // sample of the last round trip was above min_rtt by the standing-queue margin
 // (standing_queue_rtt_factor - 1) x min_rtt or by the time the allowance takes at max_bw,
 // whichever is less. The second term lets flows with different min_rtt engage at about the same
 // queueing delay (a 150 ms flow would otherwise need 37.5 ms of queue, a 20 ms flow 5 ms).
 bool Bbr3::IsCruisingInStandingQueue() const {
-  if (params_.standing_queue_allowance_packets == 0 || mode_ != Mode::kProbeBwCruise ||
-      min_rtt_.IsInfinite() || last_round_min_rtt_.IsInfinite() || max_bw_.IsZero()) {
+  if (StandingQueueAllowance() == 0 || mode_ != Mode::kProbeBwCruise || min_rtt_.IsInfinite() ||
+      last_round_min_rtt_.IsInfinite() || max_bw_.IsZero()) {
     return false;
   }
-  const TimeDelta margin =
-      std::min(min_rtt_ * (params_.standing_queue_rtt_factor - 1.0),
-               max_bw_.TransferTime(params_.standing_queue_allowance_packets * params_.mss));
+  const TimeDelta margin = std::min(min_rtt_ * (params_.standing_queue_rtt_factor - 1.0),
+                                    max_bw_.TransferTime(StandingQueueAllowance()));
   return last_round_min_rtt_ > min_rtt_ + margin;
+}
+
+// Bbr3Params::standing_queue_allowance_bytes, or competing_standing_queue_allowance_bytes in a
+// loss-blind competitor's queue.
+ByteCount Bbr3::StandingQueueAllowance() const {
+  if (params_.standing_queue_allowance_bytes == 0) return 0;
+  return competing_standing_queue_ ? params_.competing_standing_queue_allowance_bytes
+                                   : params_.standing_queue_allowance_bytes;
 }
 
 // draft-ietf-ccwg-bbr-06, "BBR.extra_acked" (BBRUpdateACKAggregation): how much more than the
@@ -586,10 +600,9 @@ void Bbr3::BoundCwndForModel() {
   if (IsInProbeBwState() && mode_ != Mode::kProbeBwCruise) {
     cap = inflight_longterm_;
   } else if (IsCruisingInStandingQueue()) {
-    // A longhaul deviation (Bbr3Params::standing_queue_allowance_packets): the same number of
-    // packets in the shared queue for every flow, whatever its inflight_longterm.
-    cap = BdpMultiple(last_round_delivery_rate_, 1.0) +
-          params_.standing_queue_allowance_packets * params_.mss;
+    // A longhaul deviation (Bbr3Params::standing_queue_allowance_bytes): the same number of
+    // bytes in the shared queue for every flow, whatever its inflight_longterm.
+    cap = BdpMultiple(last_round_delivery_rate_, 1.0) + StandingQueueAllowance();
   } else if (mode_ == Mode::kProbeRtt || mode_ == Mode::kProbeBwCruise) {
     cap = InflightWithHeadroom();
   }

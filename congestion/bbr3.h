@@ -71,8 +71,23 @@ struct Bbr3Params {
   // small must probe harder to climb back.
   double competing_probe_up_pacing_gain = 1.5;
   // DEVIATION (0 = draft): cruising in a standing queue, cwnd is the delivered BDP plus this many
-  // packets, so every flow keeps the same queue share and the shares converge (Vegas/FAST alpha).
-  ByteCount standing_queue_allowance_packets = 600;
+  // bytes, so every flow keeps the same queue share and the shares converge (Vegas/FAST alpha).
+  // Bytes, not packets, so that flows with MTU 9000 and MTU 1500 hold the same queue.
+  ByteCount standing_queue_allowance_bytes = 900 * 1000;
+  // The allowance while in a loss-blind competitor's standing queue (see
+  // standing_queue_loss_tolerance): that competitor keeps the buffer full, so each flow's share
+  // goes by what it keeps there.
+  ByteCount competing_standing_queue_allowance_bytes = 5400 * 1000;
+  // DEVIATION (0 = draft): after a ProbeBW cycle whose DOWN or CRUISE lost data to congestion
+  // without the loss-blind-competitor flag (a loss-based flow such as CUBIC filled the buffer),
+  // the next ProbeBW_UP starts no sooner than CUBIC's epoch K = cbrt(W x (1 - 0.7) / C) seconds
+  // (RFC 9438; W = the BDP in MSS-size packets, C = this constant) after the last one began, so
+  // the CUBIC flow regrows its window between probes instead of losing it to each one.
+  double loss_based_competitor_cubic_c = 0.4;
+  // DEVIATION (false = draft): outside Startup, ProbeBW_REFILL and ProbeBW_UP the flow sends at
+  // most max_bw, so a higher delivery-rate sample measures a burst of the sender or of the ACKs
+  // (a busy host), not the path; it refreshes max_bw but does not raise it.
+  bool max_bw_grows_only_when_probing = true;
   double beta = 0.7;                     // Beta: multiplicative decrease of short-term bounds.
   double headroom = 0.15;                // Headroom left for other flows in CRUISE.
   double full_bw_growth = 1.25;          // Full pipe: growth below 25 %...
@@ -169,6 +184,8 @@ class Bbr3 final : public Controller {
   bool IsTimeToGoDown();
   bool IsRenoCoexistenceProbeTime() const;
   bool IsCompetitorCadenceProbeTime() const;
+  bool IsLossBasedCompetitorWaitOver() const;
+  TimeDelta CubicEpoch() const;
   bool FollowsCompetitorCadence() const;
   void PickProbeWait();
   void UpdateMinRtt();
@@ -179,6 +196,7 @@ class Bbr3 final : public Controller {
   void AdvanceLatestDeliverySignals();
   void BoundBwForModel();
   bool IsCruisingInStandingQueue() const;
+  ByteCount StandingQueueAllowance() const;
 
   // Control parameters (draft: BBRUpdateControlParameters).
   void SetPacingRateWithGain(double gain);
@@ -261,11 +279,19 @@ class Bbr3 final : public Controller {
   std::array<RoundLoss, kLossHistoryRounds> loss_history_{};
   size_t loss_history_size_ = 0;
 
+  // Bbr3Params::loss_based_competitor_cubic_c: congestive loss outside probing, and the
+  // loss-blind-competitor flag, each seen in the current ProbeBW cycle; whether the cycle that
+  // ended last makes this one wait CUBIC's epoch; when the last probe (REFILL) began.
+  bool loss_outside_probe_in_cycle_ = false;
+  bool competing_queue_in_cycle_ = false;
+  bool waits_for_loss_based_competitor_ = false;
+  Timestamp last_probe_start_;
+
   // Rounds.
   uint64_t round_count_ = 0;
   bool round_start_ = false;
   ByteCount next_round_delivered_ = 0;
-  // The last complete round trip (for standing_queue_allowance_packets): its lowest RTT sample and
+  // The last complete round trip (for standing_queue_allowance_bytes): its lowest RTT sample and
   // the rate it delivered at.
   Timestamp this_round_start_time_;
   ByteCount this_round_start_delivered_ = 0;

@@ -3,6 +3,7 @@
 // long-term model (inflight_longterm) that a probe adapts when it ends and
 // when it meets loss.
 #include <algorithm>
+#include <cmath>
 
 #include "congestion/bbr3.h"
 #include "congestion/bbr3_internal.h"
@@ -138,6 +139,13 @@ void Bbr3::ProbeInflightLongtermUpward() {
 
 // draft-ietf-ccwg-bbr-06, BBRIsTimeToProbeBW.
 bool Bbr3::IsTimeToProbeBw() {
+  if (waits_for_loss_based_competitor_ && !competing_standing_queue_) {
+    // A longhaul deviation (Bbr3Params::loss_based_competitor_cubic_c): neither the draft's
+    // 2-3 s nor its Reno rounds, but CUBIC's epoch.
+    if (!IsLossBasedCompetitorWaitOver()) return false;
+    StartProbeBwRefill();
+    return true;
+  }
   if (HasElapsedInPhase(bw_probe_wait_) || IsRenoCoexistenceProbeTime() ||
       IsCompetitorCadenceProbeTime()) {
     StartProbeBwRefill();
@@ -164,6 +172,25 @@ bool Bbr3::IsCompetitorCadenceProbeTime() const {
 // Bbr3Params::competing_probe_rounds applies: the flow is in someone else's standing queue.
 bool Bbr3::FollowsCompetitorCadence() const {
   return competing_standing_queue_ && params_.competing_probe_rounds > 0;
+}
+
+// Bbr3Params::loss_based_competitor_cubic_c: CUBIC's epoch (plus the draft's random part of
+// bw_probe_wait, which desynchronises flows) has passed since the last probe began, and at least
+// bw_probe_wait since this cycle began. Timed from the last probe rather than from the cycle,
+// which each ProbeRTT restarts: beside a flow that keeps a queue standing, min_rtt expires and
+// ProbeRTT comes every 5 s, sooner than K.
+bool Bbr3::IsLossBasedCompetitorWaitOver() const {
+  const TimeDelta random_part = bw_probe_wait_ - params_.probe_bw_wait_base;
+  return now_ > last_probe_start_ + CubicEpoch() + random_part && HasElapsedInPhase(bw_probe_wait_);
+}
+
+// RFC 9438's K = cbrt(W_max x (1 - beta_cubic) / C) for a window of one BDP at max_bw.
+TimeDelta Bbr3::CubicEpoch() const {
+  const double bdp_packets =
+      static_cast<double>(BdpMultiple(max_bw_, 1.0)) / static_cast<double>(params_.mss);
+  constexpr double kCubicBeta = 0.7;
+  return TimeDelta::SecondsF(
+      std::cbrt(bdp_packets * (1.0 - kCubicBeta) / params_.loss_based_competitor_cubic_c));
 }
 
 // draft-ietf-ccwg-bbr-06, BBRPickProbeWait: randomised so competing flows desynchronise.
@@ -197,6 +224,7 @@ bool Bbr3::IsTimeToGoDown() {
 }
 
 void Bbr3::EnterProbeBw() {
+  last_probe_start_ = now_;
   cwnd_gain_ = params_.default_cwnd_gain;
   StartProbeBwDown();
 }
@@ -221,6 +249,14 @@ void Bbr3::StartProbeBwCruise() {
 }
 
 void Bbr3::StartProbeBwRefill() {
+  // A longhaul deviation (Bbr3Params::loss_based_competitor_cubic_c): the cycle that ends here
+  // decides the next one's wait. A cycle that met the loss-blind competitor keeps the draft's.
+  waits_for_loss_based_competitor_ = params_.loss_based_competitor_cubic_c > 0 &&
+                                     loss_outside_probe_in_cycle_ && !competing_queue_in_cycle_ &&
+                                     !competing_standing_queue_;
+  loss_outside_probe_in_cycle_ = false;
+  competing_queue_in_cycle_ = false;
+  last_probe_start_ = now_;
   ResetShortTermModel();
   bw_probe_up_rounds_ = 0;
   bw_probe_up_acks_ = 0;

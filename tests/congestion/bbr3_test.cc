@@ -1,6 +1,7 @@
 #include "congestion/bbr3.h"
 
 #include <string_view>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/congestion/mini_path.h"
@@ -206,6 +207,93 @@ TEST(Bbr3Test, RandomLossInAStandingQueueIsNotACompetitor) {
   Bbr3Params any_loss_counts;
   any_loss_counts.random_loss_tolerance = 0.0;
   EXPECT_TRUE(BecomesLossTolerantWithRandomLossInAQueue(any_loss_counts));
+}
+
+// Bbr3Params::loss_based_competitor_cubic_c (a longhaul deviation): in a queue someone else
+// keeps standing, a loss episode once a second (a loss-based flow filling the buffer, as CUBIC
+// does) makes the flow wait CUBIC's epoch between probes: K = cbrt(167 x 0.3 / 0.4) = 5.0 s for
+// the 167-packet BDP of this path. With the draft's cadence (0) it probes 2-3 s (or 63 rounds)
+// after the last probe ended. The loss is not loss-blind competition: the flow stays
+// loss-intolerant.
+struct BesideALossBasedFlow {
+  std::vector<Timestamp> probe_starts;  // ProbeBW_REFILL entries.
+  bool loss_tolerant = false;
+};
+
+BesideALossBasedFlow RunBesideALossBasedFlow(const Bbr3Params& params) {
+  SplitMix64Random rng(1);
+  Bbr3 bbr(params, rng, kT0);
+  testing::MiniPath path(bbr, kRate, kRtt, kT0);
+  path.RunUntil(kT0 + TimeDelta::Seconds(1));
+  EXPECT_TRUE(bbr.DebugState().full_bw_reached);
+  path.set_extra_delay(kRtt / 2);
+  // The first 2 ms of every second: about 17 packets, 10 % of a round.
+  path.set_drop(
+      [&path](uint64_t) { return (path.now() - kT0).ToNanoseconds() % 1000000000 < 2000000; });
+  BesideALossBasedFlow r;
+  Bbr3::Mode last_mode = bbr.mode();
+  // Before min_rtt (10 s) expires and takes the extra delay in.
+  path.RunUntil(kT0 + TimeDelta::Milliseconds(10500), [&] {
+    if (bbr.mode() == Bbr3::Mode::kProbeBwRefill && last_mode != Bbr3::Mode::kProbeBwRefill) {
+      r.probe_starts.push_back(path.now());
+    }
+    r.loss_tolerant = r.loss_tolerant || bbr.DebugState().loss_tolerant;
+    last_mode = bbr.mode();
+  });
+  return r;
+}
+
+TimeDelta LongestGap(const std::vector<Timestamp>& starts) {
+  TimeDelta longest = TimeDelta::Zero();
+  for (size_t i = 1; i < starts.size(); ++i) longest = std::max(longest, starts[i] - starts[i - 1]);
+  return longest;
+}
+
+// The first probe (1.9 s) follows the draft's cadence after Startup; its cycle met the loss, so
+// the second waits K (5.0 s) plus up to 1 s.
+TEST(Bbr3Test, WaitsCubicsEpochBetweenProbesBesideALossBasedFlow) {
+  const BesideALossBasedFlow paced = RunBesideALossBasedFlow(Bbr3Params());
+  EXPECT_FALSE(paced.loss_tolerant);
+  ASSERT_GE(paced.probe_starts.size(), 2u);
+  EXPECT_GE(LongestGap(paced.probe_starts), TimeDelta::Seconds(5));
+
+  Bbr3Params draft_cadence;
+  draft_cadence.loss_based_competitor_cubic_c = 0;
+  const BesideALossBasedFlow draft = RunBesideALossBasedFlow(draft_cadence);
+  EXPECT_FALSE(draft.loss_tolerant);
+  ASSERT_GE(draft.probe_starts.size(), 3u);
+  EXPECT_LT(LongestGap(draft.probe_starts), TimeDelta::Seconds(4));
+}
+
+// Bbr3Params::max_bw_grows_only_when_probing (a longhaul deviation): a sender that overshoots its
+// pacing rate by 10 % on a path that just doubled delivers samples above max_bw between probes.
+// With the option max_bw rises only in Startup, ProbeBW_REFILL and ProbeBW_UP; without it (the
+// draft) it creeps up while the flow cruises.
+bool MaxBwRisesOutsideProbing(const Bbr3Params& params) {
+  SplitMix64Random rng(1);
+  Bbr3 bbr(params, rng, kT0);
+  testing::MiniPath path(bbr, kRate, kRtt, kT0);
+  path.RunUntil(kT0 + TimeDelta::Seconds(1));
+  EXPECT_TRUE(bbr.DebugState().full_bw_reached);
+  path.set_rate(kRate * 2.0);
+  path.set_pacing_scale(1.1);
+  Bandwidth last_max_bw = bbr.DebugState().max_bw;
+  bool rose_outside_probing = false;
+  path.RunUntil(kT0 + TimeDelta::Seconds(6), [&] {
+    const Bandwidth max_bw = bbr.DebugState().max_bw;
+    const bool probing =
+        bbr.mode() == Bbr3::Mode::kProbeBwRefill || bbr.mode() == Bbr3::Mode::kProbeBwUp;
+    if (max_bw > last_max_bw && !probing) rose_outside_probing = true;
+    last_max_bw = max_bw;
+  });
+  return rose_outside_probing;
+}
+
+TEST(Bbr3Test, MaxBwGrowsOnlyWhileProbing) {
+  EXPECT_FALSE(MaxBwRisesOutsideProbing(Bbr3Params()));
+  Bbr3Params draft;
+  draft.max_bw_grows_only_when_probing = false;
+  EXPECT_TRUE(MaxBwRisesOutsideProbing(draft));
 }
 
 TEST(Bbr3Test, SameSeedSameTrajectory) {

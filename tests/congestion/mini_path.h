@@ -21,6 +21,11 @@ class MiniPath {
   void set_drop(std::function<bool(uint64_t pn)> drop) { drop_ = std::move(drop); }
   // Delays every packet sent from now on by `delay` more: a queue that someone else keeps.
   void set_extra_delay(TimeDelta delay) { extra_delay_ = delay; }
+  // The bottleneck's rate from now on (e.g. a competitor left).
+  void set_rate(Bandwidth rate) { rate_ = rate; }
+  // The sender paces at `scale` x the controller's pacing rate: a sender that overshoots it, as
+  // catch-up bursts on a busy host do.
+  void set_pacing_scale(double scale) { pacing_scale_ = scale; }
 
   // Runs until `until`, calling `on_ack` after each congestion event.
   void RunUntil(Timestamp until, const std::function<void()>& on_ack = nullptr) {
@@ -53,7 +58,8 @@ class MiniPath {
       } else {
         const uint64_t pn = next_pn_++;
         cc_.OnPacketSent(now_, pn, kDefaultMss, inflight_, true);
-        pacer_.OnPacketSent(now_, kDefaultMss, cc_.pacing_rate(), cc_.send_quantum());
+        pacer_.OnPacketSent(now_, kDefaultMss, cc_.pacing_rate() * pacing_scale_,
+                            cc_.send_quantum());
         inflight_ += kDefaultMss;
         if (drop_ && drop_(pn)) {
           dropped_.push_back(pn);
@@ -78,6 +84,7 @@ class MiniPath {
   Bandwidth rate_;
   TimeDelta rtt_;
   TimeDelta extra_delay_ = TimeDelta::Zero();
+  double pacing_scale_ = 1.0;
   Timestamp now_;
   Timestamp link_free_;
   Pacer pacer_;

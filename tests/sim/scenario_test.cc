@@ -127,14 +127,14 @@ TEST_F(ScenarioTest, Bbr3AndCubicCoexist) {
 }
 
 // The `fairness` pair of docs/benchmarks.md in the simulator (8 coupled flows, MTU-9000
-// packets). The simulator does not reproduce the real shares (real, 64e3fc6: 0.167 against
-// BBRv1, 0.928 against CUBIC), so these assert what it does reproduce of the real pair: BBRv1
-// keeps losing packets (real: 1.9 % retransmits), eight independent flows take more than the
-// coupled aggregate (real: 0.328 vs 0.167), and Linux CUBIC's HyStart costs it share.
-TEST_F(ScenarioTest, Bbr1KeepsLosingAgainstCoupledFlows) {
+// packets) against one BBRv1 flow: the aggregate's share is in the 0.35-0.65 band the bench pair
+// is judged by, BBRv1 keeps losing packets (the real pair: 1.9 % retransmits), and eight
+// independent flows take more than the coupled aggregate.
+TEST_F(ScenarioTest, CoupledAggregateSharesWithBbr1) {
   const ScenarioResult r = Run("vs-bbr1");
   EXPECT_GE(r.figures.at("bbr1_retransmit_rate"), 0.01);
-  EXPECT_GE(r.figures.at("aggregate_share"), 0.10);
+  EXPECT_GE(r.figures.at("aggregate_share"), 0.35);
+  EXPECT_LE(r.figures.at("aggregate_share"), 0.65);
   EXPECT_GT(r.figures.at("independent8_share"), r.figures.at("aggregate_share"));
 }
 
@@ -144,14 +144,20 @@ TEST_F(ScenarioTest, HyStartCubicGetsLessThanSlowStartCubic) {
   EXPECT_GT(r.figures.at("aggregate_share"), r.figures.at("aggregate_share_no_hystart"));
 }
 
-// The shares the CUBIC-fairness work is judged by (congestion/README.md, "Against CUBIC by
-// buffer depth"). Not yet the 0.35-0.65 band: for now only that CUBIC is never starved.
-TEST_F(ScenarioTest, CoupledAggregateLeavesCubicAShareAtEveryBufferDepth) {
+// The same aggregate against one CUBIC flow (congestion/README.md, "Against CUBIC by buffer
+// depth"): in the 0.35-0.65 band at 0.5 and 1 x BDP of buffer, with 9000- and 1500-byte packets.
+// Deeper buffers favour CUBIC, as they do BBRv3 itself (the draft's rules: 0.46 at 4 x BDP): 2 and
+// 4 x BDP are held to 0.25-0.65, below the band's floor (open work).
+TEST_F(ScenarioTest, CoupledAggregateSharesWithCubicAtEveryBufferDepth) {
   const ScenarioResult r = Run("coupled-vs-cubic-buffers");
-  for (const char* key : {"aggregate_share_0.5bdp", "aggregate_share_1bdp", "aggregate_share_2bdp",
-                          "aggregate_share_4bdp", "aggregate_share_1bdp_mss1500"}) {
-    EXPECT_LE(r.figures.at(key), 0.8) << key;
-    EXPECT_GE(r.figures.at(key), 0.2) << key;
+  for (const char* key :
+       {"aggregate_share_0.5bdp", "aggregate_share_1bdp", "aggregate_share_1bdp_mss1500"}) {
+    EXPECT_GE(r.figures.at(key), 0.35) << key;
+    EXPECT_LE(r.figures.at(key), 0.65) << key;
+  }
+  for (const char* key : {"aggregate_share_2bdp", "aggregate_share_4bdp"}) {
+    EXPECT_GE(r.figures.at(key), 0.25) << key;
+    EXPECT_LE(r.figures.at(key), 0.65) << key;
   }
 }
 
