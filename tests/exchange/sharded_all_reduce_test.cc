@@ -510,7 +510,10 @@ TEST_P(ClientBufferTest, ReadsEachByteOnceASegmentAtATime) {
 }
 
 // A streamed buffer is read as its client publishes it: the ops wait for
-// the client's pieces and still give the fixed-order result.
+// the client's pieces and still give the fixed-order result. The client
+// takes 200 ms to publish its 10 pieces: with two sites the hub's first read
+// of site-a's buffer came 50-200 ms into the op on the 2-core machine, after
+// a 50 ms fill had ended.
 TEST_P(ClientBufferTest, StreamedBufferIsReadAsTheClientFillsIt) {
   Net net(GetParam());
   net.JoinAll("g", net.names());
@@ -533,7 +536,7 @@ TEST_P(ClientBufferTest, StreamedBufferIsReadAsTheClientFillsIt) {
   const std::vector<uint8_t>& src = inputs["site-a"];
   shm::ProgressWord progress(&word);
   for (size_t done = 0; done < src.size();) {
-    absl::SleepFor(absl::Milliseconds(5));
+    absl::SleepFor(absl::Milliseconds(20));
     const size_t n = std::min<size_t>(1 << 20, src.size() - done);
     std::memcpy(a.data() + done, src.data() + done, n);
     done += n;
