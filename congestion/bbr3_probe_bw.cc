@@ -181,7 +181,7 @@ bool Bbr3::FollowsCompetitorCadence() const {
 // ProbeRTT comes every 5 s, sooner than K.
 bool Bbr3::IsLossBasedCompetitorWaitOver() const {
   const TimeDelta random_part = bw_probe_wait_ - params_.probe_bw_wait_base;
-  return now_ > last_probe_start_ + CubicEpoch() + random_part && HasElapsedInPhase(bw_probe_wait_);
+  return HasElapsedInPhase(bw_probe_wait_) && now_ > last_probe_start_ + CubicEpoch() + random_part;
 }
 
 // RFC 9438's K = cbrt(W_max x (1 - beta_cubic) / C) for a window of one BDP at max_bw.

@@ -116,6 +116,18 @@ TEST(Bbr3Test, HeavyLossRestartsMaxBwFromTheDeliveredRate) {
   EXPECT_GT(MaxBwAfterHeavyLoss(0.0), kRate * 0.9);
 }
 
+// A Bbr3 with `params` on the 100 Mbit/s, 20 ms MiniPath, run for 1 s: past Startup, in ProbeBW.
+struct FlowInProbeBw {
+  explicit FlowInProbeBw(const Bbr3Params& params)
+      : bbr(params, rng, kT0), path(bbr, kRate, kRtt, kT0) {
+    path.RunUntil(kT0 + TimeDelta::Seconds(1));
+    EXPECT_TRUE(bbr.DebugState().full_bw_reached);
+  }
+  SplitMix64Random rng{1};
+  Bbr3 bbr;
+  testing::MiniPath path;
+};
+
 // Bbr3Params::standing_queue_loss_tolerance (a longhaul deviation): a queue someone else keeps
 // standing (the RTT doubled) with 5 % loss that goes on whatever the flow does, as a loss-blind
 // competitor causes. With the option the flow keeps its rate for 8 s, longer than max_bw's
@@ -128,11 +140,9 @@ struct InSomeoneElsesLossyQueue {
 };
 
 InSomeoneElsesLossyQueue RunInSomeoneElsesLossyQueue(const Bbr3Params& params) {
-  SplitMix64Random rng(1);
-  Bbr3 bbr(params, rng, kT0);
-  testing::MiniPath path(bbr, kRate, kRtt, kT0);
-  path.RunUntil(kT0 + TimeDelta::Seconds(1));
-  EXPECT_TRUE(bbr.DebugState().full_bw_reached);
+  FlowInProbeBw flow(params);
+  Bbr3& bbr = flow.bbr;
+  testing::MiniPath& path = flow.path;
   path.set_extra_delay(kRtt);
   path.set_drop([](uint64_t pn) { return pn % 20 == 0; });
   InSomeoneElsesLossyQueue r;
@@ -187,10 +197,9 @@ TEST(Bbr3Test, ProbesHarderInSomeoneElsesQueue) {
 // whose RTT doubled (a standing queue) and which drops one packet in 100: random loss, below
 // Bbr3Params::random_loss_tolerance.
 bool BecomesLossTolerantWithRandomLossInAQueue(const Bbr3Params& params) {
-  SplitMix64Random rng(1);
-  Bbr3 bbr(params, rng, kT0);
-  testing::MiniPath path(bbr, kRate, kRtt, kT0);
-  path.RunUntil(kT0 + TimeDelta::Seconds(1));
+  FlowInProbeBw flow(params);
+  Bbr3& bbr = flow.bbr;
+  testing::MiniPath& path = flow.path;
   path.set_extra_delay(kRtt);
   path.set_drop([](uint64_t pn) { return pn % 100 == 0; });
   bool loss_tolerant = false;
@@ -221,11 +230,9 @@ struct BesideALossBasedFlow {
 };
 
 BesideALossBasedFlow RunBesideALossBasedFlow(const Bbr3Params& params) {
-  SplitMix64Random rng(1);
-  Bbr3 bbr(params, rng, kT0);
-  testing::MiniPath path(bbr, kRate, kRtt, kT0);
-  path.RunUntil(kT0 + TimeDelta::Seconds(1));
-  EXPECT_TRUE(bbr.DebugState().full_bw_reached);
+  FlowInProbeBw flow(params);
+  Bbr3& bbr = flow.bbr;
+  testing::MiniPath& path = flow.path;
   path.set_extra_delay(kRtt / 2);
   // The first 2 ms of every second: about 17 packets, 10 % of a round.
   path.set_drop(
@@ -270,11 +277,9 @@ TEST(Bbr3Test, WaitsCubicsEpochBetweenProbesBesideALossBasedFlow) {
 // With the option max_bw rises only in Startup, ProbeBW_REFILL and ProbeBW_UP; without it (the
 // draft) it creeps up while the flow cruises.
 bool MaxBwRisesOutsideProbing(const Bbr3Params& params) {
-  SplitMix64Random rng(1);
-  Bbr3 bbr(params, rng, kT0);
-  testing::MiniPath path(bbr, kRate, kRtt, kT0);
-  path.RunUntil(kT0 + TimeDelta::Seconds(1));
-  EXPECT_TRUE(bbr.DebugState().full_bw_reached);
+  FlowInProbeBw flow(params);
+  Bbr3& bbr = flow.bbr;
+  testing::MiniPath& path = flow.path;
   path.set_rate(kRate * 2.0);
   path.set_pacing_scale(1.1);
   Bandwidth last_max_bw = bbr.DebugState().max_bw;
