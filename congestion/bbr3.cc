@@ -304,7 +304,9 @@ void Bbr3::UpdateCompetingStandingQueue(bool queue_in_round, ByteCount lost, Byt
       lossy >= params_.standing_queue_lossy_rounds) {
     competing_standing_queue_ = true;
     competing_queue_in_cycle_ = true;
-  } else if ((!queue_in_round && !IsProbingBw()) || lossy == 0) {
+  } else if ((!queue_in_round && !IsProbingBw() && mode_ != Mode::kProbeRtt) || lossy == 0) {
+    // The queue emptied: the competitor left, unless this flow is in ProbeRTT, whose 200 ms a
+    // BBRv1 competitor often spends draining too (congestion/README.md).
     competing_standing_queue_ = false;
   }
 }

@@ -193,6 +193,55 @@ TEST(Bbr3Test, ProbesHarderInSomeoneElsesQueue) {
   EXPECT_DOUBLE_EQ(RunInSomeoneElsesLossyQueue(WithLossTolerance(0.0)).highest_up_gain, 1.25);
 }
 
+// The loss-blind-competitor flag (loss_tolerant) in such a competitor's lossy standing queue (as
+// in RunInSomeoneElsesLossyQueue), when the queue empties for 100 ms (5 rounds; fewer than the
+// 8 loss-free rounds that end the flag anyway): from the flow's next ProbeRTT entry
+// (`in_probe_rtt`; a BBRv1 competitor often drains in the same 200 ms), or from its next
+// ProbeBW_CRUISE. Returns whether the flag was set before the drain and held through it.
+// The competing allowance is 50 KB here: the default 5.4 MB would be a 430 ms queue of the flow's
+// own at 100 Mbit/s, which no drain of the competitor's could empty.
+struct ThroughADrain {
+  bool flagged_before = false;
+  bool held_through_drain = true;
+};
+
+ThroughADrain RunThroughADrain(bool in_probe_rtt) {
+  Bbr3Params params;
+  params.competing_standing_queue_allowance_bytes = 50 * 1000;
+  FlowInProbeBw flow(params);
+  Bbr3& bbr = flow.bbr;
+  testing::MiniPath& path = flow.path;
+  path.set_extra_delay(kRtt);
+  path.set_drop([](uint64_t pn) { return pn % 20 == 0; });
+  path.RunUntil(kT0 + TimeDelta::Seconds(3));
+  ThroughADrain r;
+  r.flagged_before = bbr.DebugState().loss_tolerant;
+  const Bbr3::Mode drain_from = in_probe_rtt ? Bbr3::Mode::kProbeRtt : Bbr3::Mode::kProbeBwCruise;
+  Timestamp drain_end = Timestamp::Infinite();
+  path.RunUntil(kT0 + TimeDelta::Seconds(9), [&] {
+    if (drain_end.IsInfinite() && bbr.mode() == drain_from) {
+      drain_end = path.now() + TimeDelta::Milliseconds(100);
+      path.set_extra_delay(TimeDelta::Zero());
+    }
+    if (path.now() >= drain_end) path.set_extra_delay(kRtt);
+    if (path.now() < drain_end) {
+      r.held_through_drain = r.held_through_drain && bbr.DebugState().loss_tolerant;
+    }
+  });
+  EXPECT_FALSE(drain_end.IsInfinite());
+  return r;
+}
+
+TEST(Bbr3Test, TheFlowsOwnProbeRttDoesNotEndTheLossBlindCompetitorFlag) {
+  const ThroughADrain probe_rtt = RunThroughADrain(/*in_probe_rtt=*/true);
+  EXPECT_TRUE(probe_rtt.flagged_before);
+  EXPECT_TRUE(probe_rtt.held_through_drain);
+  // The same drain outside ProbeRTT: the competitor left.
+  const ThroughADrain elsewhere = RunThroughADrain(/*in_probe_rtt=*/false);
+  EXPECT_TRUE(elsewhere.flagged_before);
+  EXPECT_FALSE(elsewhere.held_through_drain);
+}
+
 // Whether the flow ever decided it was in someone else's standing queue (loss_tolerant) on a path
 // whose RTT doubled (a standing queue) and which drops one packet in 100: random loss, below
 // Bbr3Params::random_loss_tolerance.
