@@ -219,13 +219,15 @@ ThroughADrain RunThroughADrain(bool in_probe_rtt) {
   const Bbr3::Mode drain_from = in_probe_rtt ? Bbr3::Mode::kProbeRtt : Bbr3::Mode::kProbeBwCruise;
   Timestamp drain_end = Timestamp::Infinite();
   path.RunUntil(kT0 + TimeDelta::Seconds(9), [&] {
-    if (drain_end.IsInfinite() && bbr.mode() == drain_from) {
+    if (drain_end.IsInfinite()) {
+      if (bbr.mode() != drain_from) return;
       drain_end = path.now() + TimeDelta::Milliseconds(100);
       path.set_extra_delay(TimeDelta::Zero());
     }
-    if (path.now() >= drain_end) path.set_extra_delay(kRtt);
     if (path.now() < drain_end) {
       r.held_through_drain = r.held_through_drain && bbr.DebugState().loss_tolerant;
+    } else {
+      path.set_extra_delay(kRtt);
     }
   });
   EXPECT_FALSE(drain_end.IsInfinite());
