@@ -195,8 +195,8 @@ TEST(Bbr3Test, ProbesHarderInSomeoneElsesQueue) {
 
 // The loss-blind-competitor flag (loss_tolerant) in such a competitor's lossy standing queue (as
 // in RunInSomeoneElsesLossyQueue), when the queue empties for 100 ms (5 rounds; fewer than the
-// 8 loss-free rounds that end the flag anyway): from the flow's next ProbeRTT entry
-// (`in_probe_rtt`; a BBRv1 competitor often drains in the same 200 ms), or from its next
+// 8 loss-free rounds that end the flag anyway), starting from 3 s at the first moment the flow
+// is in ProbeRTT (`in_probe_rtt`; a BBRv1 competitor often drains in the same 200 ms) or in
 // ProbeBW_CRUISE. Returns whether the flag was set before the drain and held through it.
 // The competing allowance is 50 KB here: the default 5.4 MB would be a 430 ms queue of the flow's
 // own at 100 Mbit/s, which no drain of the competitor's could empty.
