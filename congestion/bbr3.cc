@@ -246,9 +246,8 @@ void Bbr3::UpdateCongestionSignals() {
   round_min_rtt_ = std::min(round_min_rtt_, rs_.rtt);
   if (!loss_round_start_) return;
   const ByteCount round_total = round_acked_ + round_lost_;
-  const double loss_rate = round_total == 0 ? 0.0
-                                            : static_cast<double>(round_lost_) /
-                                                  static_cast<double>(round_total);
+  const double loss_rate =
+      round_total == 0 ? 0.0 : static_cast<double>(round_lost_) / static_cast<double>(round_total);
   const bool queue_in_round = !min_rtt_.IsInfinite() && !round_min_rtt_.IsInfinite() &&
                               round_min_rtt_ > min_rtt_ * params_.standing_queue_rtt_factor;
   // Only in CRUISE: in DOWN the queue is usually the one our own ProbeBW_UP just built.
@@ -297,16 +296,31 @@ void Bbr3::UpdateCongestionSignals() {
 // A round counts as lossy only above random loss (random_loss_tolerance; why: bbr3.h).
 void Bbr3::UpdateCompetingStandingQueue(bool queue_in_round, ByteCount lost, ByteCount total) {
   if (params_.standing_queue_loss_tolerance <= 0) return;
-  const bool above_random_loss = LostMoreThan(lost, total, params_.random_loss_tolerance);
-  lossy_queued_rounds_ = (lossy_queued_rounds_ << 1) | (queue_in_round && above_random_loss);
+  // The rounds of the flow's own probes, of the DOWN that drains them, and of its ProbeRTT say
+  // nothing about the competitor's queue (a BBRv1 competitor often drains in the same 200 ms as
+  // this flow's ProbeRTT): they neither add to nor end a run of queue-free rounds.
+  const bool own_doing = IsProbingBw() || mode_ == Mode::kProbeRtt;
+  if (!own_doing && mode_ != Mode::kProbeBwDown) {
+    queue_free_time_ =
+        queue_in_round ? TimeDelta::Zero() : queue_free_time_ + (now_ - loss_round_start_time_);
+  }
+  const bool settled =
+      competing_standing_queue_ && now_ - competing_since_ >= params_.competing_flag_settle_time;
+  // Bbr3Params::competing_flag_settle_time: a settled flag keeps its lossy rounds through a gap.
+  if (queue_in_round || !settled) {
+    const bool above_random_loss = LostMoreThan(lost, total, params_.random_loss_tolerance);
+    lossy_queued_rounds_ = (lossy_queued_rounds_ << 1) | (queue_in_round && above_random_loss);
+  }
   const int lossy = std::popcount(lossy_queued_rounds_ & kLossyQueuedRoundsMask);
+  const bool queue_gone = settled ? queue_free_time_ >= params_.competing_queue_gone_time
+                                  : !queue_in_round && !own_doing;
   if (IsInProbeBwState() && !IsProbingBw() && queue_in_round &&
       lossy >= params_.standing_queue_lossy_rounds) {
+    if (!competing_standing_queue_) competing_since_ = now_;
     competing_standing_queue_ = true;
     competing_queue_in_cycle_ = true;
-  } else if ((!queue_in_round && !IsProbingBw() && mode_ != Mode::kProbeRtt) || lossy == 0) {
-    // The queue emptied: the competitor left, unless this flow is in ProbeRTT, whose 200 ms a
-    // BBRv1 competitor often spends draining too (congestion/README.md).
+  } else if (queue_gone || lossy == 0) {
+    // The queue stayed away (the competitor left), or the loss stopped.
     competing_standing_queue_ = false;
   }
 }

@@ -76,8 +76,18 @@ struct Bbr3Params {
   ByteCount standing_queue_allowance_bytes = 900 * 1000;
   // The allowance while in a loss-blind competitor's standing queue (see
   // standing_queue_loss_tolerance): that competitor keeps the buffer full, so each flow's share
-  // goes by what it keeps there.
-  ByteCount competing_standing_queue_allowance_bytes = 5400 * 1000;
+  // goes by what it keeps there. A BBRv1 flow keeps 2 x its own BDP in flight, one BDP of it
+  // queued; on the fairness link (1 Gbit/s, 40 ms, 5 MB of buffer) a flow that keeps its BDP
+  // plus this allowance meets it near half of the link (5.4 MB took 0.7-0.8 of it in the
+  // simulator once the flag held; congestion/README.md).
+  ByteCount competing_standing_queue_allowance_bytes = 3600 * 1000;
+  // Once the flag above has held this long it rides out a queue-free gap shorter than
+  // competitor_gone_queue_free_time, and queue-free rounds do not age its loss history: a BBRv1
+  // competitor empties the queue in its ProbeRTT every 10 s, for 200 ms and a round trip, and
+  // so does this flow's own ProbeRTT. A younger flag ends at the first queue-free round, since a
+  // newcomer's Startup can raise a false one for a second or so (the simulator's fair-4).
+  TimeDelta competing_flag_settle_time = TimeDelta::Seconds(2);
+  TimeDelta competing_queue_gone_time = TimeDelta::Milliseconds(300);
   // DEVIATION (0 = draft): after a ProbeBW cycle whose DOWN or CRUISE lost data to congestion
   // without the loss-blind-competitor flag (a loss-based flow such as CUBIC filled the buffer),
   // the next ProbeBW_UP starts no sooner than CUBIC's epoch K = cbrt(W x (1 - 0.7) / C) seconds
@@ -297,8 +307,12 @@ class Bbr3 final : public Controller {
   ByteCount this_round_start_delivered_ = 0;
   TimeDelta this_round_min_rtt_ = TimeDelta::Infinite();
   TimeDelta last_round_min_rtt_ = TimeDelta::Infinite();
-  // Bbr3Params::standing_queue_loss_tolerance: the flow is in someone else's standing queue.
+  // Bbr3Params::standing_queue_loss_tolerance: the flow is in someone else's standing queue,
+  // since competing_since_. queue_free_time_: how long the loss rounds outside the flow's probes
+  // and ProbeRTT have been queue-free since the last one with a queue.
   bool competing_standing_queue_ = false;
+  Timestamp competing_since_;
+  TimeDelta queue_free_time_;
   // Bit i: the loss round i rounds back lost data in a standing queue; the low 8 bits count.
   static constexpr uint32_t kLossyQueuedRoundsMask = 0xff;
   uint32_t lossy_queued_rounds_ = 0;

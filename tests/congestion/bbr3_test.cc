@@ -194,34 +194,31 @@ TEST(Bbr3Test, ProbesHarderInSomeoneElsesQueue) {
 }
 
 // The loss-blind-competitor flag (loss_tolerant) in such a competitor's lossy standing queue (as
-// in RunInSomeoneElsesLossyQueue), when the queue empties for 100 ms (5 rounds; fewer than the
-// 8 loss-free rounds that end the flag anyway), starting from 3 s at the first moment the flow
-// is in ProbeRTT (`in_probe_rtt`; a BBRv1 competitor often drains in the same 200 ms) or in
-// ProbeBW_CRUISE. Returns whether the flag was set before the drain and held through it.
-// The competing allowance is 50 KB here: the default 5.4 MB would be a 430 ms queue of the flow's
+// in RunInSomeoneElsesLossyQueue), when the queue empties for `length`, starting from 4 s (the
+// flag has held about 3 s by then) at the first moment the flow is in `drain_from`. Returns
+// whether the flag was set before the drain and held through it.
+// The competing allowance is 50 KB here: the default 3.6 MB would be a 290 ms queue of the flow's
 // own at 100 Mbit/s, which no drain of the competitor's could empty.
 struct ThroughADrain {
   bool flagged_before = false;
   bool held_through_drain = true;
 };
 
-ThroughADrain RunThroughADrain(bool in_probe_rtt) {
-  Bbr3Params params;
+ThroughADrain RunThroughADrain(Bbr3Params params, Bbr3::Mode drain_from, TimeDelta length) {
   params.competing_standing_queue_allowance_bytes = 50 * 1000;
   FlowInProbeBw flow(params);
   Bbr3& bbr = flow.bbr;
   testing::MiniPath& path = flow.path;
   path.set_extra_delay(kRtt);
   path.set_drop([](uint64_t pn) { return pn % 20 == 0; });
-  path.RunUntil(kT0 + TimeDelta::Seconds(3));
+  path.RunUntil(kT0 + TimeDelta::Seconds(4));
   ThroughADrain r;
   r.flagged_before = bbr.DebugState().loss_tolerant;
-  const Bbr3::Mode drain_from = in_probe_rtt ? Bbr3::Mode::kProbeRtt : Bbr3::Mode::kProbeBwCruise;
   Timestamp drain_end = Timestamp::Infinite();
-  path.RunUntil(kT0 + TimeDelta::Seconds(9), [&] {
+  path.RunUntil(kT0 + TimeDelta::Seconds(10), [&] {
     if (drain_end.IsInfinite()) {
       if (bbr.mode() != drain_from) return;
-      drain_end = path.now() + TimeDelta::Milliseconds(100);
+      drain_end = path.now() + length;
       path.set_extra_delay(TimeDelta::Zero());
     }
     if (path.now() < drain_end) {
@@ -234,14 +231,40 @@ ThroughADrain RunThroughADrain(bool in_probe_rtt) {
   return r;
 }
 
+// A queue-free round of the flow's own ProbeRTT never ends the flag: a BBRv1 competitor often
+// drains in the same 200 ms.
 TEST(Bbr3Test, TheFlowsOwnProbeRttDoesNotEndTheLossBlindCompetitorFlag) {
-  const ThroughADrain probe_rtt = RunThroughADrain(/*in_probe_rtt=*/true);
-  EXPECT_TRUE(probe_rtt.flagged_before);
-  EXPECT_TRUE(probe_rtt.held_through_drain);
-  // The same drain outside ProbeRTT: the competitor left.
-  const ThroughADrain elsewhere = RunThroughADrain(/*in_probe_rtt=*/false);
-  EXPECT_TRUE(elsewhere.flagged_before);
-  EXPECT_FALSE(elsewhere.held_through_drain);
+  Bbr3Params never_settles;
+  never_settles.competing_flag_settle_time = TimeDelta::Seconds(100);
+  const ThroughADrain r =
+      RunThroughADrain(never_settles, Bbr3::Mode::kProbeRtt, TimeDelta::Milliseconds(100));
+  EXPECT_TRUE(r.flagged_before);
+  EXPECT_TRUE(r.held_through_drain);
+}
+
+// Bbr3Params::competing_flag_settle_time and competing_queue_gone_time: a flag that has held 2 s
+// rides out a 200 ms queue-free gap in ProbeBW_CRUISE (a BBRv1 competitor's ProbeRTT), but not a
+// gap of 1 s (the competitor left; at this path's 20 ms round trips the flow's own probes take
+// about half of it, and their rounds do not count towards the 300 ms); a younger flag ends at
+// the first queue-free round.
+TEST(Bbr3Test, ASettledLossBlindCompetitorFlagRidesOutItsProbeRtt) {
+  const TimeDelta probe_rtt = TimeDelta::Milliseconds(200);
+  const ThroughADrain settled =
+      RunThroughADrain(Bbr3Params(), Bbr3::Mode::kProbeBwCruise, probe_rtt);
+  EXPECT_TRUE(settled.flagged_before);
+  EXPECT_TRUE(settled.held_through_drain);
+
+  const ThroughADrain left =
+      RunThroughADrain(Bbr3Params(), Bbr3::Mode::kProbeBwCruise, TimeDelta::Seconds(1));
+  EXPECT_TRUE(left.flagged_before);
+  EXPECT_FALSE(left.held_through_drain);
+
+  Bbr3Params never_settles;
+  never_settles.competing_flag_settle_time = TimeDelta::Seconds(100);
+  const ThroughADrain young =
+      RunThroughADrain(never_settles, Bbr3::Mode::kProbeBwCruise, probe_rtt);
+  EXPECT_TRUE(young.flagged_before);
+  EXPECT_FALSE(young.held_through_drain);
 }
 
 // Whether the flow ever decided it was in someone else's standing queue (loss_tolerant) on a path
