@@ -316,7 +316,10 @@ void Bbr3::UpdateCompetingStandingQueue(bool queue_in_round, ByteCount lost, Byt
                                   : !queue_in_round && !own_doing;
   if (IsInProbeBwState() && !IsProbingBw() && queue_in_round &&
       lossy >= params_.standing_queue_lossy_rounds) {
-    if (!competing_standing_queue_) competing_since_ = now_;
+    if (!competing_standing_queue_) {
+      competing_since_ = now_;
+      queue_free_time_ = TimeDelta::Zero();
+    }
     competing_standing_queue_ = true;
     competing_queue_in_cycle_ = true;
   } else if (queue_gone || lossy == 0) {

@@ -78,11 +78,11 @@ struct Bbr3Params {
   // standing_queue_loss_tolerance): that competitor keeps the buffer full, so each flow's share
   // goes by what it keeps there. A BBRv1 flow keeps 2 x its own BDP in flight, one BDP of it
   // queued; on the fairness link (1 Gbit/s, 40 ms, 5 MB of buffer) a flow that keeps its BDP
-  // plus this allowance meets it near half of the link (5.4 MB took 0.7-0.8 of it in the
-  // simulator once the flag held; congestion/README.md).
+  // plus this allowance meets it near half of the link (once the flag held, 5.4 MB took up to
+  // 0.83 of it in the simulator, 3.6 MB 0.41-0.53; congestion/README.md).
   ByteCount competing_standing_queue_allowance_bytes = 3600 * 1000;
   // Once the flag above has held this long it rides out a queue-free gap shorter than
-  // competitor_gone_queue_free_time, and queue-free rounds do not age its loss history: a BBRv1
+  // competing_queue_gone_time, and queue-free rounds do not age its loss history: a BBRv1
   // competitor empties the queue in its ProbeRTT every 10 s, for 200 ms and a round trip, and
   // so does this flow's own ProbeRTT. A younger flag ends at the first queue-free round, since a
   // newcomer's Startup can raise a false one for a second or so (the simulator's fair-4).
@@ -308,8 +308,8 @@ class Bbr3 final : public Controller {
   TimeDelta this_round_min_rtt_ = TimeDelta::Infinite();
   TimeDelta last_round_min_rtt_ = TimeDelta::Infinite();
   // Bbr3Params::standing_queue_loss_tolerance: the flow is in someone else's standing queue,
-  // since competing_since_. queue_free_time_: how long the loss rounds outside the flow's probes
-  // and ProbeRTT have been queue-free since the last one with a queue.
+  // since competing_since_. queue_free_time_: how long the loss rounds outside the flow's probes,
+  // the DOWN after them and its ProbeRTT have been queue-free since the last one with a queue.
   bool competing_standing_queue_ = false;
   Timestamp competing_since_;
   TimeDelta queue_free_time_;
