@@ -246,8 +246,9 @@ void Bbr3::UpdateCongestionSignals() {
   round_min_rtt_ = std::min(round_min_rtt_, rs_.rtt);
   if (!loss_round_start_) return;
   const ByteCount round_total = round_acked_ + round_lost_;
-  const double loss_rate =
-      round_total == 0 ? 0.0 : static_cast<double>(round_lost_) / static_cast<double>(round_total);
+  const double loss_rate = round_total == 0 ? 0.0
+                                            : static_cast<double>(round_lost_) /
+                                                  static_cast<double>(round_total);
   const bool queue_in_round = !min_rtt_.IsInfinite() && !round_min_rtt_.IsInfinite() &&
                               round_min_rtt_ > min_rtt_ * params_.standing_queue_rtt_factor;
   // Only in CRUISE: in DOWN the queue is usually the one our own ProbeBW_UP just built.

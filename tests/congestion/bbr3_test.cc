@@ -231,13 +231,18 @@ ThroughADrain RunThroughADrain(Bbr3Params params, Bbr3::Mode drain_from, TimeDel
   return r;
 }
 
+// A flag that stays younger than competing_flag_settle_time for the whole run.
+Bbr3Params WithFlagThatNeverSettles() {
+  Bbr3Params params;
+  params.competing_flag_settle_time = TimeDelta::Seconds(100);
+  return params;
+}
+
 // A queue-free round of the flow's own ProbeRTT never ends the flag: a BBRv1 competitor often
 // drains in the same 200 ms.
 TEST(Bbr3Test, TheFlowsOwnProbeRttDoesNotEndTheLossBlindCompetitorFlag) {
-  Bbr3Params never_settles;
-  never_settles.competing_flag_settle_time = TimeDelta::Seconds(100);
-  const ThroughADrain r =
-      RunThroughADrain(never_settles, Bbr3::Mode::kProbeRtt, TimeDelta::Milliseconds(100));
+  const ThroughADrain r = RunThroughADrain(WithFlagThatNeverSettles(), Bbr3::Mode::kProbeRtt,
+                                           TimeDelta::Milliseconds(100));
   EXPECT_TRUE(r.flagged_before);
   EXPECT_TRUE(r.held_through_drain);
 }
@@ -259,10 +264,8 @@ TEST(Bbr3Test, ASettledLossBlindCompetitorFlagRidesOutItsProbeRtt) {
   EXPECT_TRUE(left.flagged_before);
   EXPECT_FALSE(left.held_through_drain);
 
-  Bbr3Params never_settles;
-  never_settles.competing_flag_settle_time = TimeDelta::Seconds(100);
   const ThroughADrain young =
-      RunThroughADrain(never_settles, Bbr3::Mode::kProbeBwCruise, probe_rtt);
+      RunThroughADrain(WithFlagThatNeverSettles(), Bbr3::Mode::kProbeBwCruise, probe_rtt);
   EXPECT_TRUE(young.flagged_before);
   EXPECT_FALSE(young.held_through_drain);
 }
