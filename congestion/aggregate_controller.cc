@@ -7,8 +7,16 @@
 
 namespace longhaul::congestion {
 
+// A flow's cwnd is at least this many datagrams, so that every flow makes progress.
+constexpr ByteCount kMinFlowCwndDatagrams = 2;
+
 struct AggregateController::Shared {
   Shared(const Bbr3Params& p, Random& random, Timestamp now) : params(p), core(p, random, now) {}
+  // The flows together keep at least kMinFlowCwndDatagrams each in flight, whatever the model's
+  // cwnd (Bbr3::SetSenderFloor).
+  void UpdateSenderFloor() {
+    core.SetSenderFloor(static_cast<ByteCount>(num_flows) * kMinFlowCwndDatagrams * params.mss);
+  }
   Bbr3Params params;
   Bbr3 core;
   uint64_t next_pn = 1;
@@ -30,6 +38,7 @@ class FlowView final : public Controller {
   explicit FlowView(std::shared_ptr<AggregateController::Shared> shared)
       : shared_(std::move(shared)) {
     ++shared_->num_flows;
+    shared_->UpdateSenderFloor();
   }
   ~FlowView() override {
     Shared& s = *shared_;
@@ -44,6 +53,7 @@ class FlowView final : public Controller {
       s.idle_inflight -= std::min(s.idle_inflight, inflight_);
     }
     --s.num_flows;
+    s.UpdateSenderFloor();
   }
 
   void OnPacketSent(Timestamp now, uint64_t packet_number, ByteCount bytes,
@@ -109,10 +119,14 @@ class FlowView final : public Controller {
   // going unused while the idle flow waits for its application.
   ByteCount cwnd() const override {
     const Shared& s = *shared_;
-    const ByteCount others_idle = s.idle_inflight - (app_limited_ ? std::min(s.idle_inflight, inflight_) : 0);
+    const ByteCount others_idle =
+        s.idle_inflight - (app_limited_ ? std::min(s.idle_inflight, inflight_) : 0);
     const ByteCount model = s.core.cwnd();
     const ByteCount available = model > others_idle ? model - others_idle : 0;
-    return std::max(available / static_cast<ByteCount>(SharingFlows()), 2 * s.params.mss);
+    // Whole datagrams: the transport sends one while any of cwnd is left, so a fraction would let
+    // every flow hold a datagram more, and the aggregate more than the model's cwnd.
+    const ByteCount datagrams = available / static_cast<ByteCount>(SharingFlows()) / s.params.mss;
+    return std::max(datagrams, kMinFlowCwndDatagrams) * s.params.mss;
   }
   Bandwidth pacing_rate() const override { return shared_->core.pacing_rate() / SharingFlows(); }
   ByteCount send_quantum() const override {

@@ -13,8 +13,10 @@
 // application writes, e.g. waiting for an end-to-end acknowledgement, would otherwise strand
 // 1/N of the pipe; and since the busy flows fill the whole cwnd, the model is rightly not
 // app-limited then.) An idle flow that asks is quoted the share it would get as a busy one.
-// Each flow's cwnd is at least 2 x MSS (so a flow can always make progress), so with many flows
-// and a tiny model cwnd the flows together may exceed the model's cwnd by a few packets.
+// A flow's cwnd is a whole number of MSS-size datagrams (the transport sends a datagram while any
+// of cwnd is left, so a fraction would let each flow hold one more), and at least 2 (so a flow can
+// always make progress). The model is told that N flows keep at least 2N datagrams in flight
+// (Bbr3::SetSenderFloor), so that ProbeRTT never waits for less.
 //
 // The model is app-limited only when every flow has reported OnAppLimited() since its last send.
 // A flow view may be destroyed at any time; its outstanding packets are then forgotten without a

@@ -706,7 +706,7 @@ ByteCount Bbr3::InflightWithHeadroom() const {
 ByteCount Bbr3::TargetInflight() const { return std::min(BdpMultiple(bw_, 1.0), cwnd_); }
 
 ByteCount Bbr3::ProbeRttCwnd() const {
-  return std::max(BdpMultiple(bw_, params_.probe_rtt_cwnd_gain), MinPipeCwnd());
+  return std::max({BdpMultiple(bw_, params_.probe_rtt_cwnd_gain), MinPipeCwnd(), sender_floor_});
 }
 
 std::unique_ptr<Controller> CreateBbr3(const Bbr3Params& params, Random& random, Timestamp now) {

@@ -145,6 +145,10 @@ class Bbr3 final : public Controller {
   void OnCwndLimited() { cwnd_limited_this_round_ = true; }
   // Drops a packet from the model without a congestion signal (its flow went away).
   void ForgetPacket(uint64_t packet_number, ByteCount bytes);
+  // The least the sender keeps in flight while it has data, whatever cwnd says (the flows of an
+  // AggregateController keep two datagrams each). ProbeRTT waits for inflight to come down to
+  // its cwnd, so that cwnd is never below this.
+  void SetSenderFloor(ByteCount bytes) { sender_floor_ = bytes; }
 
   ByteCount cwnd() const override { return cwnd_; }
   Bandwidth pacing_rate() const override { return pacing_rate_; }
@@ -244,6 +248,7 @@ class Bbr3 final : public Controller {
 
   const Bbr3Params params_;
   Random& random_;
+  ByteCount sender_floor_ = 0;  // SetSenderFloor.
   DeliveryRateSampler sampler_;
 
   // Per-event context.
