@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 
+#include "common/check.h"
 #include "congestion/bbr3_internal.h"
 
 namespace longhaul::congestion {
@@ -28,6 +29,10 @@ Bbr3::Bbr3(const Bbr3Params& params, Random& random, Timestamp now)
       // cycles (or rounds), the current one included, has window N - 1.
       max_bw_filter_(params.max_bw_filter_len - 1, Bandwidth::Zero(), 0),
       extra_acked_filter_(params.extra_acked_filter_len - 1, 0, 0) {
+  // foreign_lossy_rounds_ holds 32 rounds.
+  LONGHAUL_CHECK(params.standing_queue_foreign_window_rounds > 0 &&
+                 params.standing_queue_foreign_window_rounds < 32)
+      << "standing_queue_foreign_window_rounds must be within [1, 31]";
   // draft-ietf-ccwg-bbr-06, "Initialization" (BBROnInit).
   cwnd_ = InitialCwnd();
   min_rtt_stamp_ = now;
@@ -307,16 +312,25 @@ void Bbr3::UpdateCompetingStandingQueue(bool queue_in_round, ByteCount lost, Byt
   }
   const bool settled =
       competing_standing_queue_ && now_ - competing_since_ >= params_.competing_flag_settle_time;
+  const bool lossy_round =
+      queue_in_round && LostMoreThan(lost, total, params_.random_loss_tolerance);
   // Bbr3Params::competing_flag_settle_time: a settled flag keeps its lossy rounds through a gap.
   if (queue_in_round || !settled) {
-    const bool above_random_loss = LostMoreThan(lost, total, params_.random_loss_tolerance);
-    lossy_queued_rounds_ = (lossy_queued_rounds_ << 1) | (queue_in_round && above_random_loss);
+    lossy_queued_rounds_ = (lossy_queued_rounds_ << 1) | lossy_round;
+  }
+  if (!own_doing && mode_ != Mode::kProbeBwDown) {
+    foreign_lossy_rounds_ = (foreign_lossy_rounds_ << 1) | lossy_round;
   }
   const int lossy = std::popcount(lossy_queued_rounds_ & kLossyQueuedRoundsMask);
+  const uint32_t foreign_window_mask =
+      (uint32_t{1} << params_.standing_queue_foreign_window_rounds) - 1;
+  const bool foreign_loss_recurs = params_.standing_queue_foreign_lossy_rounds > 0 &&
+                                   std::popcount(foreign_lossy_rounds_ & foreign_window_mask) >=
+                                       params_.standing_queue_foreign_lossy_rounds;
   const bool queue_gone = settled ? queue_free_time_ >= params_.competing_queue_gone_time
                                   : !queue_in_round && !own_doing;
   if (IsInProbeBwState() && !IsProbingBw() && queue_in_round &&
-      lossy >= params_.standing_queue_lossy_rounds) {
+      (lossy >= params_.standing_queue_lossy_rounds || foreign_loss_recurs)) {
     if (!competing_standing_queue_) {
       competing_since_ = now_;
       queue_free_time_ = TimeDelta::Zero();

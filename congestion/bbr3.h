@@ -63,6 +63,14 @@ struct Bbr3Params {
   // The flag above needs this many of the last 8 loss rounds to lose more than
   // random_loss_tolerance in a standing queue: loss that goes on although the flow yields.
   int standing_queue_lossy_rounds = 4;
+  // ... or this many of the last standing_queue_foreign_window_rounds loss rounds outside the
+  // flow's own probes, the DOWN after them and its ProbeRTT (0 = off). BBRv1 overfills the buffer
+  // once per gain cycle (8 of its min_rtt), every fourth or fifth round of a flow that keeps a
+  // small allowance in its queue: 2 in 8, never the 4 above, so that flow stayed at about
+  // allowance / min_rtt (congestion/README.md). Loss that comes only with probes, the flow's own
+  // or (in fair-4) its peers' once every 2-3 s, stays under it.
+  int standing_queue_foreign_lossy_rounds = 6;
+  int standing_queue_foreign_window_rounds = 24;
   // While in such a queue, ProbeBW_DOWN lasts one round and ProbeBW_UP restarts this many rounds
   // after DOWN began, as BBRv1 probes (0 = the draft's 2-3 s cadence).
   int competing_probe_rounds = 8;
@@ -321,6 +329,9 @@ class Bbr3 final : public Controller {
   // Bit i: the loss round i rounds back lost data in a standing queue; the low 8 bits count.
   static constexpr uint32_t kLossyQueuedRoundsMask = 0xff;
   uint32_t lossy_queued_rounds_ = 0;
+  // The same for the loss rounds outside the flow's own probes, DOWN and ProbeRTT
+  // (Bbr3Params::standing_queue_foreign_lossy_rounds); the low window bits count.
+  uint32_t foreign_lossy_rounds_ = 0;
   Bandwidth last_round_delivery_rate_;
 
   // Full pipe.

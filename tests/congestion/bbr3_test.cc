@@ -295,6 +295,31 @@ TEST(Bbr3Test, RandomLossInAStandingQueueIsNotACompetitor) {
   EXPECT_TRUE(BecomesLossTolerantWithRandomLossInAQueue(any_loss_counts));
 }
 
+// Bbr3Params::standing_queue_foreign_lossy_rounds (a longhaul deviation): in a queue someone else
+// keeps standing, a loss burst every 160 ms, as BBRv1 overfills the buffer once per gain cycle,
+// is every fourth round of this 40 ms path: 2 lossy rounds in 8, under
+// standing_queue_lossy_rounds, but 6 in 24 rounds outside the flow's own probes.
+bool BecomesLossTolerantBesideAPeriodicOverfill(const Bbr3Params& params) {
+  FlowInProbeBw flow(params);
+  Bbr3& bbr = flow.bbr;
+  testing::MiniPath& path = flow.path;
+  path.set_extra_delay(kRtt);
+  // The first 2 ms of every 160 ms: about 17 packets, 10 % of a round.
+  path.set_drop(
+      [&path](uint64_t) { return (path.now() - kT0).ToNanoseconds() % 160000000 < 2000000; });
+  bool loss_tolerant = false;
+  path.RunUntil(kT0 + TimeDelta::Seconds(9),
+                [&] { loss_tolerant = loss_tolerant || bbr.DebugState().loss_tolerant; });
+  return loss_tolerant;
+}
+
+TEST(Bbr3Test, LossThatRecursEveryFewRoundsOutsideItsProbesIsALossBlindCompetitor) {
+  EXPECT_TRUE(BecomesLossTolerantBesideAPeriodicOverfill(Bbr3Params()));
+  Bbr3Params eight_rounds_only;
+  eight_rounds_only.standing_queue_foreign_lossy_rounds = 0;
+  EXPECT_FALSE(BecomesLossTolerantBesideAPeriodicOverfill(eight_rounds_only));
+}
+
 // Bbr3Params::loss_based_competitor_cubic_c (a longhaul deviation): in a queue someone else
 // keeps standing, a loss episode once a second (a loss-based flow filling the buffer, as CUBIC
 // does) makes the flow wait CUBIC's epoch between probes: K = cbrt(167 x 0.3 / 0.4) = 5.0 s for
