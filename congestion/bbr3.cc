@@ -304,9 +304,11 @@ void Bbr3::UpdateCompetingStandingQueue(bool queue_in_round, ByteCount lost, Byt
   if (params_.standing_queue_loss_tolerance <= 0) return;
   // The rounds of the flow's own probes, of the DOWN that drains them, and of its ProbeRTT say
   // nothing about the competitor's queue (a BBRv1 competitor often drains in the same 200 ms as
-  // this flow's ProbeRTT): they neither add to nor end a run of queue-free rounds.
+  // this flow's ProbeRTT): they neither add to nor end a run of queue-free rounds, nor count
+  // towards standing_queue_foreign_lossy_rounds.
   const bool own_doing = IsProbingBw() || mode_ == Mode::kProbeRtt;
-  if (!own_doing && mode_ != Mode::kProbeBwDown) {
+  const bool competitors_round = !own_doing && mode_ != Mode::kProbeBwDown;
+  if (competitors_round) {
     queue_free_time_ =
         queue_in_round ? TimeDelta::Zero() : queue_free_time_ + (now_ - loss_round_start_time_);
   }
@@ -318,9 +320,7 @@ void Bbr3::UpdateCompetingStandingQueue(bool queue_in_round, ByteCount lost, Byt
   if (queue_in_round || !settled) {
     lossy_queued_rounds_ = (lossy_queued_rounds_ << 1) | lossy_round;
   }
-  if (!own_doing && mode_ != Mode::kProbeBwDown) {
-    foreign_lossy_rounds_ = (foreign_lossy_rounds_ << 1) | lossy_round;
-  }
+  if (competitors_round) foreign_lossy_rounds_ = (foreign_lossy_rounds_ << 1) | lossy_round;
   const int lossy = std::popcount(lossy_queued_rounds_ & kLossyQueuedRoundsMask);
   const uint32_t foreign_window_mask =
       (uint32_t{1} << params_.standing_queue_foreign_window_rounds) - 1;
