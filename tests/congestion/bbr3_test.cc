@@ -1,5 +1,6 @@
 #include "congestion/bbr3.h"
 
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -270,19 +271,25 @@ TEST(Bbr3Test, ASettledLossBlindCompetitorFlagRidesOutItsProbeRtt) {
   EXPECT_FALSE(young.held_through_drain);
 }
 
-// Whether the flow ever decided it was in someone else's standing queue (loss_tolerant) on a path
-// whose RTT doubled (a standing queue) and which drops one packet in 100: random loss, below
-// Bbr3Params::random_loss_tolerance.
-bool BecomesLossTolerantWithRandomLossInAQueue(const Bbr3Params& params) {
+// Whether the flow ever decided it was in someone else's standing queue (loss_tolerant) in 9 s on
+// a path whose RTT doubled (a standing queue) and which drops the packets `drop` picks, given the
+// packet number and the time since the start.
+bool BecomesLossTolerantInAQueue(const Bbr3Params& params,
+                                 std::function<bool(uint64_t pn, TimeDelta since_start)> drop) {
   FlowInProbeBw flow(params);
   Bbr3& bbr = flow.bbr;
   testing::MiniPath& path = flow.path;
   path.set_extra_delay(kRtt);
-  path.set_drop([](uint64_t pn) { return pn % 100 == 0; });
+  path.set_drop([&path, &drop](uint64_t pn) { return drop(pn, path.now() - kT0); });
   bool loss_tolerant = false;
   path.RunUntil(kT0 + TimeDelta::Seconds(9),
                 [&] { loss_tolerant = loss_tolerant || bbr.DebugState().loss_tolerant; });
   return loss_tolerant;
+}
+
+// One packet in 100: random loss, below Bbr3Params::random_loss_tolerance.
+bool BecomesLossTolerantWithRandomLossInAQueue(const Bbr3Params& params) {
+  return BecomesLossTolerantInAQueue(params, [](uint64_t pn, TimeDelta) { return pn % 100 == 0; });
 }
 
 // Only loss above random loss marks a round as lossy for the standing-queue flag: alone on the
@@ -300,17 +307,10 @@ TEST(Bbr3Test, RandomLossInAStandingQueueIsNotACompetitor) {
 // is every fourth round of this 40 ms path: 2 lossy rounds in 8, under
 // standing_queue_lossy_rounds, but 6 in 24 rounds outside the flow's own probes.
 bool BecomesLossTolerantBesideAPeriodicOverfill(const Bbr3Params& params) {
-  FlowInProbeBw flow(params);
-  Bbr3& bbr = flow.bbr;
-  testing::MiniPath& path = flow.path;
-  path.set_extra_delay(kRtt);
   // The first 2 ms of every 160 ms: about 17 packets, 10 % of a round.
-  path.set_drop(
-      [&path](uint64_t) { return (path.now() - kT0).ToNanoseconds() % 160000000 < 2000000; });
-  bool loss_tolerant = false;
-  path.RunUntil(kT0 + TimeDelta::Seconds(9),
-                [&] { loss_tolerant = loss_tolerant || bbr.DebugState().loss_tolerant; });
-  return loss_tolerant;
+  return BecomesLossTolerantInAQueue(params, [](uint64_t, TimeDelta since_start) {
+    return since_start.ToNanoseconds() % 160000000 < 2000000;
+  });
 }
 
 TEST(Bbr3Test, LossThatRecursEveryFewRoundsOutsideItsProbesIsALossBlindCompetitor) {
