@@ -194,6 +194,7 @@ void Bbr3::UpdateRound() {
                                                round_time)
             : Bandwidth::Zero();
     last_round_min_rtt_ = this_round_min_rtt_;
+    if (IsCruisingInShallowStandingQueue()) ++shallow_queue_rounds_in_cycle_;
     this_round_min_rtt_ = TimeDelta::Infinite();
     this_round_start_time_ = now_;
     this_round_start_delivered_ = sampler_.delivered();
@@ -444,6 +445,14 @@ bool Bbr3::IsCruisingInStandingQueue() const {
   const TimeDelta margin = std::min(min_rtt_ * (params_.standing_queue_rtt_factor - 1.0),
                                     max_bw_.TransferTime(StandingQueueAllowance()));
   return last_round_min_rtt_ > min_rtt_ + margin;
+}
+
+// Bbr3Params::loss_based_competitor_shallow_queue_rounds: cruising in a standing queue no deeper
+// than shallow_queue_rtt_fraction x min_rtt, and not beside a loss-blind competitor.
+bool Bbr3::IsCruisingInShallowStandingQueue() const {
+  return params_.loss_based_competitor_shallow_queue_rounds > 0 && !competing_standing_queue_ &&
+         IsCruisingInStandingQueue() &&
+         last_round_min_rtt_ <= min_rtt_ * (1.0 + params_.shallow_queue_rtt_fraction);
 }
 
 // Bbr3Params::standing_queue_allowance_bytes, or competing_standing_queue_allowance_bytes in a

@@ -181,7 +181,8 @@ bool Bbr3::FollowsCompetitorCadence() const {
 // ProbeRTT comes every 5 s, sooner than K.
 bool Bbr3::IsLossBasedCompetitorWaitOver() const {
   const TimeDelta random_part = bw_probe_wait_ - params_.probe_bw_wait_base;
-  return HasElapsedInPhase(bw_probe_wait_) && now_ > last_probe_start_ + CubicEpoch() + random_part;
+  const TimeDelta epochs = waits_two_cubic_epochs_ ? CubicEpoch() * 2 : CubicEpoch();
+  return HasElapsedInPhase(bw_probe_wait_) && now_ > last_probe_start_ + epochs + random_part;
 }
 
 // RFC 9438's K = cbrt(W_max x (1 - beta_cubic) / C) for a window of one BDP at max_bw.
@@ -251,9 +252,16 @@ void Bbr3::StartProbeBwCruise() {
 void Bbr3::StartProbeBwRefill() {
   // A longhaul deviation (Bbr3Params::loss_based_competitor_cubic_c): the cycle that ends here
   // decides the next one's wait. A cycle that met the loss-blind competitor keeps the draft's.
+  // Bbr3Params::loss_based_competitor_shallow_queue_rounds: or a smaller CUBIC flow's shallow
+  // queue, which asks for two epochs.
+  const bool smaller_competitor =
+      params_.loss_based_competitor_shallow_queue_rounds > 0 &&
+      shallow_queue_rounds_in_cycle_ >= params_.loss_based_competitor_shallow_queue_rounds;
   waits_for_loss_based_competitor_ = params_.loss_based_competitor_cubic_c > 0 &&
-                                     loss_outside_probe_in_cycle_ && !competing_queue_in_cycle_ &&
-                                     !competing_standing_queue_;
+                                     (loss_outside_probe_in_cycle_ || smaller_competitor) &&
+                                     !competing_queue_in_cycle_ && !competing_standing_queue_;
+  waits_two_cubic_epochs_ = waits_for_loss_based_competitor_ && smaller_competitor;
+  shallow_queue_rounds_in_cycle_ = 0;
   loss_outside_probe_in_cycle_ = false;
   competing_queue_in_cycle_ = false;
   last_probe_start_ = now_;

@@ -374,6 +374,36 @@ TEST(Bbr3Test, WaitsCubicsEpochBetweenProbesBesideALossBasedFlow) {
   EXPECT_LT(LongestGap(draft.probe_starts), TimeDelta::Seconds(4));
 }
 
+// Bbr3Params::loss_based_competitor_shallow_queue_rounds (a longhaul deviation): without any loss,
+// a queue someone else keeps standing just past the standing-queue margin (5 ms of this 20 ms
+// path) and under shallow_queue_rtt_fraction (7.5 ms) is a smaller CUBIC flow's: after the first
+// probe the flow waits two CUBIC epochs (2 x 5.0 s), so no second probe comes before the run ends
+// at 10.5 s. A deeper queue (10 ms), or the rule off, keeps the draft's 2-3 s cadence.
+std::vector<Timestamp> ProbeStartsInAQueue(const Bbr3Params& params, TimeDelta queue) {
+  FlowInProbeBw flow(params);
+  Bbr3& bbr = flow.bbr;
+  testing::MiniPath& path = flow.path;
+  path.set_extra_delay(queue);
+  std::vector<Timestamp> starts;
+  Bbr3::Mode last_mode = bbr.mode();
+  path.RunUntil(kT0 + TimeDelta::Milliseconds(10500), [&] {
+    if (bbr.mode() == Bbr3::Mode::kProbeBwRefill && last_mode != Bbr3::Mode::kProbeBwRefill) {
+      starts.push_back(path.now());
+    }
+    last_mode = bbr.mode();
+  });
+  return starts;
+}
+
+TEST(Bbr3Test, WaitsTwoCubicEpochsInAShallowQueueWithoutLoss) {
+  const TimeDelta shallow = TimeDelta::Microseconds(5500);
+  EXPECT_EQ(ProbeStartsInAQueue(Bbr3Params(), shallow).size(), 1u);
+  EXPECT_GE(ProbeStartsInAQueue(Bbr3Params(), TimeDelta::Milliseconds(10)).size(), 3u);
+  Bbr3Params rule_off;
+  rule_off.loss_based_competitor_shallow_queue_rounds = 0;
+  EXPECT_GE(ProbeStartsInAQueue(rule_off, shallow).size(), 3u);
+}
+
 // Bbr3Params::max_bw_grows_only_when_probing (a longhaul deviation): a sender that overshoots its
 // pacing rate by 10 % on a path that just doubled delivers samples above max_bw between probes.
 // With the option max_bw rises only in Startup, ProbeBW_REFILL and ProbeBW_UP; without it (the
