@@ -194,7 +194,7 @@ void Bbr3::UpdateRound() {
                                                round_time)
             : Bandwidth::Zero();
     last_round_min_rtt_ = this_round_min_rtt_;
-    if (IsCruisingInShallowStandingQueue()) ++shallow_queue_rounds_in_cycle_;
+    CountStandingQueueRound();
     this_round_min_rtt_ = TimeDelta::Infinite();
     this_round_start_time_ = now_;
     this_round_start_delivered_ = sampler_.delivered();
@@ -447,12 +447,19 @@ bool Bbr3::IsCruisingInStandingQueue() const {
   return last_round_min_rtt_ > min_rtt_ + margin;
 }
 
-// Bbr3Params::loss_based_competitor_shallow_queue_rounds: cruising in a standing queue no deeper
-// than shallow_queue_rtt_fraction x min_rtt, and not beside a loss-blind competitor.
-bool Bbr3::IsCruisingInShallowStandingQueue() const {
-  return params_.loss_based_competitor_shallow_queue_rounds > 0 && !competing_standing_queue_ &&
-         IsCruisingInStandingQueue() &&
-         last_round_min_rtt_ <= min_rtt_ * (1.0 + params_.shallow_queue_rtt_fraction);
+// Bbr3Params::loss_based_competitor_shallow_queue_rounds: counts the round that just ended if the
+// flow cruised in a standing queue, not beside a loss-blind competitor, as shallow (no deeper
+// than shallow_queue_rtt_fraction x min_rtt) or deep.
+void Bbr3::CountStandingQueueRound() {
+  if (params_.loss_based_competitor_shallow_queue_rounds <= 0 || competing_standing_queue_ ||
+      !IsCruisingInStandingQueue()) {
+    return;
+  }
+  if (last_round_min_rtt_ <= min_rtt_ * (1.0 + params_.shallow_queue_rtt_fraction)) {
+    ++shallow_queue_rounds_in_cycle_;
+  } else {
+    ++deep_queue_rounds_in_cycle_;
+  }
 }
 
 // Bbr3Params::standing_queue_allowance_bytes, or competing_standing_queue_allowance_bytes in a

@@ -102,14 +102,13 @@ struct Bbr3Params {
   // (RFC 9438; W = the BDP in MSS-size packets, C = this constant) after the last one began, so
   // the CUBIC flow regrows its window between probes instead of losing it to each one.
   double loss_based_competitor_cubic_c = 0.4;
-  // DEVIATION (0 = off): a cycle that cruised this many rounds in a shallow standing queue (above
-  // the standing-queue margin, at most shallow_queue_rtt_fraction x min_rtt over min_rtt) without
-  // the loss-blind-competitor flag also waits, and twice CUBIC's epoch. A CUBIC flow smaller than
-  // this one keeps only a shallow queue, sees none of this flow's loss, and loses 30 % of its
-  // window to each of this flow's probes: it takes K to regain that window and K more to grow the
-  // 30 % back (RFC 9438's W(t) = C (t - K)^3 + W_max), so it keeps a window only between probes at
-  // least 2 K apart. Against a CUBIC flow that won the start, the queue is deep and this rule does
-  // not apply: the draft's cadence wins back the share (congestion/README.md).
+  // DEVIATION (0 = off): a cycle that cruised this many rounds in a shallow standing queue, and
+  // more of them than in a deeper one, also waits, and for two CUBIC epochs (shallow: past the
+  // standing-queue margin, at most shallow_queue_rtt_fraction x min_rtt over min_rtt; never
+  // beside the loss-blind competitor). That queue is a CUBIC flow smaller than this one: it sees
+  // none of this flow's loss, and each probe cuts its window by 30 %, which CUBIC regains after K
+  // and grows back past only after 2 K (RFC 9438's W(t) = C (t - K)^3 + W_max). A CUBIC flow that
+  // won the start keeps the queue deep, and there the wait above applies (congestion/README.md).
   int loss_based_competitor_shallow_queue_rounds = 2;
   double shallow_queue_rtt_fraction = 0.375;
   // DEVIATION (false = draft): outside Startup, ProbeBW_REFILL and ProbeBW_UP the flow sends at
@@ -228,7 +227,7 @@ class Bbr3 final : public Controller {
   void AdvanceLatestDeliverySignals();
   void BoundBwForModel();
   bool IsCruisingInStandingQueue() const;
-  bool IsCruisingInShallowStandingQueue() const;
+  void CountStandingQueueRound();
   ByteCount StandingQueueAllowance() const;
 
   // Control parameters (draft: BBRUpdateControlParameters).
@@ -320,8 +319,9 @@ class Bbr3 final : public Controller {
   bool competing_queue_in_cycle_ = false;
   bool waits_for_loss_based_competitor_ = false;
   // Bbr3Params::loss_based_competitor_shallow_queue_rounds: the CRUISE rounds of this cycle in a
-  // shallow standing queue, and whether the current wait is the two-epoch one they start.
+  // shallow and in a deeper standing queue, and whether the current wait is the two-epoch one.
   int shallow_queue_rounds_in_cycle_ = 0;
+  int deep_queue_rounds_in_cycle_ = 0;
   bool waits_two_cubic_epochs_ = false;
   Timestamp last_probe_start_;
 

@@ -253,15 +253,18 @@ void Bbr3::StartProbeBwRefill() {
   // A longhaul deviation (Bbr3Params::loss_based_competitor_cubic_c): the cycle that ends here
   // decides the next one's wait. A cycle that met the loss-blind competitor keeps the draft's.
   // Bbr3Params::loss_based_competitor_shallow_queue_rounds: or a smaller CUBIC flow's shallow
-  // queue, which asks for two epochs.
+  // queue, which asks for two epochs. A CUBIC flow that won the start keeps the queue deep, and
+  // shallow only for a while after each of its losses.
   const bool smaller_competitor =
       params_.loss_based_competitor_shallow_queue_rounds > 0 &&
-      shallow_queue_rounds_in_cycle_ >= params_.loss_based_competitor_shallow_queue_rounds;
+      shallow_queue_rounds_in_cycle_ >= params_.loss_based_competitor_shallow_queue_rounds &&
+      shallow_queue_rounds_in_cycle_ > deep_queue_rounds_in_cycle_;
   waits_for_loss_based_competitor_ = params_.loss_based_competitor_cubic_c > 0 &&
                                      (loss_outside_probe_in_cycle_ || smaller_competitor) &&
                                      !competing_queue_in_cycle_ && !competing_standing_queue_;
   waits_two_cubic_epochs_ = waits_for_loss_based_competitor_ && smaller_competitor;
   shallow_queue_rounds_in_cycle_ = 0;
+  deep_queue_rounds_in_cycle_ = 0;
   loss_outside_probe_in_cycle_ = false;
   competing_queue_in_cycle_ = false;
   last_probe_start_ = now_;

@@ -378,15 +378,19 @@ TEST(Bbr3Test, WaitsCubicsEpochBetweenProbesBesideALossBasedFlow) {
 // a queue someone else keeps standing just past the standing-queue margin (5 ms of this 20 ms
 // path) and under shallow_queue_rtt_fraction (7.5 ms) is a smaller CUBIC flow's: after the first
 // probe the flow waits two CUBIC epochs (2 x 5.0 s), so no second probe comes before the run ends
-// at 10.5 s. A deeper queue (10 ms), or the rule off, keeps the draft's 2-3 s cadence.
-std::vector<Timestamp> ProbeStartsInAQueue(const Bbr3Params& params, TimeDelta queue) {
+// at 10.5 s. A deeper queue (10 ms), one that is shallow only 300 ms of every second (a larger
+// CUBIC flow after its losses), or the rule off, keeps the draft's 2-3 s cadence.
+// `queue_at(since_start)`: the queue the packets sent then meet.
+std::vector<Timestamp> ProbeStartsInAQueue(const Bbr3Params& params,
+                                           const std::function<TimeDelta(TimeDelta)>& queue_at) {
   FlowInProbeBw flow(params);
   Bbr3& bbr = flow.bbr;
   testing::MiniPath& path = flow.path;
-  path.set_extra_delay(queue);
+  path.set_extra_delay(queue_at(path.now() - kT0));
   std::vector<Timestamp> starts;
   Bbr3::Mode last_mode = bbr.mode();
   path.RunUntil(kT0 + TimeDelta::Milliseconds(10500), [&] {
+    path.set_extra_delay(queue_at(path.now() - kT0));
     if (bbr.mode() == Bbr3::Mode::kProbeBwRefill && last_mode != Bbr3::Mode::kProbeBwRefill) {
       starts.push_back(path.now());
     }
@@ -396,9 +400,15 @@ std::vector<Timestamp> ProbeStartsInAQueue(const Bbr3Params& params, TimeDelta q
 }
 
 TEST(Bbr3Test, WaitsTwoCubicEpochsInAShallowQueueWithoutLoss) {
-  const TimeDelta shallow = TimeDelta::Microseconds(5500);
+  const auto shallow = [](TimeDelta) { return TimeDelta::Microseconds(5500); };
+  const auto deep = [](TimeDelta) { return TimeDelta::Milliseconds(10); };
+  const auto mostly_deep = [](TimeDelta since_start) {
+    return since_start.ToNanoseconds() % 1000000000 < 300000000 ? TimeDelta::Microseconds(5500)
+                                                                : TimeDelta::Milliseconds(10);
+  };
   EXPECT_EQ(ProbeStartsInAQueue(Bbr3Params(), shallow).size(), 1u);
-  EXPECT_GE(ProbeStartsInAQueue(Bbr3Params(), TimeDelta::Milliseconds(10)).size(), 3u);
+  EXPECT_GE(ProbeStartsInAQueue(Bbr3Params(), deep).size(), 3u);
+  EXPECT_GE(ProbeStartsInAQueue(Bbr3Params(), mostly_deep).size(), 3u);
   Bbr3Params rule_off;
   rule_off.loss_based_competitor_shallow_queue_rounds = 0;
   EXPECT_GE(ProbeStartsInAQueue(rule_off, shallow).size(), 3u);

@@ -66,7 +66,10 @@ class MiniPath {
           continue;
         }
         link_free_ = std::max(link_free_, now_) + rate_.TransferTime(kDefaultMss);
-        acks_.push_back(Ack{link_free_ + rtt_ + extra_delay_, pn, now_});
+        // In order even when extra_delay shrinks: a queue that drains does not reorder.
+        const Timestamp ack_at = std::max(link_free_ + rtt_ + extra_delay_,
+                                          acks_.empty() ? Timestamp::Zero() : acks_.back().at);
+        acks_.push_back(Ack{ack_at, pn, now_});
       }
     }
   }
