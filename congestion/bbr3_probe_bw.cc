@@ -255,8 +255,8 @@ void Bbr3::StartProbeBwRefill() {
   // Bbr3Params::loss_based_competitor_shallow_queue_rounds: or a smaller CUBIC flow's shallow
   // queue, which asks for two epochs. A CUBIC flow that won the start keeps the queue deep, and
   // shallow only for a while after each of its losses.
+  // CountStandingQueueRound counts nothing with the rule off, so the majority is never met.
   const bool smaller_competitor =
-      params_.loss_based_competitor_shallow_queue_rounds > 0 &&
       shallow_queue_rounds_in_cycle_ >= params_.loss_based_competitor_shallow_queue_rounds &&
       shallow_queue_rounds_in_cycle_ > deep_queue_rounds_in_cycle_;
   waits_for_loss_based_competitor_ = params_.loss_based_competitor_cubic_c > 0 &&

@@ -331,18 +331,21 @@ struct BesideALossBasedFlow {
   bool loss_tolerant = false;
 };
 
-BesideALossBasedFlow RunBesideALossBasedFlow(const Bbr3Params& params) {
+// A flow in ProbeBW for 10.5 s, before min_rtt (10 s) expires and takes the extra delay in, on a
+// path whose queue is `queue_at(since_start)` for the packets sent then and which drops the
+// packets `drop` picks (none if empty).
+BesideALossBasedFlow RunInAQueue(const Bbr3Params& params,
+                                 const std::function<TimeDelta(TimeDelta)>& queue_at,
+                                 std::function<bool(TimeDelta since_start)> drop) {
   FlowInProbeBw flow(params);
   Bbr3& bbr = flow.bbr;
   testing::MiniPath& path = flow.path;
-  path.set_extra_delay(kRtt / 2);
-  // The first 2 ms of every second: about 17 packets, 10 % of a round.
-  path.set_drop(
-      [&path](uint64_t) { return (path.now() - kT0).ToNanoseconds() % 1000000000 < 2000000; });
+  path.set_extra_delay(queue_at(path.now() - kT0));
+  if (drop) path.set_drop([&path, &drop](uint64_t) { return drop(path.now() - kT0); });
   BesideALossBasedFlow r;
   Bbr3::Mode last_mode = bbr.mode();
-  // Before min_rtt (10 s) expires and takes the extra delay in.
   path.RunUntil(kT0 + TimeDelta::Milliseconds(10500), [&] {
+    path.set_extra_delay(queue_at(path.now() - kT0));
     if (bbr.mode() == Bbr3::Mode::kProbeBwRefill && last_mode != Bbr3::Mode::kProbeBwRefill) {
       r.probe_starts.push_back(path.now());
     }
@@ -350,6 +353,13 @@ BesideALossBasedFlow RunBesideALossBasedFlow(const Bbr3Params& params) {
     last_mode = bbr.mode();
   });
   return r;
+}
+
+BesideALossBasedFlow RunBesideALossBasedFlow(const Bbr3Params& params) {
+  // The first 2 ms of every second: about 17 packets, 10 % of a round.
+  return RunInAQueue(
+      params, [](TimeDelta) { return kRtt / 2; },
+      [](TimeDelta since_start) { return since_start.ToNanoseconds() % 1000000000 < 2000000; });
 }
 
 TimeDelta LongestGap(const std::vector<Timestamp>& starts) {
@@ -380,23 +390,9 @@ TEST(Bbr3Test, WaitsCubicsEpochBetweenProbesBesideALossBasedFlow) {
 // probe the flow waits two CUBIC epochs (2 x 5.0 s), so no second probe comes before the run ends
 // at 10.5 s. A deeper queue (10 ms), one that is shallow only 300 ms of every second (a larger
 // CUBIC flow after its losses), or the rule off, keeps the draft's 2-3 s cadence.
-// `queue_at(since_start)`: the queue the packets sent then meet.
 std::vector<Timestamp> ProbeStartsInAQueue(const Bbr3Params& params,
                                            const std::function<TimeDelta(TimeDelta)>& queue_at) {
-  FlowInProbeBw flow(params);
-  Bbr3& bbr = flow.bbr;
-  testing::MiniPath& path = flow.path;
-  path.set_extra_delay(queue_at(path.now() - kT0));
-  std::vector<Timestamp> starts;
-  Bbr3::Mode last_mode = bbr.mode();
-  path.RunUntil(kT0 + TimeDelta::Milliseconds(10500), [&] {
-    path.set_extra_delay(queue_at(path.now() - kT0));
-    if (bbr.mode() == Bbr3::Mode::kProbeBwRefill && last_mode != Bbr3::Mode::kProbeBwRefill) {
-      starts.push_back(path.now());
-    }
-    last_mode = bbr.mode();
-  });
-  return starts;
+  return RunInAQueue(params, queue_at, nullptr).probe_starts;
 }
 
 TEST(Bbr3Test, WaitsTwoCubicEpochsInAShallowQueueWithoutLoss) {
