@@ -336,7 +336,7 @@ struct BesideALossBasedFlow {
 // packets `drop` picks (none if empty).
 BesideALossBasedFlow RunInAQueue(const Bbr3Params& params,
                                  const std::function<TimeDelta(TimeDelta)>& queue_at,
-                                 std::function<bool(TimeDelta since_start)> drop) {
+                                 const std::function<bool(TimeDelta since_start)>& drop) {
   FlowInProbeBw flow(params);
   Bbr3& bbr = flow.bbr;
   testing::MiniPath& path = flow.path;
