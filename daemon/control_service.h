@@ -6,8 +6,8 @@
 
 #include "daemon/config.h"
 #include "daemon/peer/rate_limiter.h"
-#include "daemon/source_access.h"
-#include "daemon/transfer_manager.h"
+#include "daemon/transfer/source_access.h"
+#include "daemon/transfer/transfer_manager.h"
 #include "longhaul/v1/control.grpc.pb.h"
 
 namespace longhaul::daemon {

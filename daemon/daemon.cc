@@ -14,7 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/fmt_absl.h"
 #include "daemon/peer/messaging.h"
-#include "daemon/session_options.h"
+#include "daemon/transfer/session_options.h"
 #include "spdlog/spdlog.h"
 
 namespace longhaul::daemon {
@@ -222,7 +222,7 @@ void Daemon::StartReceiverAndRouter() {
                       peer::PriorityGate::LowerThreadPriority(v1::CHECKPOINT);
                       receiver_->Serve(std::move(channel), hello);
                     });
-  // Pull and third-party copy: this site as the source (daemon/remote_copy.h).
+  // Pull and third-party copy: this site as the source (daemon/transfer/remote_copy.h).
   router_->Register(v1::Hello::REMOTE,
                     [this](std::unique_ptr<transport::Channel> channel, const v1::Hello&) {
                       manager_->ServeRemote(*channel);

@@ -19,7 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/source_access.h"
+#include "daemon/transfer/source_access.h"
 
 namespace longhaul::daemon {
 

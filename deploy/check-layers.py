@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Checks longhaul's layering rules, by include and by symbol.
+"""Checks longhaul's layering rules, by include and by symbol, and its size rule.
 
 Every source file belongs to one layer (LAYERS, first match wins). A layer
 may include only its own headers and those of the layers it lists as below
@@ -11,6 +11,11 @@ headers are allowed everywhere except where a layer narrows them
   check-layers.py --archives BUILD_DIR   also: every longhaul symbol a layer's
                                          static library leaves undefined is
                                          defined in that library or below it
+
+Size rule: no .cc file under daemon/, storage/, client/ or congestion/ has
+more than MAX_LINES lines. A file that grows past it is split by
+responsibility (a class's session in one file, its source reading in another),
+never by line count alone.
 
 A static library can leave an upward call undefined and still link into an
 executable that links the upper layer too, so the link itself proves
@@ -33,17 +38,23 @@ LAYERS = [
     ("storage", ["storage/*"], ["common"]),
     ("client", ["client/*"], ["common"]),
     ("metrics", ["daemon/metrics/exposition.*", "daemon/metrics/http_server.*"], ["common"]),
-    ("wire", ["daemon/wire/*"], ["common", "storage"]),
+    # Frames know nothing of files: no storage below the wire.
+    ("wire", ["daemon/wire/*"], ["common"]),
     ("unix_listener", ["daemon/unix_listener.*"], ["common"]),
+    ("config", ["daemon/config.*"], ["common"]),
     ("transport", ["daemon/transport/*"], ["common", "congestion", "wire"]),
     ("qos", ["daemon/peer/priority_gate.*", "daemon/peer/rate_limiter.*"],
      ["common", "congestion", "wire", "transport"]),
     ("peer", ["daemon/peer/*"], ["common", "congestion", "storage", "wire", "transport", "qos"]),
     ("exchange", ["daemon/exchange/*"],
      ["common", "congestion", "storage", "wire", "transport", "qos", "peer", "unix_listener"]),
+    # The source side: everything that runs a transfer from this site.
+    ("transfer", ["daemon/transfer/*"],
+     ["common", "congestion", "storage", "config", "wire", "transport", "qos", "peer"]),
+    # The wiring: the daemon object, its control planes and metrics.
     ("daemon", ["daemon/*"],
-     ["common", "congestion", "storage", "metrics", "wire", "unix_listener", "transport", "qos",
-      "peer", "exchange"]),
+     ["common", "congestion", "storage", "metrics", "wire", "unix_listener", "config", "transport",
+      "qos", "peer", "exchange", "transfer"]),
 ]
 
 # The static library of each layer, relative to the build directory.
@@ -54,15 +65,21 @@ ARCHIVES = {
     "metrics": "daemon/metrics/liblonghaul_metrics.a",
     "wire": "daemon/liblonghaul_wire.a",
     "unix_listener": "daemon/liblonghaul_unix_listener.a",
+    "config": "daemon/liblonghaul_config.a",
     "transport": "daemon/liblonghaul_transport.a",
     "qos": "daemon/liblonghaul_qos.a",
     "peer": "daemon/liblonghaul_peer.a",
     "exchange": "daemon/liblonghaul_exchange.a",
+    "transfer": "daemon/liblonghaul_transfer.a",
     "daemon": "daemon/liblonghaul_daemon.a",
 }
 
 # Third-party headers a layer may include; None: any.
 THIRD_PARTY = {"congestion": ["absl/"]}
+
+# The size rule: the folders it covers and the most lines a .cc may have.
+SIZE_CHECKED_DIRS = ("daemon", "storage", "client", "congestion")
+MAX_LINES = 900
 
 PROJECT_DIRS = ("common/", "congestion/", "storage/", "daemon/", "client/", "proto/", "tests/")
 SOURCE_SUFFIXES = (".h", ".cc")
@@ -127,6 +144,23 @@ def check_includes(root):
     return problems
 
 
+def check_sizes(root):
+    problems = []
+    for top in SIZE_CHECKED_DIRS:
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for f in sorted(files):
+                if not f.endswith(".cc"):
+                    continue
+                path = os.path.join(dirpath, f)
+                with open(path, encoding="utf-8", errors="replace") as src:
+                    lines = sum(1 for _ in src)
+                if lines > MAX_LINES:
+                    problems.append(
+                        f"{os.path.relpath(path, root)}: {lines} lines, over the limit of "
+                        f"{MAX_LINES}; split it by responsibility")
+    return problems
+
+
 def symbols(archive, *flags):
     out = subprocess.run(["nm", "-g", "--format=posix", *flags, archive], check=True,
                          capture_output=True, text=True).stdout
@@ -172,15 +206,16 @@ def main():
     parser.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parser.add_argument("--archives", metavar="BUILD_DIR")
     args = parser.parse_args()
-    problems = check_includes(args.root)
+    problems = check_includes(args.root) + check_sizes(args.root)
     if args.archives:
         problems += check_archives(args.archives)
     for p in problems:
         print(p, file=sys.stderr)
     if problems:
-        print(f"check-layers: {len(problems)} upward dependencies", file=sys.stderr)
+        print(f"check-layers: {len(problems)} problems", file=sys.stderr)
         return 1
-    print("check-layers: every layer uses only the layers below it")
+    print(f"check-layers: every layer uses only the layers below it, "
+          f"and no .cc has more than {MAX_LINES} lines")
     return 0
 
 

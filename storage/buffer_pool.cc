@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/chunk_memory.h"
 #include "storage/chunk_io.h"
 #include "storage/file_system.h"
 

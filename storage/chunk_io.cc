@@ -1,7 +1,5 @@
 #include "storage/chunk_io.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -11,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
+#include "common/chunk_memory.h"
 #include "storage/chunk_plan.h"
 #include "storage/posix_util.h"
 #include "storage/xxh3.h"
@@ -82,17 +81,6 @@ absl::StatusOr<Xxh128> ReadChunkHashed(FileIo& io, int fd, uint64_t offset,
   }
   XXH128_hash_t h = XXH3_128bits_digest(&state);
   return Xxh128{h.low64, h.high64};
-}
-
-uint8_t* MapChunkMemory(size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  (void)madvise(p, bytes, MADV_HUGEPAGE);  // advisory: ignored where THP is off
-  return static_cast<uint8_t*>(p);
-}
-
-void UnmapChunkMemory(uint8_t* p, size_t bytes) {
-  if (p != nullptr) munmap(p, bytes);
 }
 
 namespace {

@@ -59,16 +59,8 @@ absl::Status HashFileChunks(
     absl::Span<uint8_t> buffer,
     absl::FunctionRef<bool(uint32_t chunk_index, uint64_t size, const Xxh128& digest)> on_chunk);
 
-// Anonymous memory for chunk data: `bytes` mapped privately, page aligned,
-// zero-filled by the kernel on first touch, asking for transparent huge pages
-// (fewer page-table walks when the kernel pins the pages for direct I/O, and
-// fewer TLB misses when hashing). nullptr when the mapping fails. Released
-// with UnmapChunkMemory(p, bytes), with the same `bytes`.
-uint8_t* MapChunkMemory(size_t bytes);
-void UnmapChunkMemory(uint8_t* p, size_t bytes);
-
 // A buffer whose address and capacity are multiples of kDirectIoAlignment,
-// for direct I/O (MapChunkMemory from 1 MiB on). The contents start
+// for direct I/O (common/chunk_memory.h's MapChunkMemory from 1 MiB on). The contents start
 // undefined.
 class AlignedBuffer {
  public:

@@ -7,7 +7,7 @@
 #include "daemon/metrics/exposition.h"
 #include "daemon/peer/rate_limiter.h"
 #include "daemon/peer/receiver.h"
-#include "daemon/transfer_manager.h"
+#include "daemon/transfer/transfer_manager.h"
 #include "daemon/transport/transport.h"
 #include "longhaul/v1/control.pb.h"
 #include "storage/journal.h"

@@ -1,7 +1,5 @@
 #include "daemon/peer/sender.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,7 +18,6 @@
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
 #include "storage/chunk_plan.h"
-#include "storage/content_check.h"
 #include "storage/file_io.h"
 #include "storage/file_system.h"
 #include "storage/manifest.h"
@@ -36,8 +33,6 @@ constexpr uint64_t kMaxUnackedChunkSizesWithoutPieces = 2;
 // The smallest durable piece a destination may announce: pieces are slices
 // the sender writes and waits for, and tiny ones would cost a round trip each.
 constexpr uint64_t kMinDurablePiece = 64u << 10;
-// Read size when hashing whole source files for sync --checksum.
-constexpr size_t kDigestReadSize = size_t{8} << 20;
 // The share of the configured link a transfer's streams pace at, together
 // (see StreamPacingLimit).
 constexpr double kBulkLinkShare = 0.95;
@@ -798,130 +793,6 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
     if (absl::Status s = await_answer(); !s.ok()) return s;
   }
   return absl::OkStatus();
-}
-
-absl::Status TransferSender::DigestSources() {
-  const v1::OutgoingTransfer record = this->record();
-  const v1::Manifest& manifest = record.manifest();
-  std::unique_ptr<storage::FileIo> io;
-  std::vector<uint8_t> buffer;
-  const Timestamp start = clock_.Now();
-  uint64_t files = 0, bytes = 0;
-  for (int f = 0; f < manifest.files_size(); ++f) {
-    const v1::ManifestFile& file = manifest.files(f);
-    if (!file.content_xxh128().empty()) continue;
-    if (stopping()) return absl::CancelledError("stopped");
-    if (io == nullptr) {
-      io = storage::MakeFileIo();
-      buffer.resize(kDigestReadSize);
-    }
-    const std::string& path = record.source_paths(f);
-    const int fd = storage::OpenCheckedSource(path);
-    if (fd < 0) {
-      if (errno == ENOENT) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("source file ", path, " was removed during the transfer"));
-      }
-      return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-    }
-    // The identity is checked before and after the read, so the digest
-    // belongs to the file the manifest describes.
-    auto read_digest = [&]() -> absl::StatusOr<storage::Xxh128> {
-      if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) return s;
-      absl::StatusOr<storage::Xxh128> d = storage::HashFileContent(
-          *io, fd, file.size(), absl::MakeSpan(buffer), [this] { return stopping(); });
-      if (!d.ok()) return d;
-      if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) return s;
-      return d;
-    };
-    const absl::StatusOr<storage::Xxh128> digest = read_digest();
-    ::close(fd);
-    if (absl::IsAborted(digest.status())) {
-      spdlog::info("transfer {}: {}; it will be hashed again", record.id(),
-                   digest.status().message());
-      absl::MutexLock lock(&mu_);
-      changed_file_ = f;
-      return digest.status();
-    }
-    if (!digest.ok()) return digest.status();
-    const std::array<uint8_t, 16> digest_bytes = digest->ToBytes();
-    {
-      absl::MutexLock lock(&mu_);
-      record_.mutable_manifest()->mutable_files(f)->set_content_xxh128(digest_bytes.data(),
-                                                                       digest_bytes.size());
-    }
-    ++files;
-    bytes += file.size();
-  }
-  if (files == 0) return absl::OkStatus();
-  spdlog::info("transfer {}: hashed {} files ({} bytes) for --checksum in {:.2f} s", record.id(),
-               files, bytes, (clock_.Now() - start).ToSecondsF());
-  // Unsynced: digests lost in a power loss are only computed again.
-  if (absl::Status s = Persist(this->record(), /*sync=*/false); !s.ok()) {
-    spdlog::warn("transfer {}: cannot journal content digests: {}", record.id(), s.message());
-  }
-  return absl::OkStatus();
-}
-
-std::optional<uint32_t> TransferSender::FindChangedSource() {
-  const v1::OutgoingTransfer record = this->record();
-  for (int f = 0; f < record.manifest().files_size(); ++f) {
-    int fd = storage::OpenCheckedSource(record.source_paths(f));
-    if (fd < 0) return f;
-    absl::Status s = storage::CheckSourceUnchanged(record.manifest().files(f), fd);
-    ::close(fd);
-    if (!s.ok()) {
-      spdlog::info("transfer {}: {}", record.id(), s.message());
-      return f;
-    }
-  }
-  return std::nullopt;
-}
-
-absl::Status TransferSender::RefreshChangedFile(uint32_t file_index) {
-  v1::OutgoingTransfer copy;
-  {
-    absl::MutexLock lock(&mu_);
-    v1::Manifest& manifest = *record_.mutable_manifest();
-    // A hard-link group changes as one: its first name and every link to
-    // it are stat'ed again, so links keep the size and mode of their target
-    // (ValidateManifest). A name that is no longer the target's file leaves
-    // the group and is sent as a file of its own.
-    const uint32_t link_of = manifest.files(static_cast<int>(file_index)).link_of();
-    const uint32_t first = link_of != 0 ? link_of - 1 : file_index;
-    std::vector<uint32_t> group = {first};
-    for (int i = static_cast<int>(first) + 1; i < manifest.files_size(); ++i) {
-      if (manifest.files(i).link_of() == first + 1) group.push_back(static_cast<uint32_t>(i));
-    }
-    struct stat first_st;
-    for (uint32_t f : group) {
-      const std::string& path = record_.source_paths(f);
-      struct stat st;
-      if (::stat(path.c_str(), &st) != 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "source file ", path, " changed and can no longer be read: ", std::strerror(errno)));
-      }
-      if (!S_ISREG(st.st_mode)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("source ", path, " is no longer a regular file"));
-      }
-      v1::ManifestFile* file = manifest.mutable_files(static_cast<int>(f));
-      if (f == first) {
-        first_st = st;
-      } else if (st.st_dev == first_st.st_dev && st.st_ino == first_st.st_ino) {
-        // One file: one identity, even if it changes between the two stats.
-        st = first_st;
-      } else {
-        file->clear_link_of();
-      }
-      storage::RecordSourceIdentity(st, *file);
-      storage::RecordDataExtents(path, st, *file);
-      file->clear_content_xxh128();
-      file->set_generation(file->generation() + 1);
-    }
-    copy = record_;
-  }
-  return Persist(copy, /*sync=*/true);
 }
 
 }  // namespace longhaul::peer

@@ -145,7 +145,7 @@ struct SenderOptions {
   // sender); null: RealClock::Get().
   const Clock* clock = nullptr;
 
-  // Fan-out. Set for a relay (daemon/relay.h): the chunks come from these
+  // Fan-out. Set for a relay (daemon/transfer/relay.h): the chunks come from these
   // readers, not from source files; the sender attaches to the session the
   // source opened at the destination (RelayAttachRequest) instead of opening
   // it, journals nothing, and never commits (the source does).

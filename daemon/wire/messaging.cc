@@ -8,7 +8,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
-#include "storage/chunk_io.h"
+#include "common/chunk_memory.h"
 #include "xxhash.h"
 
 namespace longhaul::wire {
@@ -78,14 +78,14 @@ GrowingBuffer::Storage GrowingBuffer::Allocate(size_t capacity) {
   if (capacity < kMapThreshold) {
     return Storage(new (std::nothrow) uint8_t[capacity], Free{capacity});
   }
-  return Storage(storage::MapChunkMemory(capacity), Free{capacity});
+  return Storage(MapChunkMemory(capacity), Free{capacity});
 }
 
 void GrowingBuffer::Free::operator()(uint8_t* p) const {
   if (capacity < kMapThreshold) {
     delete[] p;
   } else {
-    storage::UnmapChunkMemory(p, capacity);
+    UnmapChunkMemory(p, capacity);
   }
 }
 

@@ -1,7 +1,7 @@
 // TransferManager end to end in one process: a FakeTransport carries its
 // sessions to a real peer::Receiver over a temporary export, and both sites
 // journal in temporary RocksDB directories.
-#include "daemon/transfer_manager.h"
+#include "daemon/transfer/transfer_manager.h"
 
 #include <climits>
 #include <cstdio>
@@ -14,11 +14,11 @@
 
 #include "absl/time/clock.h"
 #include "common/clock.h"
-#include "daemon/fanout_sender.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
 #include "daemon/peer/receiver.h"
 #include "daemon/peer/router.h"
+#include "daemon/transfer/fanout_sender.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/storage/test_util.h"

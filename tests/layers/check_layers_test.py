@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """deploy/check-layers.py fails, naming the file and the include, on an
-upward include planted in a copy of the tree, and passes on the tree as is.
+upward include planted in a copy of the tree, and naming the file, on a .cc
+grown past the size limit; it passes on the tree as is.
 With LONGHAUL_BUILD_DIR set, also: it fails, naming the library and the
 symbol, on an upward call planted in a copy of the layers' archives."""
 
@@ -49,10 +50,17 @@ class CheckLayersTest(unittest.TestCase):
                       result.stderr)
 
     def test_a_session_including_the_daemon_config_fails(self):
+        # Sessions take option structs cut from the config by the source side.
         self.plant("daemon/peer/sender.h", '#include "daemon/config.h"')
         result = run(self.tmp)
         self.assertEqual(result.returncode, 1)
         self.assertIn('daemon/peer/sender.h', result.stderr)
+        self.assertIn('layer peer may not use layer config', result.stderr)
+
+    def test_a_session_including_the_daemon_wiring_fails(self):
+        self.plant("daemon/peer/sender.h", '#include "daemon/daemon.h"')
+        result = run(self.tmp)
+        self.assertEqual(result.returncode, 1)
         self.assertIn('layer peer may not use layer daemon', result.stderr)
 
     def test_storage_including_the_wire_fails(self):
@@ -61,6 +69,54 @@ class CheckLayersTest(unittest.TestCase):
         self.assertEqual(result.returncode, 1)
         self.assertIn('storage/journal.cc', result.stderr)
         self.assertIn('layer storage may not use layer wire', result.stderr)
+
+    def test_the_wire_including_storage_fails(self):
+        # Frames know nothing of files.
+        self.plant("daemon/wire/messaging.cc", '#include "storage/chunk_io.h"')
+        result = run(self.tmp)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn('daemon/wire/messaging.cc', result.stderr)
+        self.assertIn('#include "storage/chunk_io.h": layer wire may not use layer storage',
+                      result.stderr)
+
+    def test_the_source_side_including_the_daemon_wiring_fails(self):
+        self.plant("daemon/transfer/transfer_manager.cc", '#include "daemon/control_service.h"')
+        result = run(self.tmp)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn('daemon/transfer/transfer_manager.cc', result.stderr)
+        self.assertIn('layer transfer may not use layer daemon', result.stderr)
+
+    def test_a_session_including_the_source_side_fails(self):
+        self.plant("daemon/peer/receiver.cc", '#include "daemon/transfer/relay.h"')
+        result = run(self.tmp)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn('daemon/peer/receiver.cc', result.stderr)
+        self.assertIn('layer peer may not use layer transfer', result.stderr)
+
+    def test_the_source_side_including_the_exchange_fails(self):
+        self.plant("daemon/transfer/relay.cc", '#include "daemon/exchange/exchange_hub.h"')
+        result = run(self.tmp)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn('layer transfer may not use layer exchange', result.stderr)
+
+    def test_a_cc_over_the_size_limit_fails(self):
+        path = "storage/journal.cc"
+        with open(os.path.join(self.tmp, path)) as f:
+            lines = sum(1 for _ in f)
+        for _ in range(901 - lines):
+            self.plant(path, "// padding")
+        result = run(self.tmp)
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("storage/journal.cc: 901 lines, over the limit of 900", result.stderr)
+
+    def test_a_cc_at_the_size_limit_passes(self):
+        path = "client/cli/main.cc"
+        with open(os.path.join(self.tmp, path)) as f:
+            lines = sum(1 for _ in f)
+        for _ in range(900 - lines):
+            self.plant(path, "// padding")
+        result = run(self.tmp)
+        self.assertEqual(result.returncode, 0, result.stderr)
 
     def test_congestion_including_protobuf_or_spdlog_fails(self):
         self.plant("congestion/bbr3.cc", '#include "spdlog/spdlog.h"')

@@ -1,4 +1,4 @@
-#include "daemon/remote_copy.h"
+#include "daemon/transfer/remote_copy.h"
 
 #include <string>
 

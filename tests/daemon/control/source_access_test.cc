@@ -1,4 +1,4 @@
-#include "daemon/source_access.h"
+#include "daemon/transfer/source_access.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,7 +1,7 @@
 // Who calls the control API, and which local files a caller may have this
 // daemon send.
-#ifndef LONGHAUL_DAEMON_SOURCE_ACCESS_H_
-#define LONGHAUL_DAEMON_SOURCE_ACCESS_H_
+#ifndef LONGHAUL_DAEMON_TRANSFER_SOURCE_ACCESS_H_
+#define LONGHAUL_DAEMON_TRANSFER_SOURCE_ACCESS_H_
 
 #include <sys/types.h>
 
@@ -111,4 +111,4 @@ class SourceAccess {
 
 }  // namespace longhaul::daemon
 
-#endif  // LONGHAUL_DAEMON_SOURCE_ACCESS_H_
+#endif  // LONGHAUL_DAEMON_TRANSFER_SOURCE_ACCESS_H_

@@ -1,4 +1,4 @@
-#include "daemon/session_options.h"
+#include "daemon/transfer/session_options.h"
 
 #include <cstdint>
 

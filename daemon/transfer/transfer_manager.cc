@@ -1,4 +1,4 @@
-#include "daemon/transfer_manager.h"
+#include "daemon/transfer/transfer_manager.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,9 +13,9 @@
 #include "common/checkpoints.h"
 #include "common/clock.h"
 #include "common/fmt_absl.h"
-#include "daemon/fanout_sender.h"
 #include "daemon/peer/messaging.h"
-#include "daemon/session_options.h"
+#include "daemon/transfer/fanout_sender.h"
+#include "daemon/transfer/session_options.h"
 #include "daemon/wire/messaging.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
@@ -140,7 +140,8 @@ void TransferManager::Shutdown() {
   }
   auto none_running = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_threads_ == 0; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&none_running), kDrainTimeout)) {
-    spdlog::warn("chunks still in flight after {}; stopping them", absl::FormatDuration(kDrainTimeout));
+    spdlog::warn("chunks still in flight after {}; stopping them",
+                 absl::FormatDuration(kDrainTimeout));
     for (auto& [id, t] : transfers_) {
       if (t->sender) t->sender->Stop();
     }
@@ -177,7 +178,8 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
   if (spec.sources().empty()) return absl::InvalidArgumentError("no source given");
   for (const std::string& source : spec.sources()) {
     if (source.empty() || source[0] != '/') {
-      return absl::InvalidArgumentError(absl::StrCat("source '", source, "' must be an absolute path"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("source '", source, "' must be an absolute path"));
     }
   }
   // Before anything else may answer with a transfer (a sync attaching).
@@ -194,8 +196,9 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
           other.dest_export() == spec.dest_export() && other.dest_path() == spec.dest_path() &&
           std::equal(other.sources().begin(), other.sources().end(), spec.sources().begin(),
                      spec.sources().end())) {
-        spdlog::info("sync to {}:/{}/{} attaches to transfer {}, which is still {}", spec.dest_site(),
-                     spec.dest_export(), spec.dest_path(), id, v1::TransferState_Name(t->record.state()));
+        spdlog::info("sync to {}:/{}/{} attaches to transfer {}, which is still {}",
+                     spec.dest_site(), spec.dest_export(), spec.dest_path(), id,
+                     v1::TransferState_Name(t->record.state()));
         return StatusOf(*t);
       }
     }
@@ -214,15 +217,16 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
   }
   for (const std::string& source : spec.sources()) {
     if (source.empty() || source[0] != '/') {
-      return absl::InvalidArgumentError(absl::StrCat("source '", source, "' must be an absolute path"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("source '", source, "' must be an absolute path"));
     }
   }
   if (config_.FindPeer(spec.dest_site()) == nullptr) {
     std::vector<std::string> sites;
     for (const PeerConfig& p : config_.peers) sites.push_back(p.site);
     return absl::InvalidArgumentError(absl::StrCat(
-        "unknown peer site '", spec.dest_site(), "'; configured peers: ",
-        sites.empty() ? "(none)" : absl::StrJoin(sites, ", ")));
+        "unknown peer site '", spec.dest_site(),
+        "'; configured peers: ", sites.empty() ? "(none)" : absl::StrJoin(sites, ", ")));
   }
   if (spec.dest_export().empty()) {
     return absl::InvalidArgumentError("destination must be SITE:/EXPORT/PATH (no export given)");
@@ -241,8 +245,9 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
   if (transport::FindTransport(transports_, spec.transport()) == nullptr) {
     std::vector<std::string> names;
     for (const auto& [name, t] : transports_) names.push_back(name);
-    return absl::InvalidArgumentError(absl::StrCat("unknown transport '", spec.transport(),
-                                                   "' (this daemon runs: ", absl::StrJoin(names, ", "), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown transport '", spec.transport(),
+                     "' (this daemon runs: ", absl::StrJoin(names, ", "), ")"));
   }
 
   absl::StatusOr<storage::SymlinkPolicy> symlinks = storage::ParseSymlinkPolicy(spec.symlinks());
@@ -535,7 +540,8 @@ v1::TransferStatus TransferManager::StatusOf(const Transfer& t) const {
   return status;
 }
 
-absl::StatusOr<TransferManager::Transfer*> TransferManager::FindLocked(const std::string& id) const {
+absl::StatusOr<TransferManager::Transfer*> TransferManager::FindLocked(
+    const std::string& id) const {
   auto it = transfers_.find(id);
   if (it == transfers_.end()) return absl::NotFoundError(absl::StrCat("no transfer ", id));
   return it->second.get();
@@ -740,8 +746,8 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Resume(const std::string& id
     }
     ScheduleLocked();
   } else if (t.record.state() == v1::COMPLETED || t.record.state() == v1::CANCELLED) {
-    return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " has ended (",
-                                                      v1::TransferState_Name(t.record.state()), ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "transfer ", id, " has ended (", v1::TransferState_Name(t.record.state()), ")"));
   }
   return StatusOf(t);
 }
@@ -763,104 +769,6 @@ absl::StatusOr<bool> TransferManager::AbortRemote(const std::string& site,
   auto answer = peer::Call(**channel, wire::SessionIdFor(transfer_id), request);
   if (!answer.ok()) return answer.status();
   return answer->abort_reply().published();
-}
-
-absl::StatusOr<v1::VerifyResponse> TransferManager::Verify(const std::string& id) {
-  v1::OutgoingTransfer record;
-  {
-    absl::MutexLock lock(&mu_);
-    auto found = FindLocked(id);
-    if (!found.ok()) return found.status();
-    record = (*found)->record;
-  }
-  if (IsRemote(record)) return RunsElsewhere(record, "verified");
-  if (record.state() != v1::COMPLETED) {
-    return absl::FailedPreconditionError(absl::StrCat("transfer ", id, " is ",
-                                                      v1::TransferState_Name(record.state()),
-                                                      "; only completed transfers can be verified"));
-  }
-  v1::VerifyResponse response;
-  if (record.legs_size() == 0) {
-    if (absl::Status s = VerifyDestination(record, record.spec().dest_site(), id, "", response);
-        !s.ok()) {
-      return s;
-    }
-  } else {
-    for (const v1::FanoutLeg& leg : record.legs()) {
-      const std::string& site = leg.destination().site();
-      if (absl::Status s = VerifyDestination(record, site, leg.transfer_id(),
-                                             absl::StrCat(site, ": "), response);
-          !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(site, ": ", s.message()));
-      }
-    }
-  }
-  response.set_ok(response.mismatches().empty());
-  return response;
-}
-
-absl::Status TransferManager::VerifyDestination(const v1::OutgoingTransfer& record,
-                                                const std::string& site,
-                                                const std::string& transfer_id,
-                                                const std::string& prefix,
-                                                v1::VerifyResponse& response) {
-  const PeerConfig* peer = config_.FindPeer(site);
-  if (peer == nullptr) return absl::FailedPreconditionError("destination site is no longer a peer");
-  v1::Hello hello;
-  hello.set_role(v1::Hello::CONTROL);
-  hello.set_transfer_id(transfer_id);
-  auto channel = peer::DialSession(control_transport_, peer->site, peer->address, hello);
-  if (!channel.ok()) return channel.status();
-  v1::PeerMessage request;
-  request.mutable_verify()->set_transfer_id(transfer_id);
-  auto answer = peer::Call(**channel, wire::SessionIdFor(transfer_id), request);
-  if (!answer.ok()) return answer.status();
-  const v1::VerifyReply& reply = answer->verify_reply();
-
-  const v1::Manifest& manifest = record.manifest();
-  std::unique_ptr<storage::FileIo> io = storage::MakeFileIo();
-  std::vector<uint8_t> buffer(manifest.chunk_size());
-  for (const v1::FileDigest& remote : reply.files()) {
-    if (remote.file_index() >= static_cast<uint32_t>(manifest.files_size())) continue;
-    const v1::ManifestFile& file = manifest.files(remote.file_index());
-    const std::string& source = record.source_paths(remote.file_index());
-    response.set_files_checked(response.files_checked() + 1);
-    if (!remote.error().empty()) {
-      response.add_mismatches(absl::StrCat(prefix, file.path(), ": destination: ", remote.error()));
-      continue;
-    }
-    int fd = storage::OpenCheckedSource(source);
-    if (fd < 0) {
-      response.add_mismatches(absl::StrCat(prefix, file.path(), ": cannot read source ", source));
-      continue;
-    }
-    uint64_t n = storage::ChunkCount(file, manifest.chunk_size());
-    std::string problem;
-    if (storage::CheckSourceUnchanged(file, fd).code() == absl::StatusCode::kAborted) {
-      problem = "source changed since the transfer";
-    } else if (static_cast<uint64_t>(remote.chunk_xxh128_size()) != n) {
-      problem = "destination has a different number of chunks";
-    }
-    if (problem.empty()) {
-      absl::Status read = storage::HashFileChunks(
-          *io, fd, file, manifest.chunk_size(), absl::MakeSpan(buffer),
-          [&](uint32_t c, uint64_t size, const storage::Xxh128& digest) {
-            response.set_bytes_checked(response.bytes_checked() + size);
-            const auto bytes = digest.ToBytes();
-            if (remote.chunk_xxh128(c) == std::string(bytes.begin(), bytes.end())) return true;
-            problem = absl::StrCat("chunk ", c, " differs");
-            return false;
-          });
-      if (!read.ok()) problem = std::string(read.message());
-    }
-    ::close(fd);
-    if (!problem.empty()) response.add_mismatches(absl::StrCat(prefix, file.path(), ": ", problem));
-  }
-  if (reply.files_size() != manifest.files_size()) {
-    response.add_mismatches(
-        absl::StrCat(prefix, "destination reported a different number of files"));
-  }
-  return absl::OkStatus();
 }
 
 v1::PeersResponse TransferManager::Peers(bool probe) {

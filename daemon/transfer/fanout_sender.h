@@ -1,5 +1,5 @@
-#ifndef LONGHAUL_DAEMON_FANOUT_SENDER_H_
-#define LONGHAUL_DAEMON_FANOUT_SENDER_H_
+#ifndef LONGHAUL_DAEMON_TRANSFER_FANOUT_SENDER_H_
+#define LONGHAUL_DAEMON_TRANSFER_FANOUT_SENDER_H_
 
 #include <atomic>
 #include <memory>
@@ -33,7 +33,7 @@ std::vector<v1::FanoutLeg> PlanFanoutLegs(const std::string& transfer_id,
 // destination not yet published, all at once. The first destination gets
 // the chunks from the source; every other is opened by the source naming
 // the destination before it as its relay, and gets them from there (see
-// daemon/relay.h). When a leg's attempt fails, the legs it relays to are
+// daemon/transfer/relay.h). When a leg's attempt fails, the legs it relays to are
 // bypassed: the source sends to them directly from then on, and they keep
 // what the relay delivered. A relayed leg also bypasses its relay when it
 // stalls (TransferSender::kRelayStall). Each destination publishes on its
@@ -94,4 +94,4 @@ class FanoutSender : public peer::OutgoingRun {
 
 }  // namespace longhaul::daemon
 
-#endif  // LONGHAUL_DAEMON_FANOUT_SENDER_H_
+#endif  // LONGHAUL_DAEMON_TRANSFER_FANOUT_SENDER_H_

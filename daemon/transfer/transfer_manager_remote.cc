@@ -10,8 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "common/fmt_absl.h"
 #include "daemon/peer/messaging.h"
-#include "daemon/remote_copy.h"
-#include "daemon/transfer_manager.h"
+#include "daemon/transfer/remote_copy.h"
+#include "daemon/transfer/transfer_manager.h"
 #include "daemon/wire/messaging.h"
 #include "spdlog/spdlog.h"
 

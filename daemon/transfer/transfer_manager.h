@@ -1,5 +1,5 @@
-#ifndef LONGHAUL_DAEMON_TRANSFER_MANAGER_H_
-#define LONGHAUL_DAEMON_TRANSFER_MANAGER_H_
+#ifndef LONGHAUL_DAEMON_TRANSFER_TRANSFER_MANAGER_H_
+#define LONGHAUL_DAEMON_TRANSFER_TRANSFER_MANAGER_H_
 
 #include <cstdint>
 #include <functional>
@@ -20,7 +20,7 @@
 #include "common/units.h"
 #include "daemon/config.h"
 #include "daemon/peer/sender.h"
-#include "daemon/source_access.h"
+#include "daemon/transfer/source_access.h"
 #include "daemon/transport/transport.h"
 #include "longhaul/v1/control.pb.h"
 #include "longhaul/v1/journal.pb.h"
@@ -41,7 +41,7 @@ namespace longhaul::daemon {
 // journal still cannot record it. Status and listing keep answering from
 // memory.
 //
-// Pull and third-party copy (daemon/remote_copy.h). A spec whose
+// Pull and third-party copy (daemon/transfer/remote_copy.h). A spec whose
 // source_site is another site is a *remote* transfer: Submit asks that site
 // to push the path (RemoteSubmitRequest) and journals a record under the id
 // the source gave, which is also the id at the destination. That record is
@@ -207,7 +207,8 @@ class TransferManager {
   // Stops a running transfer and waits (bounded) until it has stopped.
   void StopLocked(Transfer& t, StopReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::TransferStatus StatusOf(const Transfer& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Transfer*> FindLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Transfer*> FindLocked(const std::string& id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes the record (unsynced); failures are logged and returned. Every
   // change of a record comes through here, so it also wakes AwaitStatus.
   absl::Status PersistLocked(Transfer& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -250,4 +251,4 @@ v1::TransferStatus ExpiredStatus(const v1::IncomingTransfer& record, const Daemo
 
 }  // namespace longhaul::daemon
 
-#endif  // LONGHAUL_DAEMON_TRANSFER_MANAGER_H_
+#endif  // LONGHAUL_DAEMON_TRANSFER_TRANSFER_MANAGER_H_

@@ -1,9 +1,9 @@
-#include "daemon/relay.h"
+#include "daemon/transfer/relay.h"
 
 #include <utility>
 
 #include "common/fmt_absl.h"
-#include "daemon/session_options.h"
+#include "daemon/transfer/session_options.h"
 #include "spdlog/spdlog.h"
 
 namespace longhaul::daemon {

@@ -1,5 +1,5 @@
-#ifndef LONGHAUL_DAEMON_RELAY_H_
-#define LONGHAUL_DAEMON_RELAY_H_
+#ifndef LONGHAUL_DAEMON_TRANSFER_RELAY_H_
+#define LONGHAUL_DAEMON_TRANSFER_RELAY_H_
 
 #include <atomic>
 #include <memory>
@@ -80,4 +80,4 @@ class Relays {
 
 }  // namespace longhaul::daemon
 
-#endif  // LONGHAUL_DAEMON_RELAY_H_
+#endif  // LONGHAUL_DAEMON_TRANSFER_RELAY_H_

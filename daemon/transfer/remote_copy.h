@@ -4,8 +4,8 @@
 // RemoteSubmitRequest, RemoteGetRequest and RemoteCancelRequest
 // (proto/longhaul/v1/peer.proto); the requester is the site the channel's TLS
 // certificate names, never a name inside a message.
-#ifndef LONGHAUL_DAEMON_REMOTE_COPY_H_
-#define LONGHAUL_DAEMON_REMOTE_COPY_H_
+#ifndef LONGHAUL_DAEMON_TRANSFER_REMOTE_COPY_H_
+#define LONGHAUL_DAEMON_TRANSFER_REMOTE_COPY_H_
 
 #include <string>
 
@@ -52,4 +52,4 @@ inline constexpr size_t kMaxRemoteMessage = 64u << 10;
 
 }  // namespace longhaul::daemon
 
-#endif  // LONGHAUL_DAEMON_REMOTE_COPY_H_
+#endif  // LONGHAUL_DAEMON_TRANSFER_REMOTE_COPY_H_

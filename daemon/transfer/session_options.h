@@ -1,5 +1,5 @@
-#ifndef LONGHAUL_DAEMON_SESSION_OPTIONS_H_
-#define LONGHAUL_DAEMON_SESSION_OPTIONS_H_
+#ifndef LONGHAUL_DAEMON_TRANSFER_SESSION_OPTIONS_H_
+#define LONGHAUL_DAEMON_TRANSFER_SESSION_OPTIONS_H_
 
 // The daemon's configuration, cut down to what each peer session takes: the
 // peer layer knows nothing of DaemonConfig.
@@ -19,4 +19,4 @@ peer::ReceiverOptions ReceiverOptionsFor(const DaemonConfig& config);
 
 }  // namespace longhaul::daemon
 
-#endif  // LONGHAUL_DAEMON_SESSION_OPTIONS_H_
+#endif  // LONGHAUL_DAEMON_TRANSFER_SESSION_OPTIONS_H_

@@ -1,11 +1,11 @@
-#include "daemon/fanout_sender.h"
+#include "daemon/transfer/fanout_sender.h"
 
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/fmt_absl.h"
-#include "daemon/session_options.h"
+#include "daemon/transfer/session_options.h"
 #include "spdlog/spdlog.h"
 
 namespace longhaul::daemon {

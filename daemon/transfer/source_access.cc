@@ -1,4 +1,4 @@
-#include "daemon/source_access.h"
+#include "daemon/transfer/source_access.h"
 
 #include <grp.h>
 #include <pwd.h>
