@@ -2,12 +2,13 @@
 # The checks CI runs besides the test suite (deploy/test.sh calls this):
 #   format  clang-format --dry-run --Werror on the C++ lines changed since the
 #           format base (below); the rest of each file is left as it is.
-#   tsa     the clang-tsa preset: every target, compiled by clang with
-#           -Wthread-safety -Werror, so ABSL_GUARDED_BY and friends are enforced.
-#   tsan    the tsan preset: the exchange and peer suites under ThreadSanitizer.
-#           A report from any process, the daemons that exchange_daemon_test
-#           starts included, fails the check.
-# Usage: deploy/check.sh [format|tsa|tsan]...   (no argument: all three)
+#   clang   one clang build (the tsan preset, build-tsan/) that serves two
+#           checks: every target is compiled with -Wthread-safety -Werror, so
+#           ABSL_GUARDED_BY and friends are enforced, and with ThreadSanitizer,
+#           under which the exchange and peer suites then run. A report from
+#           any process, the daemons that exchange_daemon_test starts
+#           included, fails the check. ("tsa" and "tsan" name it too.)
+# Usage: deploy/check.sh [format|clang]...   (no argument: both)
 #
 # The format base is LONGHAUL_FORMAT_BASE when set (a commit or a ref: the
 # merge-base of HEAD with it is used, e.g. origin/main for a branch), else the
@@ -79,14 +80,12 @@ check_format() {
   fi
 }
 
-check_tsa() {
-  echo "check tsa: clang -Wthread-safety -Werror, every target (build-tsa)" >&2
-  cmake --preset clang-tsa >/dev/null
-  cmake --build --preset clang-tsa
-}
-
-check_tsan() {
-  echo "check tsan: exchange and peer suites under ThreadSanitizer (build-tsan)" >&2
+check_clang() {
+  if command -v ccache >/dev/null; then  # as deploy/build.sh: used where present
+    export CMAKE_C_COMPILER_LAUNCHER=${CMAKE_C_COMPILER_LAUNCHER-ccache}
+    export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER-ccache}
+  fi
+  echo "check clang: -Wthread-safety -Werror on every target, under ThreadSanitizer (build-tsan)" >&2
   cmake --preset tsan >/dev/null
   cmake --build --preset tsan
   local reports=$root/build-tsan/tsan-reports
@@ -98,19 +97,22 @@ check_tsan() {
     ctest --preset tsan -j "$(nproc)" --timeout 900 || status=$?
   if compgen -G "$reports/report*" >/dev/null; then
     cat "$reports"/report* >&2
-    echo "check tsan: FAILED: ThreadSanitizer reports above" >&2
+    echo "check clang: FAILED: ThreadSanitizer reports above" >&2
     return 1
   fi
   return "$status"
 }
 
 checks=("$@")
-[ ${#checks[@]} -gt 0 ] || checks=(format tsa tsan)
+[ ${#checks[@]} -gt 0 ] || checks=(format clang)
+clang_done=0
 for c in "${checks[@]}"; do
   case "$c" in
     format) check_format ;;
-    tsa) check_tsa ;;
-    tsan) check_tsan ;;
-    *) echo "check: unknown check '$c' (format, tsa or tsan)" >&2; exit 2 ;;
+    clang | tsa | tsan)
+      if [ "$clang_done" -eq 0 ]; then check_clang; fi
+      clang_done=1
+      ;;
+    *) echo "check: unknown check '$c' (format or clang)" >&2; exit 2 ;;
   esac
 done
