@@ -3,12 +3,18 @@
 #   format  clang-format --dry-run --Werror on the C++ lines changed since the
 #           format base (below); the rest of each file is left as it is.
 #   clang   one clang build (the tsan preset, build-tsan/) that serves two
-#           checks: every target is compiled with -Wthread-safety -Werror, so
-#           ABSL_GUARDED_BY and friends are enforced, and with ThreadSanitizer,
-#           under which the exchange and peer suites then run. A report from
-#           any process, the daemons that exchange_daemon_test starts
-#           included, fails the check. ("tsa" and "tsan" name it too.)
-# Usage: deploy/check.sh [format|clang]...   (no argument: both)
+#           checks. -Wthread-safety -Werror on every translation unit, so
+#           ABSL_GUARDED_BY and friends are enforced: the targets the TSan
+#           suites need are compiled with it, and every other unit is
+#           analysed by clang without code generation
+#           (deploy/clang-syntax-check.py). Then the exchange and peer suites
+#           run under ThreadSanitizer; a report from any process, the daemons
+#           that exchange_daemon_test starts included, fails the check.
+#           ("tsa" and "tsan" name it too.) Its two halves are
+#           clang-build and clang-tests (deploy/test.sh runs the first
+#           during ctest).
+# Usage: deploy/check.sh [format|clang|clang-build|clang-tests]...
+#        (no argument: format and clang)
 #
 # The format base is LONGHAUL_FORMAT_BASE when set (a commit or a ref: the
 # merge-base of HEAD with it is used, e.g. origin/main for a branch), else the
@@ -80,14 +86,19 @@ check_format() {
   fi
 }
 
-check_clang() {
+check_clang_build() {
   if command -v ccache >/dev/null; then  # as deploy/build.sh: used where present
     export CMAKE_C_COMPILER_LAUNCHER=${CMAKE_C_COMPILER_LAUNCHER-ccache}
     export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER-ccache}
   fi
-  echo "check clang: -Wthread-safety -Werror on every target, under ThreadSanitizer (build-tsan)" >&2
+  echo "check clang: -Wthread-safety -Werror on every unit, TSan targets built (build-tsan)" >&2
   cmake --preset tsan >/dev/null
   cmake --build --preset tsan
+  python3 "$root/deploy/clang-syntax-check.py" "$root/build-tsan"
+}
+
+check_clang_tests() {
+  echo "check clang: exchange and peer suites under ThreadSanitizer (build-tsan)" >&2
   local reports=$root/build-tsan/tsan-reports
   rm -rf "$reports"
   mkdir -p "$reports"
@@ -110,9 +121,11 @@ for c in "${checks[@]}"; do
   case "$c" in
     format) check_format ;;
     clang | tsa | tsan)
-      if [ "$clang_done" -eq 0 ]; then check_clang; fi
+      if [ "$clang_done" -eq 0 ]; then check_clang_build && check_clang_tests; fi
       clang_done=1
       ;;
-    *) echo "check: unknown check '$c' (format or clang)" >&2; exit 2 ;;
+    clang-build) check_clang_build ;;
+    clang-tests) check_clang_tests ;;
+    *) echo "check: unknown check '$c' (format, clang, clang-build or clang-tests)" >&2; exit 2 ;;
   esac
 done

@@ -6,10 +6,13 @@
 #  - deploy/check.sh format (clang-format on the changed lines) before the build;
 #  - the install test after ctest (tests/install/test.sh: `cmake --install` into
 #    a temporary prefix, a client built against it with find_package, the .deb);
-#  - deploy/check.sh clang: one clang build that compiles every target with
-#    -Wthread-safety -Werror and ThreadSanitizer, then the TSan suites. The
-#    build runs during ctest at the lowest CPU priority, so it takes only the
-#    CPU the suite leaves idle (most of the suite waits on daemons and disks).
+#  - deploy/check.sh clang: one clang build for -Wthread-safety -Werror on
+#    every unit and ThreadSanitizer, then the TSan suites. The build runs
+#    during ctest at the lowest CPU priority, so it takes only the CPU the
+#    suite leaves idle (most of the suite waits on daemons and disks).
+# The timing-sensitive suites (label `wan`: the link emulator and the bench
+# smoke runs) run after the rest, alone on the machine, once the clang build
+# is done.
 # LONGHAUL_CHECKS names the checks to run whatever the arguments
 # ("format clang"; empty for none). LONGHAUL_TEST_JOBS sets ctest's -j
 # (default: twice the cores, since most tests wait rather than compute).
@@ -25,11 +28,12 @@ checks=${checks/ tsa / clang }
 checks=${checks/ tsan / clang }
 
 steps=()
-step() {  # step NAME COMMAND...: runs COMMAND and records how long it took
-  local name=$1 start=$SECONDS
+step() {  # step NAME COMMAND...: runs COMMAND, records how long it took, returns its status
+  local name=$1 start=$SECONDS status=0
   shift
-  "$@"
+  "$@" || status=$?
   steps+=("$(printf '%-28s %5d s' "$name" $((SECONDS - start)))")
+  return "$status"
 }
 
 clang_build_pid=
@@ -44,24 +48,37 @@ if [[ $checks == *" format "* ]]; then step "check format" "$root/deploy/check.s
 step "build (gcc)" "$root/deploy/build.sh"
 
 if [[ $checks == *" clang "* ]]; then
-  # Its own process group, so that an early exit stops every compiler it ran.
+  # Its own session and process group, so that an early exit stops every
+  # compiler it started.
   mkdir -p "$root/build-tsan"
-  (cd "$root" && exec setsid nice -n 19 bash -c \
-    'cmake --preset tsan >/dev/null && cmake --build --preset tsan' \
+  (cd "$root" && exec setsid nice -n 19 "$root/deploy/check.sh" clang-build \
     >"$root/build-tsan/background-build.log" 2>&1) &
   clang_build_pid=$!
 fi
+jobs=${LONGHAUL_TEST_JOBS:-$(($(nproc) * 2))}
 cd "$root/build"
-step "ctest" ctest --output-on-failure -j "${LONGHAUL_TEST_JOBS:-$(($(nproc) * 2))}" \
-  --timeout 900 "$@"
 if [ $# -eq 0 ]; then
+  step "ctest (all but wan)" ctest --output-on-failure -j "$jobs" --timeout 900 -LE wan
+else
+  step "ctest" ctest --output-on-failure -j "$jobs" --timeout 900 "$@"
+fi
+clang_build_status=0
+if [ -n "$clang_build_pid" ]; then
+  # The rest of the clang build, now with the machine to itself.
+  step "clang build (rest)" wait "$clang_build_pid" || clang_build_status=$?
+  clang_build_pid=
+  if [ "$clang_build_status" -ne 0 ]; then
+    cat "$root/build-tsan/background-build.log" >&2
+    echo "test.sh: the clang build failed (above)" >&2
+    exit 1
+  fi
+fi
+if [ $# -eq 0 ]; then
+  step "ctest (wan, alone)" ctest --output-on-failure --timeout 900 -L wan
   step "install test" "$root/tests/install/test.sh" "$root/build"
 fi
-if [ -n "$clang_build_pid" ]; then
-  # The rest of the clang build at full priority; its errors, if any, show here.
-  wait "$clang_build_pid" || true
-  clang_build_pid=
-  step "check clang" "$root/deploy/check.sh" clang
+if [[ $checks == *" clang "* ]]; then
+  step "check clang (TSan suites)" "$root/deploy/check.sh" clang-tests
 fi
 
 steps+=("$(printf '%-28s %5d s' "total" $((SECONDS - total_start)))")

@@ -31,7 +31,9 @@ fi
 t0=$(date +%s)
 mkdir -p "$build"
 if [ ! -f "$build/build.ninja" ]; then
+  # Line tables only (-g1): a crash's stack still names file and line.
   CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
     -DLONGHAUL_WERROR=OFF -DLONGHAUL_BUILD_BENCHMARKS=OFF >"$build/configure.log" 2>&1 || {
     cat "$build/configure.log" >&2
     exit 1
