@@ -22,7 +22,10 @@ import sys
 
 
 def syntax_only(entry):
-    """The entry's command with its output replaced by -fsyntax-only."""
+    """The entry's command with its output replaced by -fsyntax-only, and
+    without sanitizer flags: they change code generation, not the analysis,
+    and a target's own (the fuzz replays' ASan) may not mix with the build's
+    TSan."""
     args = entry["arguments"] if "arguments" in entry else shlex.split(entry["command"])
     out, skip = [], False
     for a in args:
@@ -32,7 +35,7 @@ def syntax_only(entry):
         if a in ("-o", "-MF", "-MT", "-MQ"):
             skip = True
             continue
-        if a in ("-MD", "-MMD"):
+        if a in ("-MD", "-MMD") or a.startswith(("-fsanitize", "-fno-sanitize")):
             continue
         out.append(a)
     return out + ["-fsyntax-only"]
