@@ -306,6 +306,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   record.set_keep_checkpoints(open.keep_checkpoints());
   record.set_checkpoint_marker(open.checkpoint_marker());
   record.set_relay_by(open.relay_by());
+  record.set_requested_by(open.requested_by());
   if (open.has_relay_to()) *record.mutable_relay_to() = open.relay_to();
   record.set_state(v1::IncomingTransfer::RECEIVING);
   const int64_t now_ms = absl::ToUnixMillis(clock_.WallNow());
