@@ -28,6 +28,10 @@ std::string RelativeOf(const std::string& key) { return key.substr(key.find('\0'
 DestinationOwners::DestinationOwners(Loader load, ExistsFn exists)
     : load_(std::move(load)), exists_(std::move(exists)) {}
 
+std::string DestinationOwners::Publisher::ToString() const {
+  return requester.empty() ? site : absl::StrCat(site, " on ", requester, "'s request");
+}
+
 std::string DestinationOwners::Key(const std::string& export_name, const std::string& relative) {
   return absl::StrCat(export_name, std::string(1, '\0'), relative);
 }
@@ -47,25 +51,28 @@ absl::Status DestinationOwners::LoadLocked() {
     if (r.state() != v1::IncomingTransfer::PUBLISHED || r.export_name().empty()) continue;
     const std::string relative = CleanRelative(r.dest_path());
     if (relative.empty()) continue;
-    owners_[Key(r.export_name(), relative)] = r.source_site();
+    owners_[Key(r.export_name(), relative)] = {r.source_site(), r.requested_by()};
   }
   loaded_ = true;
   return absl::OkStatus();
 }
 
 absl::Status DestinationOwners::CheckLocked(const std::string& export_name,
-                                            const std::string& relative, const std::string& site) {
+                                            const std::string& relative,
+                                            const Publisher& publisher) {
   if (absl::Status s = LoadLocked(); !s.ok()) return s;
-  auto denied = [&](const std::string& owner, const std::string& theirs) {
+  const std::string site = publisher.ToString();
+  auto denied = [&](const Publisher& owner, const std::string& theirs) {
     return absl::PermissionDeniedError(
         absl::StrCat(site, " may not publish ", export_name, ":", relative, ": ", export_name, ":",
-                     theirs, " was published by ", owner,
+                     theirs, " was published by ", owner.ToString(),
                      ", and a site replaces or writes inside only what it "
                      "published itself"));
   };
-  auto busy = [&](const std::string& other, const std::string& theirs) {
-    return absl::UnavailableError(absl::StrCat(other, " is publishing ", export_name, ":", theirs,
-                                               " now; ", site, " may try again once it is done"));
+  auto busy = [&](const Publisher& other, const std::string& theirs) {
+    return absl::UnavailableError(absl::StrCat(other.ToString(), " is publishing ", export_name,
+                                               ":", theirs, " now; ", site,
+                                               " may try again once it is done"));
   };
   // The destination itself and every directory above it.
   std::vector<std::string> above;
@@ -76,11 +83,11 @@ absl::Status DestinationOwners::CheckLocked(const std::string& export_name,
   above.push_back(relative);
   for (const std::string& path : above) {
     const std::string key = Key(export_name, path);
-    if (auto it = claims_.find(key); it != claims_.end() && it->second.first != site) {
+    if (auto it = claims_.find(key); it != claims_.end() && !(it->second.first == publisher)) {
       return busy(it->second.first, path);
     }
     auto it = owners_.find(key);
-    if (it == owners_.end() || it->second == site) continue;
+    if (it == owners_.end() || it->second == publisher) continue;
     if (exists_(export_name, path)) return denied(it->second, path);
     owners_.erase(it);  // gone: nobody holds that path any more
   }
@@ -88,10 +95,10 @@ absl::Status DestinationOwners::CheckLocked(const std::string& export_name,
   const std::string from = Key(export_name, relative + "/");
   const std::string to = Key(export_name, relative + "0");
   for (auto it = claims_.lower_bound(from); it != claims_.end() && it->first < to; ++it) {
-    if (it->second.first != site) return busy(it->second.first, RelativeOf(it->first));
+    if (!(it->second.first == publisher)) return busy(it->second.first, RelativeOf(it->first));
   }
   for (auto it = owners_.lower_bound(from); it != owners_.end() && it->first < to;) {
-    if (it->second == site) {
+    if (it->second == publisher) {
       ++it;
       continue;
     }
@@ -103,36 +110,37 @@ absl::Status DestinationOwners::CheckLocked(const std::string& export_name,
 }
 
 absl::Status DestinationOwners::Check(const std::string& export_name, const std::string& relative,
-                                      const std::string& site) {
+                                      const std::string& site, const std::string& requester) {
   absl::MutexLock lock(&mu_);
-  return CheckLocked(export_name, relative, site);
+  return CheckLocked(export_name, relative, {site, requester});
 }
 
 absl::Status DestinationOwners::Claim(const std::string& export_name, const std::string& relative,
-                                      const std::string& site) {
+                                      const std::string& site, const std::string& requester) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLocked(export_name, relative, site); !s.ok()) return s;
+  const Publisher publisher{site, requester};
+  if (absl::Status s = CheckLocked(export_name, relative, publisher); !s.ok()) return s;
   auto& claim = claims_[Key(export_name, relative)];
-  claim.first = site;
+  claim.first = publisher;
   ++claim.second;
   return absl::OkStatus();
 }
 
 void DestinationOwners::Release(const std::string& export_name, const std::string& relative,
-                                const std::string& site) {
+                                const std::string& site, const std::string& requester) {
   absl::MutexLock lock(&mu_);
   auto it = claims_.find(Key(export_name, relative));
-  if (it == claims_.end() || it->second.first != site) return;
+  if (it == claims_.end() || !(it->second.first == Publisher{site, requester})) return;
   if (--it->second.second == 0) claims_.erase(it);
 }
 
 void DestinationOwners::Published(const std::string& export_name, const std::string& relative,
-                                  const std::string& site) {
+                                  const std::string& site, const std::string& requester) {
   absl::MutexLock lock(&mu_);
   // Loading now reads this publish from the journal too; either way the
-  // entry ends up naming `site`.
+  // entry ends up naming the publisher.
   LoadLocked().IgnoreError();
-  owners_[Key(export_name, relative)] = site;
+  owners_[Key(export_name, relative)] = {site, requester};
 }
 
 void DestinationOwners::Forget(const std::string& export_name, const std::string& relative) {
@@ -141,7 +149,8 @@ void DestinationOwners::Forget(const std::string& export_name, const std::string
 }
 
 absl::StatusOr<absl::flat_hash_set<std::string>> DestinationOwners::OwnedBelow(
-    const std::string& export_name, const std::string& parent_relative, const std::string& site) {
+    const std::string& export_name, const std::string& parent_relative, const std::string& site,
+    const std::string& requester) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = LoadLocked(); !s.ok()) return s;
   const std::string prefix = parent_relative.empty() ? "" : parent_relative + "/";
@@ -150,7 +159,10 @@ absl::StatusOr<absl::flat_hash_set<std::string>> DestinationOwners::OwnedBelow(
   for (auto it = owners_.lower_bound(from);
        it != owners_.end() && it->first.compare(0, from.size(), from) == 0; ++it) {
     const std::string name = it->first.substr(from.size());
-    if (name.empty() || name.find('/') != std::string::npos || it->second != site) continue;
+    if (name.empty() || name.find('/') != std::string::npos ||
+        !(it->second == Publisher{site, requester})) {
+      continue;
+    }
     names.insert(name);
   }
   return names;

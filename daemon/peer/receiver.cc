@@ -38,6 +38,19 @@ bool SameContentIdentity(const v1::ManifestFile& a, const v1::ManifestFile& b) {
          a.generation() == b.generation();
 }
 
+DestinationAuthority::Options AuthorityOptionsOf(
+    const ReceiverOptions& options,
+    std::function<void(const std::string& site, const std::string& export_name)> refused) {
+  DestinationAuthority::Options authority;
+  authority.local_site = options.local_site;
+  for (const ReceiverOptions::Export& e : options.exports) {
+    authority.exports.push_back({e.name, e.writers});
+  }
+  authority.pull_granted = options.pull_granted;
+  authority.refused = std::move(refused);
+  return authority;
+}
+
 }  // namespace
 
 bool ReceiverOptions::Export::IsWriter(absl::string_view site) const {
@@ -61,10 +74,15 @@ Receiver::Receiver(ReceiverOptions options, storage::Journal& journal, storage::
       budget_(budget == nullptr ? own_budget_.get() : budget),
       clock_(clock),
       committer_(journal),
-      owners_([this] { return journal_.ListIncoming(); },
-              [this](const std::string& export_name, const std::string& relative) {
-                return DestinationExists(export_name, relative);
-              }),
+      authority_(
+          AuthorityOptionsOf(options_,
+                             [this](const std::string& site, const std::string& export_name) {
+                               CountRefusal(site, export_name);
+                             }),
+          [this] { return journal_.ListIncoming(); },
+          [this](const std::string& export_name, const std::string& relative) {
+            return DestinationExists(export_name, relative);
+          }),
       read_back_pool_(kReadBackThreads, kMaxQueuedReadBacks) {
   // Only address space until bytes arrive; a failed mapping is out of memory.
   absl::StatusOr<std::unique_ptr<storage::BufferPool>> pool =
@@ -94,23 +112,6 @@ void Receiver::CountRefusal(const std::string& peer_site, const std::string& exp
   if (options_.FindExport(export_name) == nullptr) return;
   absl::MutexLock lock(&refused_mu_);
   ++access_refused_[{peer_site, export_name}];
-}
-
-absl::Status Receiver::CheckWriter(const std::string& peer_site, const std::string& export_name,
-                                   const std::string& dest_path, const std::string& transfer_id) {
-  const ReceiverOptions::Export* e = options_.FindExport(export_name);
-  if (e == nullptr || e->IsWriter(peer_site)) return absl::OkStatus();  // unknown: Resolve says so
-  if (options_.pull_granted &&
-      options_.pull_granted(peer_site, export_name, dest_path, transfer_id)) {
-    return absl::OkStatus();
-  }
-  spdlog::warn("export {}: refusing to let {} write; its writers are [{}]", export_name, peer_site,
-               absl::StrJoin(e->writers, ", "));
-  CountRefusal(peer_site, export_name);
-  return absl::PermissionDeniedError(absl::StrCat(
-      peer_site, " may not write into export ", export_name, " of ", options_.local_site,
-      ": it is not one of the export's writers (exports[].writers in ", options_.local_site,
-      "'s config)"));
 }
 
 Receiver::~Receiver() {
@@ -217,10 +218,27 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
 
   if (absl::Status s = CheckTransferId(open.transfer_id()); !s.ok()) return fail(s);
-  if (absl::Status s =
-          CheckWriter(peer_site, open.export_name(), open.dest_path(), open.transfer_id());
-      !s.ok())
-    return fail(s);
+  // Who may change what is decided first, before anything is staged.
+  auto dest = storage::ResolveDestination(exports_, open.export_name(), open.dest_path());
+  if (!dest.ok()) return fail(dest.status());
+  DestinationAuthority::Change change{.source = peer_site,
+                                      .requester = open.requested_by(),
+                                      .export_name = open.export_name(),
+                                      .dest_path = open.dest_path(),
+                                      .relative = dest->relative,
+                                      .transfer_id = open.transfer_id(),
+                                      .prunes = open.keep_checkpoints() > 0 && !open.single_file()};
+  {
+    // Opened again after its publish (the sender missed the commit answer):
+    // nothing will be written. Read again under the session lock below.
+    auto previous = journal_.GetIncoming(open.transfer_id());
+    if (!previous.ok()) return fail(previous.status());
+    change.published = *previous && (*previous)->source_site() == peer_site &&
+                       (*previous)->export_name() == open.export_name() &&
+                       (*previous)->dest_path() == open.dest_path() &&
+                       (*previous)->state() == v1::IncomingTransfer::PUBLISHED;
+  }
+  if (absl::Status s = authority_.MayWrite(change); !s.ok()) return fail(s);
   // Each DATA stream holds up to a chunk in memory: the receiver's maximum
   // bounds it, whatever the sender asks for.
   if (open.manifest().chunk_size() > options_.max_chunk_size) {
@@ -248,9 +266,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
       return fail(absl::InvalidArgumentError(
           absl::StrCat("relay_by must name another destination, not ", open.relay_by())));
     }
-    if (absl::Status s =
-            CheckWriter(open.relay_by(), open.export_name(), open.dest_path(), open.transfer_id());
-        !s.ok()) {
+    if (absl::Status s = authority_.MayRelay(change, open.relay_by()); !s.ok()) {
       return fail(absl::PermissionDeniedError(absl::StrCat("relay refused: ", s.message())));
     }
   }
@@ -306,14 +322,12 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   record.set_keep_checkpoints(open.keep_checkpoints());
   record.set_checkpoint_marker(open.checkpoint_marker());
   record.set_relay_by(open.relay_by());
+  record.set_requested_by(open.requested_by());
   if (open.has_relay_to()) *record.mutable_relay_to() = open.relay_to();
   record.set_state(v1::IncomingTransfer::RECEIVING);
   const int64_t now_ms = absl::ToUnixMillis(clock_.WallNow());
   record.set_created_unix_ms(*existing ? (*existing)->created_unix_ms() : now_ms);
   record.set_active_unix_ms(now_ms);
-
-  auto dest = Resolve(record);
-  if (!dest.ok()) return fail(dest.status());
 
   v1::PeerMessage answer;
   answer.set_request_id(request.request_id());
@@ -321,11 +335,10 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   reply->set_sparse_files(true);
   reply->set_hard_links(true);
   const bool published = *existing && (*existing)->state() == v1::IncomingTransfer::PUBLISHED;
-  if (!published) {
-    if (absl::Status s = owners_.Check(open.export_name(), dest->relative, peer_site); !s.ok()) {
-      if (absl::IsPermissionDenied(s)) CountRefusal(peer_site, open.export_name());
-      return fail(s);
-    }
+  if (published != change.published) {
+    // It was published, or something else, in between: decide again.
+    change.published = published;
+    if (absl::Status s = authority_.MayWrite(change); !s.ok()) return fail(s);
   }
 
   // A transfer already published (the sender missed our commit answer, maybe
@@ -493,10 +506,7 @@ v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site,
   v1::AbortReply* reply = answer.mutable_abort_reply();
   if (!*record) {
     // A site that may write nowhere could never open it: nothing to note.
-    const bool writer =
-        std::any_of(options_.exports.begin(), options_.exports.end(),
-                    [&](const ReceiverOptions::Export& e) { return e.IsWriter(peer_site); });
-    if (!writer) return answer;
+    if (!authority_.MayNoteAbort(peer_site)) return answer;
     // Not opened yet: leave a tombstone so a late open is refused.
     v1::IncomingTransfer tombstone;
     tombstone.set_id(id);

@@ -19,7 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "daemon/peer/destination_owners.h"
+#include "daemon/peer/destination_authority.h"
 #include "daemon/peer/durability_committer.h"
 #include "daemon/peer/memory_budget.h"
 #include "daemon/peer/read_back_pool.h"
@@ -104,12 +104,13 @@ struct ReceiverOptions {
 // read back from its staged file included, matches the sender's; on a
 // mismatch its prefix record is dropped and it is asked for from byte 0.
 //
-// Authorization: only the export's writers, or the source of a pull this
-// site issued into that destination, may open or commit a transfer into it, and only where no other
-// site's published destination is (DestinationOwners); a refused open writes nothing, not even
-// staging. Commit, abort and verify act only on the asking site's own transfers. Published files
-// keep the manifest's mode masked by the export's umask; `sync --keep` prunes only the checkpoints
-// the same source site published.
+// Authorization: every change at a destination (open, commit, pruning after publish, an abort's
+// record) is decided by DestinationAuthority, against the source and, for a pull or third-party
+// copy, the requester its open names: only the export's writers, or the source of a pull this site
+// issued into that destination, may open or commit a transfer into it, only where no other
+// publisher's destination is, and pruning needs writers' authority; a refused open writes nothing,
+// not even staging. Commit, abort and verify act only on the asking site's own transfers.
+// Published files keep the manifest's mode masked by the export's umask.
 //
 // Memory: what a peer makes it hold grows only with bytes received and is
 // charged to the peer's PeerMemoryBudget: control messages while they are
@@ -258,10 +259,6 @@ class Receiver {
   // PUBLISHED and prunes. Files whose bytes were lost are forgotten, so the
   // sender's next open sends them again.
   absl::Status PublishLocked(Session& session) ABSL_NO_THREAD_SAFETY_ANALYSIS;  // holds session.mu
-  // The export's writers check, counted and worded for the peer.
-  // `dest_path` and `transfer_id` are the transfer's: a pull grants one.
-  absl::Status CheckWriter(const std::string& peer_site, const std::string& export_name,
-                           const std::string& dest_path, const std::string& transfer_id);
   // Counts a refusal of `peer_site` in a configured export.
   void CountRefusal(const std::string& peer_site, const std::string& export_name);
   storage::PublishOptions PublishOptionsOf(const v1::IncomingTransfer& record) const;
@@ -288,7 +285,7 @@ class Receiver {
   DurabilityCommitter committer_;
   // Shared with the DATA channels, so that it outlives every lease.
   std::shared_ptr<storage::BufferPool> piece_buffers_;
-  DestinationOwners owners_;
+  DestinationAuthority authority_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

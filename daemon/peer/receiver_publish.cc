@@ -59,7 +59,7 @@ void Receiver::PruneOldCheckpoints(const v1::IncomingTransfer& record,
   if (record.keep_checkpoints() == 0 || record.single_file()) return;
   const std::string parent = ParentOf(dest.relative);
   absl::StatusOr<absl::flat_hash_set<std::string>> owned =
-      owners_.OwnedBelow(record.export_name(), parent, record.source_site());
+      authority_.Prunable(DestinationAuthority::Change::Of(record, dest.relative), parent);
   absl::StatusOr<std::vector<std::string>> removed;
   if (owned.ok()) {
     storage::RetentionPolicy policy{
@@ -77,7 +77,8 @@ void Receiver::PruneOldCheckpoints(const v1::IncomingTransfer& record,
     return;
   }
   for (const std::string& name : *removed) {
-    owners_.Forget(record.export_name(), parent.empty() ? name : absl::StrCat(parent, "/", name));
+    authority_.Pruned(record.export_name(),
+                      parent.empty() ? name : absl::StrCat(parent, "/", name));
   }
   if (!removed->empty()) {
     spdlog::info("transfer {}: kept the newest {} checkpoints of {} in {}; removed {}", record.id(),
@@ -305,7 +306,7 @@ absl::Status Receiver::PublishLocked(Session& session) {
                  session.staging->dir(), s.message());
   }
   session.staging.reset();
-  owners_.Published(record.export_name(), session.dest.relative, record.source_site());
+  authority_.Published(DestinationAuthority::Change::Of(record, session.dest.relative));
   spdlog::info("transfer {} from {}: published {} files at {}", id, record.source_site(),
                record.manifest().files_size() - record.unchanged_files_size(),
                session.dest.absolute);
@@ -388,18 +389,12 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site,
   } else {
     // Asked again: the config may have changed since the open, and another
     // site may have published over this path meanwhile.
-    if (absl::Status s =
-            CheckWriter(peer_site, record.export_name(), record.dest_path(), record.id());
-        !s.ok())
-      return fail(s);
-    const std::string& relative = session->dest.relative;
-    if (absl::Status s = owners_.Claim(record.export_name(), relative, peer_site); !s.ok()) {
-      if (absl::IsPermissionDenied(s)) CountRefusal(peer_site, record.export_name());
-      return fail(s);
-    }
+    const DestinationAuthority::Change change =
+        DestinationAuthority::Change::Of(record, session->dest.relative);
+    if (absl::Status s = authority_.Claim(change); !s.ok()) return fail(s);
     absl::Status s = VerifyStaged(*session, options.skip_files);
     if (s.ok()) s = PublishLocked(*session);
-    owners_.Release(record.export_name(), relative, peer_site);
+    authority_.Release(change);
     if (!s.ok()) return fail(s);
   }
   answer.mutable_commit_reply()->set_files_published(manifest.files_size() -

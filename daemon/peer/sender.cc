@@ -298,6 +298,7 @@ absl::Status TransferSender::RunAttempt() {
     open->set_compare_content(spec.sync() && spec.checksum());
     open->set_durable_pieces(true);
     open->set_relay_by(record.relay_by());
+    open->set_requested_by(spec.requested_by());
     if (record.has_relay_to()) *open->mutable_relay_to() = record.relay_to();
   }
   auto opened = Call(**control, session_id, request);

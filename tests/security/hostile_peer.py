@@ -127,9 +127,10 @@ def manifest_file(path, size, mtime_ns=1_700_000_000_123_456_789, mode=0o644, ge
 
 
 def transfer_spec(source_export, source_path, dest_site, dest_export, dest_path, sources=(),
-                  requested_by=None):
+                  requested_by=None, keep_checkpoints=0, checkpoint_marker=""):
     """A TransferSpec (control.proto) naming a remote source."""
     return message((1, list(sources)), (2, dest_site), (3, dest_export), (4, dest_path),
+                   (11, keep_checkpoints or None), (12, checkpoint_marker or None),
                    (21, source_export), (22, source_path), (23, requested_by))
 
 
@@ -139,13 +140,15 @@ def manifest(files, chunk_size=MIN_CHUNK_SIZE, empty_dirs=()):
 
 def open_request(transfer_id, export, dest_path, manifest_bytes, commit_last=(), single_file=False,
                  keep_checkpoints=0, checkpoint_marker="", skip_unchanged=False, relay_by="",
-                 relay_to=None):
-    """An OpenRequest; fan-out: `relay_by` a site, `relay_to` (site, transfer id)."""
+                 relay_to=None, requested_by=""):
+    """An OpenRequest; fan-out: `relay_by` a site, `relay_to` (site, transfer id);
+    `requested_by` the site a pull or third-party copy is sent for."""
     return message((1, transfer_id), (3, export), (4, dest_path), (5, manifest_bytes),
                    (6, list(commit_last)), (7, skip_unchanged or None), (8, single_file or None),
                    (9, keep_checkpoints or None), (10, checkpoint_marker or None),
                    (13, relay_by or None),
-                   (14, message((1, relay_to[0]), (2, relay_to[1])) if relay_to else None))
+                   (14, message((1, relay_to[0]), (2, relay_to[1])) if relay_to else None),
+                   (15, requested_by or None))
 
 
 class Answer:

@@ -185,6 +185,107 @@ class NoWritersTest(AccessTestCase):
         self.assertEqual(self.visible_entries(), [])
 
 
+class ThirdPartyDeputyTest(AccessTestCase):
+    """site-b's export: writers [site-a]; site-a's export: readers [site-c].
+    site-c may have site-a copy into site-b (third-party copy), but every
+    change at site-b uses site-c's authority as well as site-a's: site-c,
+    no writer there, may only have new paths created, never replaced or
+    pruned."""
+
+    writers = "site-b=site-a"
+    readers = "site-a=site-c"
+
+    def publish_run1(self):
+        """site-a's own run1/step-1..3 at site-b; their digests."""
+        for step in (1, 2, 3):
+            ckpt = self.make_checkpoint(self.sites.path("src"), f"step-{step}", seed=step)
+            self.cp_ok("site-a", ckpt, f"site-b:/ckpt/run1/step-{step}")
+        return {n: lh.tree_digest(self.export("run1", n)) for n in ("step-1", "step-2", "step-3")}
+
+    def run1(self):
+        return {n: lh.tree_digest(self.export("run1", n)) for n in os.listdir(self.export("run1"))}
+
+    def test_a_reader_cannot_have_the_source_replace_its_own_checkpoint(self):
+        before = self.publish_run1()
+        junk = os.path.join(self.sites.export("site-a"), "junk")
+        lh.write_random(os.path.join(junk, "shard-0.pt"), 4096, seed=99)
+        proc, result = self.cp("site-c", "site-a:/ckpt/junk", "site-b:/ckpt/run1/step-3")
+        self.assertEqual(self.run1(), before)  # step-3 is still site-a's
+        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
+        self.assertEqual(result["state"], "FAILED", result)
+        self.assertIn("site-c asked site-a to copy into ckpt:run1/step-3 of site-b, which exists; "
+                      "site-c is not one of the export's writers, so a copy on its request may "
+                      "only create a path that does not exist yet", result["error"])
+        self.wait_log("site-b", "refused transfer")
+
+        # A path that does not exist yet it may have site-a create.
+        self.cp_ok("site-c", "site-a:/ckpt/junk", "site-b:/ckpt/run1/junk")
+        self.assertEqual(lh.tree_digest(self.export("run1", "junk")), lh.tree_digest(junk))
+
+    def test_a_reader_cannot_have_the_source_prune(self):
+        before = self.publish_run1()
+        self.make_checkpoint(self.sites.export("site-a"), "step-4", seed=4)
+        # The CLI takes no --keep with a remote source; a hostile site-c asks
+        # site-a itself, which sends with keep_checkpoints=1.
+        with open(self.sites.path("site-a", "longhauld.yaml")) as f:
+            listen = [line for line in f if line.startswith("listen:")][0].split()[1]
+        channel = hostile_peer.HostilePeer(self.sites.path("pki"), "site-c", listen,
+                                           "site-a").remote()
+        try:
+            answer = channel.remote_submit("req-keep", hostile_peer.transfer_spec(
+                "ckpt", "step-4", "site-b", "ckpt", "run1/step-4", keep_checkpoints=1,
+                checkpoint_marker=MARKER))
+        finally:
+            channel.close()
+        self.assertTrue(answer.ok(), answer)
+        tid = hostile_peer.decode(answer.body[1][0])[1][0].decode()
+        status = self.sites.wait_state("a", tid, {"FAILED", "COMPLETED"})
+        self.assertEqual(self.run1(), before)  # step-1 and step-2 are still there
+        self.assertEqual(status["state"], "FAILED", status)
+        self.assertIn("site-c asked site-a to prune old checkpoints in export ckpt of site-b "
+                      "(--keep), but site-c is not one of the export's writers, so a copy on its "
+                      "request never prunes", status["error"])
+
+
+class PullSourceTest(AccessTestCase):
+    """site-b pulls from site-a and lets nobody write into its export. The
+    pull grants site-a one path and one transfer, never pruning."""
+
+    site_names = ("site-a", "site-b")
+    writers = "site-b="
+    readers = "site-a=site-b"
+
+    def test_a_pulls_source_cannot_prune_the_earlier_pulls(self):
+        run = os.path.join(self.sites.export("site-a"), "run")
+        for step in (1, 2):
+            self.make_checkpoint(run, f"step-{step}", seed=step)
+            self.cp_ok("site-b", f"site-a:/ckpt/run/step-{step}", f"site-b:/ckpt/run/step-{step}")
+        before = {n: lh.tree_digest(self.export("run", n)) for n in ("step-1", "step-2")}
+        # A pull that runs long enough for site-a to open it itself.
+        lh.write_random(os.path.join(run, "step-3", "shard.bin"), 256 << 20, seed=3)
+        with open(os.path.join(run, "step-3", MARKER), "w") as f:
+            f.write("{}")
+        self.sites.cli("a", "limit", "--peer", "site-b", "50Mbit", check=True)
+        proc = self.sites.cli("b", "cp", "site-a:/ckpt/run/step-3", "site-b:/ckpt/run/step-3",
+                              "--json")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        tid = json.loads(proc.stdout)["id"]
+        self.sites.wait_state("a", tid, {"RUNNING"})
+        # Paused at the source: the pull still runs, so its grant holds.
+        self.sites.cli("a", "pause", tid, check=True)
+        self.sites.wait_state("a", tid, {"PAUSED"})
+
+        peer = self.hostile("site-a")
+        files = {"shard.bin": (b"x" * 1000, 0o644), MARKER: (b"{}", 0o644)}
+        answer = peer.publish(tid, "ckpt", "run/step-3", files, keep_checkpoints=1,
+                              checkpoint_marker=MARKER, requested_by="site-b")
+        self.assertEqual(sorted(os.listdir(self.export("run"))), ["step-1", "step-2"])
+        self.assertEqual({n: lh.tree_digest(self.export("run", n)) for n in before}, before)
+        self.assert_refused(answer, "site-a may not prune old checkpoints in export ckpt of "
+                            "site-b", "no pruning")
+        self.sites.cli("b", "cancel", tid, check=True)
+
+
 class SharedExportTest(AccessTestCase):
     """site-a and site-c are both writers of site-b's export. Each may
     publish new paths; neither may replace, or write inside, a destination

@@ -156,5 +156,37 @@ TEST_F(DestinationOwnersTest, AnUnreadableJournalRefusesUntilItCanBeRead) {
   EXPECT_FALSE(owners_.Check("ckpt", "run1/step-1", "site-c").ok());
 }
 
+// A third-party copy is published by its source on its requester's
+// request: the two together are its publisher, apart from the source alone.
+TEST_F(DestinationOwnersTest, APublishOnAnotherSitesRequestBelongsToBothSites) {
+  SiteAPublishedStep1();
+  v1::IncomingTransfer copied = Record("site-a", "run1/step-2", v1::IncomingTransfer::PUBLISHED);
+  copied.set_requested_by("site-c");
+  records_.push_back(copied);
+  existing_.insert({"ckpt", "run1/step-2"});
+
+  absl::Status s = owners_.Check("ckpt", "run1/step-1", "site-a", "site-c");
+  EXPECT_EQ(s.message(),
+            "site-a on site-c's request may not publish ckpt:run1/step-1: ckpt:run1/step-1 was "
+            "published by site-a, and a site replaces or writes inside only what it published "
+            "itself");
+  s = owners_.Check("ckpt", "run1/step-2", "site-a");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(s.message().find("was published by site-a on site-c's request"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_TRUE(owners_.Check("ckpt", "run1/step-2", "site-a", "site-c").ok());
+  EXPECT_EQ(*owners_.OwnedBelow("ckpt", "run1", "site-a"),
+            absl::flat_hash_set<std::string>({"step-1"}));
+  EXPECT_EQ(*owners_.OwnedBelow("ckpt", "run1", "site-a", "site-c"),
+            absl::flat_hash_set<std::string>({"step-2"}));
+
+  // A claim by one publisher keeps the other out meanwhile.
+  ASSERT_TRUE(owners_.Claim("ckpt", "run1/step-3", "site-a", "site-c").ok());
+  EXPECT_EQ(owners_.Check("ckpt", "run1/step-3", "site-a").code(), absl::StatusCode::kUnavailable);
+  owners_.Release("ckpt", "run1/step-3", "site-a", "site-c");
+  EXPECT_TRUE(owners_.Check("ckpt", "run1/step-3", "site-a").ok());
+}
+
 }  // namespace
 }  // namespace longhaul::peer

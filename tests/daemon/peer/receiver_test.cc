@@ -232,6 +232,164 @@ TEST_F(ReceiverAuthorizationTest, APullsSourceMayOpenOnlyThePathPulledWhileThePu
   EXPECT_EQ(OpenAs(receiver, "site-c", "t-c", "pulled").error_code(), denied);
 }
 
+// What site-a opens on `requester`'s request ("" for its own push) into
+// ckpt:`dest`, keeping `keep` checkpoints beside it.
+v1::PeerMessage OpenRequested(v1::PeerMessage request, const std::string& requester,
+                              uint32_t keep) {
+  request.mutable_open()->set_requested_by(requester);
+  request.mutable_open()->set_keep_checkpoints(keep);
+  request.mutable_open()->set_checkpoint_marker(".metadata");
+  return request;
+}
+
+// A third-party copy uses the authority of the site that asked for it as
+// well as its source's: site-c, no writer here, cannot have site-a (a
+// writer) replace site-a's own checkpoint, nor prune beside a new one; it
+// may only have it create a path that does not exist yet.
+TEST_F(ReceiverAuthorizationTest, AThirdPartyCopyForASiteThatIsNotAWriterOnlyCreatesNewPaths) {
+  v1::IncomingTransfer published = record_;
+  published.set_id("t-published");
+  published.set_state(v1::IncomingTransfer::PUBLISHED);
+  ASSERT_TRUE(journal_->PutIncoming(published).ok());  // site-a's ckpt/step, which exists
+  Receiver receiver(options_, *journal_, *fs_);
+  const auto before = fs_->Tree(export_);
+  auto open = [&](const std::string& id, const std::string& dest, uint32_t keep) {
+    v1::PeerMessage request;
+    request.mutable_open()->set_transfer_id(id);
+    request.mutable_open()->set_export_name("ckpt");
+    request.mutable_open()->set_dest_path(dest);
+    *request.mutable_open()->mutable_manifest() = record_.manifest();
+    return Call(receiver, "site-a", id, OpenRequested(request, "site-c", keep));
+  };
+  const int denied = static_cast<int>(absl::StatusCode::kPermissionDenied);
+
+  v1::PeerMessage replace = open("t-replace", "ckpt/step", 0);
+  EXPECT_EQ(replace.error_code(), denied);
+  EXPECT_EQ(replace.error(),
+            "site-c asked site-a to copy into ckpt:ckpt/step of site-b, which exists; site-c is "
+            "not one of the export's writers, so a copy on its request may only create a path "
+            "that does not exist yet: copy to a new path, or add site-c to exports[].writers in "
+            "site-b's config");
+  v1::PeerMessage prune = open("t-prune", "ckpt/step-2", 1);
+  EXPECT_EQ(prune.error_code(), denied);
+  EXPECT_EQ(prune.error(),
+            "site-c asked site-a to prune old checkpoints in export ckpt of site-b (--keep), but "
+            "site-c is not one of the export's writers, so a copy on its request never prunes: "
+            "copy without --keep, or add site-c to exports[].writers in site-b's config");
+  EXPECT_EQ(fs_->Tree(export_), before);  // not even a staging directory
+  for (const char* id : {"t-replace", "t-prune"}) {
+    auto record = journal_->GetIncoming(id);
+    ASSERT_TRUE(record.ok());
+    EXPECT_FALSE(record->has_value()) << id;
+  }
+  using Key = std::pair<std::string, std::string>;
+  EXPECT_EQ(receiver.stats().access_refused, (std::map<Key, uint64_t>{{{"site-a", "ckpt"}, 2}}));
+
+  // A path that does not exist yet, without pruning: a copy may create it.
+  v1::PeerMessage create = open("t-new", "ckpt/new", 0);
+  EXPECT_EQ(create.error(), "");
+  EXPECT_TRUE(create.has_open_reply());
+}
+
+// A publish on another site's request belongs to both sites: site-c, a
+// writer too, cannot have site-a replace what site-a published for itself,
+// nor site-a alone replace what it published on site-c's request.
+TEST_F(ReceiverAuthorizationTest, AThirdPartyCopyReplacesOnlyWhatTheSameTwoSitesPublished) {
+  options_.exports[0].writers = {"site-a", "site-c"};
+  v1::IncomingTransfer own = record_;
+  own.set_id("t-own");
+  own.set_state(v1::IncomingTransfer::PUBLISHED);
+  ASSERT_TRUE(journal_->PutIncoming(own).ok());  // site-a's ckpt/step, which exists
+  v1::IncomingTransfer copied = own;
+  copied.set_id("t-copied");
+  copied.set_dest_path("ckpt/copied");
+  copied.set_requested_by("site-c");
+  ASSERT_TRUE(journal_->PutIncoming(copied).ok());
+  fs_->PutFile(export_ + "/ckpt/copied/.metadata", "copied marker");
+  Receiver receiver(options_, *journal_, *fs_);
+  auto open = [&](const std::string& id, const std::string& dest, const std::string& requester) {
+    v1::PeerMessage request;
+    request.mutable_open()->set_transfer_id(id);
+    request.mutable_open()->set_export_name("ckpt");
+    request.mutable_open()->set_dest_path(dest);
+    *request.mutable_open()->mutable_manifest() = record_.manifest();
+    return Call(receiver, "site-a", id, OpenRequested(request, requester, 0));
+  };
+
+  v1::PeerMessage over_own = open("t-1", "ckpt/step", "site-c");
+  EXPECT_EQ(over_own.error_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_NE(over_own.error().find("ckpt:ckpt/step was published by site-a,"), std::string::npos)
+      << over_own.error();
+  v1::PeerMessage over_copy = open("t-2", "ckpt/copied", "");
+  EXPECT_EQ(over_copy.error_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_NE(over_copy.error().find("was published by site-a on site-c's request"),
+            std::string::npos)
+      << over_copy.error();
+  EXPECT_EQ(fs_->Tree(export_ + "/.longhaul"), std::nullopt);
+
+  EXPECT_EQ(open("t-3", "ckpt/copied", "site-c").error(), "");
+  EXPECT_EQ(open("t-4", "ckpt/step", "").error(), "");
+}
+
+// A pull grants its source one path and one transfer, and never pruning:
+// the source cannot open the pull with keep_checkpoints and remove the
+// earlier pulls it published here. Nor may a source name this site as the
+// requester of a pull it did not issue.
+TEST_F(ReceiverAuthorizationTest, APullsSourceMayNotPruneTheEarlierPulls) {
+  options_.exports[0].writers = {"site-a"};
+  options_.pull_granted = [](absl::string_view site, absl::string_view export_name,
+                             absl::string_view dest_path, absl::string_view transfer_id) {
+    return site == "site-c" && export_name == "ckpt" && dest_path == "run/step-3" &&
+           transfer_id == "t-3";
+  };
+  for (const char* step : {"step-1", "step-2"}) {
+    v1::IncomingTransfer pulled = record_;
+    pulled.set_id(std::string("t-pulled-") + step);
+    pulled.set_source_site("site-c");
+    pulled.set_requested_by("site-b");
+    pulled.set_dest_path(std::string("run/") + step);
+    pulled.set_state(v1::IncomingTransfer::PUBLISHED);
+    ASSERT_TRUE(journal_->PutIncoming(pulled).ok());
+    fs_->PutFile(export_ + "/run/" + step + "/.metadata", "pulled");
+  }
+  Receiver receiver(options_, *journal_, *fs_);
+  const auto before = fs_->Tree(export_);
+  auto open = [&](const std::string& site, const std::string& id, const std::string& requester,
+                  uint32_t keep) {
+    v1::PeerMessage request;
+    request.mutable_open()->set_transfer_id(id);
+    request.mutable_open()->set_export_name("ckpt");
+    request.mutable_open()->set_dest_path("run/step-3");
+    *request.mutable_open()->mutable_manifest() = record_.manifest();
+    return Call(receiver, site, id, OpenRequested(request, requester, keep));
+  };
+  const int denied = static_cast<int>(absl::StatusCode::kPermissionDenied);
+
+  v1::PeerMessage keep = open("site-c", "t-3", "site-b", 1);
+  EXPECT_EQ(keep.error_code(), denied);
+  EXPECT_EQ(keep.error(),
+            "site-c may not prune old checkpoints in export ckpt of site-b: it writes run/step-3 "
+            "there as the source of a pull only, which grants that path and no pruning; pull "
+            "without --keep");
+  // A source that names no requester has the same grant, and no more.
+  EXPECT_EQ(open("site-c", "t-3", "", 1).error_code(), denied);
+  // A writer naming this site as the requester of a pull it did not issue.
+  v1::PeerMessage claimed = open("site-a", "t-a", "site-b", 0);
+  EXPECT_EQ(claimed.error_code(), denied);
+  EXPECT_NE(claimed.error().find("site-a names site-b as the requester of transfer t-a"),
+            std::string::npos)
+      << claimed.error();
+  EXPECT_EQ(fs_->Tree(export_), before);
+  auto record = journal_->GetIncoming("t-3");
+  ASSERT_TRUE(record.ok());
+  EXPECT_FALSE(record->has_value());
+
+  // The pull itself, without pruning.
+  v1::PeerMessage pull = open("site-c", "t-3", "site-b", 0);
+  EXPECT_EQ(pull.error(), "");
+  EXPECT_TRUE(pull.has_open_reply());
+}
+
 TEST_F(ReceiverAuthorizationTest, AnExportWithoutWritersRefusesEveryone) {
   options_.exports[0].writers.clear();
   Receiver receiver(options_, *journal_, *fs_);
