@@ -197,9 +197,11 @@ bool Operations::GroupMoved(const std::string& group, uint64_t generation) const
   return g == nullptr || g->generation != generation;
 }
 
-absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& what,
-                                uint64_t generation, const std::vector<std::string>& peers,
-                                std::string* lost_peer) {
+absl::Status Operations::Commit(const ReduceRun& run, std::string* lost_peer) {
+  const AllReduceArgs& args = run.args;
+  const std::string& what = run.what;
+  const uint64_t generation = run.generation;
+  const std::vector<std::string>& peers = run.peers;
   Msg done;
   done.set_kind(Msg::DONE);
   done.set_group(args.group);
@@ -214,9 +216,9 @@ absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& wh
   for (const auto& p : peers) keys.push_back(Mailbox::Key(args.group, Msg::DONE, p, seq_id));
   // Committed: a cancel or the deadline no longer ends the op (a peer may
   // already have finished it); only an abort, a lost peer or shutdown does,
-  // or a peer silent long past the deadline.
-  const Timestamp give_up =
-      After(After(state_->clock.Now(), ToTimeDelta(args.timeout)), kSenderGrace);
+  // or a peer silent until the op's deadline plus kSenderGrace, wherever in
+  // the op this wait began.
+  const Timestamp give_up = After(run.deadline, kSenderGrace);
   absl::MutexLock lock(&state_->mu);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
     return state_->shutdown || AbortFrom(args.group, seq_id, peers) != nullptr || HoldsAll(keys) ||
@@ -482,7 +484,7 @@ void Operations::Settle(const ReduceRun& run, ReduceOutcome* out) {
     }
   }
   if (out->status.ok()) {
-    out->status = Commit(run.args, run.what, run.generation, run.peers, &out->lost_peer);
+    out->status = Commit(run, &out->lost_peer);
   } else if (out->lost_peer.empty()) {
     SendAborts(run.args.group, run.generation, run.args.seq, run.peers,
                std::string(out->status.message()));

@@ -155,10 +155,9 @@ class Operations {
   // its streamed buffer was being read fails the op as its own failure
   // (not a peer's).
   void Settle(const ReduceRun& run, ReduceOutcome* out);
-  // The commit round of an all-reduce whose inputs are all here: sends DONE
-  // and waits for every peer's DONE.
-  absl::Status Commit(const AllReduceArgs& args, const std::string& what, uint64_t generation,
-                      const std::vector<std::string>& peers, std::string* lost_peer);
+  // The commit round of a collective whose inputs are all here: sends DONE
+  // and waits, until run.deadline plus kSenderGrace, for every peer's DONE.
+  absl::Status Commit(const ReduceRun& run, std::string* lost_peer);
   void SendAborts(const std::string& group, uint64_t generation, uint64_t seq,
                   const std::vector<std::string>& peers, const std::string& reason);
   // The first of `peers`' ABORTs of the all-reduce `seq_id` in `group`, or null.
