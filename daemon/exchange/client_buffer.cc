@@ -109,8 +109,9 @@ absl::Status ClientBuffer::status() const {
 }
 
 FanOutReader::FanOutReader(ClientBuffer& input, size_t senders,
-                           std::vector<absl::Span<uint8_t>> slots, const std::atomic<bool>& stop)
-    : input_(input), slots_(std::move(slots)), stop_(stop), at_(senders, 0) {
+                           std::vector<absl::Span<uint8_t>> slots, const std::atomic<bool>& stop,
+                           StreamingDigest* digest)
+    : input_(input), slots_(std::move(slots)), stop_(stop), digest_(digest), at_(senders, 0) {
   LONGHAUL_CHECK(!slots_.empty()) << "a fan-out reader needs a slot";
   for (absl::Span<uint8_t> slot : slots_) {
     LONGHAUL_CHECK(slot.size() == std::min<uint64_t>(kSegmentBytes, input.size()))
@@ -149,6 +150,7 @@ absl::StatusOr<absl::Span<const uint8_t>> FanOutReader::Piece(size_t sender, uin
       reading_ = true;
       mu_.Unlock();
       absl::Status s = input_.Read(offset, slot);
+      if (s.ok() && digest_ != nullptr) digest_->Update(slot);
       mu_.Lock();
       reading_ = false;
       if (!s.ok()) {

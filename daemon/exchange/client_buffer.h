@@ -29,6 +29,7 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/units.h"
+#include "daemon/exchange/digest.h"
 #include "longhaul/shm_progress.h"
 
 namespace longhaul::exchange {
@@ -126,7 +127,9 @@ class ClientBuffer {
 // Each piece, kSegmentBytes at offsets Links::Send cuts a message at, is
 // copied out of `input` once, by the first sender that asks for it, into one
 // of `slots` (private memory), and every sender writes that copy: all peers
-// get the same bytes whatever the client writes meanwhile. At most
+// get the same bytes whatever the client writes meanwhile. `digest`, if
+// given, is fed each piece as it is read, in order: once every piece was
+// read it is the digest of the bytes every peer got. At most
 // slots.size() pieces are held at once, so a sender that runs that far
 // ahead of the slowest one waits for it.
 //
@@ -137,7 +140,7 @@ class FanOutReader {
   // `senders` ask for pieces, as sender 0 .. senders - 1. `slots` holds at
   // least one span of min(kSegmentBytes, input.size()) bytes.
   FanOutReader(ClientBuffer& input, size_t senders, std::vector<absl::Span<uint8_t>> slots,
-               const std::atomic<bool>& stop);
+               const std::atomic<bool>& stop, StreamingDigest* digest = nullptr);
 
   // Sender `sender`'s copy of bytes [offset, offset + n), one piece, asked
   // for in order; valid until its next Piece or Done. Waits while the piece
@@ -156,6 +159,8 @@ class FanOutReader {
   ClientBuffer& input_;
   const std::vector<absl::Span<uint8_t>> slots_;
   const std::atomic<bool>& stop_;
+  // Fed by the one sender reading a piece (reading_), pieces in order.
+  StreamingDigest* const digest_;
   absl::Mutex mu_;
   std::vector<uint64_t> at_ ABSL_GUARDED_BY(mu_);  // each sender's piece, or kDone
   uint64_t read_ ABSL_GUARDED_BY(mu_) = 0;         // pieces [0, read_) have been read

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/exchange/client_buffer.h"
 #include "daemon/exchange/deadline.h"
+#include "daemon/exchange/digest.h"
 #include "daemon/exchange/gather_checks.h"
 #include "daemon/exchange/mailbox.h"
 #include "daemon/exchange/operations.h"
@@ -73,7 +74,7 @@ class FanOut {
         slots_.push_back(pool.Take(std::min<uint64_t>(kSegmentBytes, payload.size())));
         slots.push_back(absl::MakeSpan(slots_.back()));
       }
-      reader_.emplace(input, peers.size(), std::move(slots), stop);
+      reader_.emplace(input, peers.size(), std::move(slots), stop, &digest_);
     }
     // `payload` by value: the parameter ends with the constructor.
     senders_.emplace(
@@ -97,9 +98,13 @@ class FanOut {
   FanOut& operator=(const FanOut&) = delete;
 
   SenderSet& senders() { return *senders_; }
+  // The digest of the bytes every peer got; valid once senders() finished
+  // and every send succeeded.
+  std::string digest() const { return digest_.Final(); }
 
  private:
   BufferPool& pool_;
+  StreamingDigest digest_;  // fed by reader_, before the senders start
   std::vector<Payload> slots_;
   std::optional<FanOutReader> reader_;  // none for an empty buffer
   std::optional<SenderSet> senders_;
@@ -175,6 +180,17 @@ OpResult Operations::AllGather(const GatherArgs& args, absl::Span<const uint8_t>
     out.status = CheckGathered(run, keys, run.peers, out, call);
     if (!out.status.ok()) run.op->stop = true;
     CollectSends(run, sends.senders(), std::vector<uint64_t>(run.peers.size(), part), &out);
+    if (out.status.ok() && !run.peers.empty()) {
+      // Its own part as the peers got it: what its client wrote meanwhile
+      // is its own to see, not a difference between members.
+      out.digests.noun = "part";
+      out.digests.owners = run.members;
+      for (const std::string& m : run.members) {
+        const size_t i = std::find(run.peers.begin(), run.peers.end(), m) - run.peers.begin();
+        out.digests.parts.push_back(m == local_site_ ? sends.digest()
+                                                     : Digest(out.taken[i].payload));
+      }
+    }
     Settle(run, &out);
     if (out.status.ok() && part > 0) {
       // Its own part first: `input` may lie in `output`, where a peer's part
@@ -215,6 +231,7 @@ OpResult Operations::Broadcast(const GatherArgs& args, absl::Span<uint8_t> buffe
                    state_->clock);
       CollectSends(run, sends.senders(), std::vector<uint64_t>(run.peers.size(), buffer.size()),
                    &out);
+      out.digests = {{sends.digest()}, {local_site_}, "buffer"};
       Settle(run, &out);
       return out;
     }
@@ -227,6 +244,7 @@ OpResult Operations::Broadcast(const GatherArgs& args, absl::Span<uint8_t> buffe
     out.status = AwaitAll(from_root, keys, &out.taken, &out.lost_peer);
     out.status = CheckGathered(run, keys, from_root.peers, out,
                                CallOf(Msg::BCAST_DATA, run.generation, args, buffer.size()));
+    if (out.status.ok()) out.digests = {{Digest(out.taken[0].payload)}, {args.root}, "buffer"};
     Settle(run, &out);
     if (out.status.ok() && !buffer.empty()) {
       std::memcpy(buffer.data(), out.taken[0].payload.data(), buffer.size());

@@ -197,14 +197,18 @@ bool Operations::GroupMoved(const std::string& group, uint64_t generation) const
   return g == nullptr || g->generation != generation;
 }
 
-absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& what,
-                                uint64_t generation, const std::vector<std::string>& peers,
+absl::Status Operations::Commit(const ReduceRun& run, const FinalDigests& digests,
                                 std::string* lost_peer) {
+  const AllReduceArgs& args = run.args;
+  const std::string& what = run.what;
+  const uint64_t generation = run.generation;
+  const std::vector<std::string>& peers = run.peers;
   Msg done;
   done.set_kind(Msg::DONE);
   done.set_group(args.group);
   done.set_generation(generation);
   done.set_seq(args.seq);
+  for (const std::string& d : digests.parts) done.add_digests(d);
   for (const std::string& p : peers) {
     // A failed write loses the peer; the wait below reports it.
     links_->Send(p, done, {}, nullptr).IgnoreError();
@@ -214,9 +218,9 @@ absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& wh
   for (const auto& p : peers) keys.push_back(Mailbox::Key(args.group, Msg::DONE, p, seq_id));
   // Committed: a cancel or the deadline no longer ends the op (a peer may
   // already have finished it); only an abort, a lost peer or shutdown does,
-  // or a peer silent long past the deadline.
-  const Timestamp give_up =
-      After(After(state_->clock.Now(), ToTimeDelta(args.timeout)), kSenderGrace);
+  // or a peer silent until the op's deadline plus kSenderGrace, wherever in
+  // the op this wait began.
+  const Timestamp give_up = After(run.deadline, kSenderGrace);
   absl::MutexLock lock(&state_->mu);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
     return state_->shutdown || AbortFrom(args.group, seq_id, peers) != nullptr || HoldsAll(keys) ||
@@ -228,7 +232,14 @@ absl::Status Operations::Commit(const AllReduceArgs& args, const std::string& wh
     return absl::AbortedError(
         absl::StrCat(what, ": ", m.from, " gave up on it (", m.header.reason(), ")"));
   }
-  if (HoldsAll(keys)) return absl::OkStatus();
+  if (HoldsAll(keys)) {
+    std::vector<std::vector<std::string>> theirs;
+    for (const std::string& key : keys) {
+      const Msg& header = state_->mailbox.Front(key)->header;
+      theirs.emplace_back(header.digests().begin(), header.digests().end());
+    }
+    return CompareDigests(what, local_site_, digests, peers, theirs);
+  }
   if (state_->shutdown)
     return absl::UnavailableError(absl::StrCat(what, ": the daemon is shutting down"));
   if (GroupMoved(args.group, generation)) {
@@ -482,7 +493,7 @@ void Operations::Settle(const ReduceRun& run, ReduceOutcome* out) {
     }
   }
   if (out->status.ok()) {
-    out->status = Commit(run.args, run.what, run.generation, run.peers, &out->lost_peer);
+    out->status = Commit(run, out->digests, &out->lost_peer);
   } else if (out->lost_peer.empty()) {
     SendAborts(run.args.group, run.generation, run.args.seq, run.peers,
                std::string(out->status.message()));
@@ -598,6 +609,38 @@ Operations::ReduceOutcome Operations::DirectAllReduce(const ReduceRun& run,
     } else {
       AccumulateBefore(args.dtype, theirs, absl::MakeSpan(acc));
     }
+  }
+  if (out.status.ok() && !run.peers.empty()) {
+    // Three or more members: each contribution as this site used it, so a
+    // member that sent members different ones is named; then the result.
+    FinalDigests& d = out.digests;
+    d.noun = "contribution";
+    if (run.members.size() > 2) {
+      for (const std::string& m : run.members) {
+        absl::Span<const uint8_t> contribution = own;  // private: `copy` or `quantized`
+        if (m != local_site_) {
+          size_t i = std::find(run.peers.begin(), run.peers.end(), m) - run.peers.begin();
+          contribution = out.taken[i].payload;
+        }
+        d.parts.push_back(Digest(contribution));
+        d.owners.push_back(m);
+      }
+    }
+    // The result's bytes, a segment at a time; they go to `buffer` only
+    // after the commit round.
+    Payload finished = state_->pool.Take(std::min<uint64_t>(kSegmentBytes, buffer.size()));
+    const size_t per_piece = std::max<size_t>(1, finished.size() / es);
+    StreamingDigest result;
+    for (size_t first = 0; first < count; first += per_piece) {
+      const size_t n = std::min(per_piece, count - first);
+      const absl::Span<uint8_t> piece = absl::MakeSpan(finished).subspan(0, n * es);
+      Finish(args.dtype, args.op, run.members.size(), absl::MakeConstSpan(acc).subspan(first, n),
+             piece);
+      result.Update(piece);
+    }
+    state_->pool.Recycle(std::move(finished));
+    d.parts.push_back(result.Final());
+    d.owners.push_back("");
   }
   Settle(run, &out);
   if (out.status.ok()) Finish(args.dtype, args.op, run.members.size(), acc, buffer);

@@ -46,6 +46,7 @@
 #include "absl/types/span.h"
 #include "common/units.h"
 #include "daemon/exchange/client_buffer.h"
+#include "daemon/exchange/digest.h"
 #include "daemon/exchange/exchange_types.h"
 #include "daemon/exchange/gather_checks.h"
 #include "daemon/exchange/hub_state.h"
@@ -100,6 +101,9 @@ class Operations {
     uint64_t sent = 0;           // payload bytes the peers took
     std::vector<Message> taken;  // every message whose payload this op used
     uint64_t released = 0;       // payload bytes of taken messages given back early
+    // Of the final buffer, for the commit round: set by a body that
+    // succeeded so far (none in a group of one).
+    FinalDigests digests;
   };
 
   // The direct exchange and the sharded one (sharded_all_reduce.cc); each
@@ -150,15 +154,15 @@ class Operations {
                           v1::ExchangePeerMessage::Kind kind, const ReduceCall& call,
                           absl::FunctionRef<uint32_t(const std::string&)> shard_of, uint32_t piece,
                           ReduceOutcome* out);
-  // The commit round if `out` succeeded so far, else ABORT to the peers
+  // The commit round (with out->digests) if `out` succeeded so far, else ABORT to the peers
   // unless the failure is a lost peer. A client that stalled or left while
   // its streamed buffer was being read fails the op as its own failure
   // (not a peer's).
   void Settle(const ReduceRun& run, ReduceOutcome* out);
-  // The commit round of an all-reduce whose inputs are all here: sends DONE
-  // and waits for every peer's DONE.
-  absl::Status Commit(const AllReduceArgs& args, const std::string& what, uint64_t generation,
-                      const std::vector<std::string>& peers, std::string* lost_peer);
+  // The commit round of a collective whose inputs are all here: sends DONE
+  // with `digests` and waits, until run.deadline plus kSenderGrace, for
+  // every peer's DONE; then compares their digests with `digests`.
+  absl::Status Commit(const ReduceRun& run, const FinalDigests& digests, std::string* lost_peer);
   void SendAborts(const std::string& group, uint64_t generation, uint64_t seq,
                   const std::vector<std::string>& peers, const std::string& reason);
   // The first of `peers`' ABORTs of the all-reduce `seq_id` in `group`, or null.

@@ -10,6 +10,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/exchange/digest.h"
 #include "daemon/exchange/operations.h"
 #include "daemon/exchange/reduce.h"
 #include "daemon/exchange/sender_set.h"
@@ -191,13 +192,28 @@ Operations::ReduceOutcome Operations::ShardedAllReduce(const ReduceRun& run,
   }
   const size_t first_result = out.taken.size();
   std::vector<ShardRange> placed;
+  std::vector<uint32_t> placed_shard;  // whose shard each taken piece is
   for (uint32_t i = 0; out.status.ok() && i < most_pieces; ++i) {
     std::vector<std::string> owners;
     for (const std::string& p : run.peers) {
       if (i < PieceCount(shard_of(index_of(p)), es)) owners.push_back(p);
     }
     out.status = TakePieces(run, owners, Msg::REDUCE_RESULT, call, index_of, i, &out);
-    for (const std::string& p : owners) placed.push_back(PieceOf(shard_of(index_of(p)), es, i));
+    for (const std::string& p : owners) {
+      placed.push_back(PieceOf(shard_of(index_of(p)), es, i));
+      placed_shard.push_back(index_of(p));
+    }
+  }
+  if (out.status.ok() && !run.peers.empty()) {
+    // Each shard's final bytes, from its owner: pieces of one shard are
+    // taken in order, so each shard's digest is fed its bytes in order.
+    std::vector<StreamingDigest> digests(shards);
+    digests[mine].Update(result);
+    for (size_t j = 0; j < placed.size(); ++j)
+      digests[placed_shard[j]].Update(out.taken[first_result + j].payload);
+    out.digests.noun = "shard";
+    out.digests.owners = run.members;
+    for (const StreamingDigest& d : digests) out.digests.parts.push_back(d.Final());
   }
   if (!out.status.ok()) run.op->stop = true;
   CollectSends(run, contributions, contribution_bytes, &out);

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "daemon/exchange/deadline.h"
 #include "daemon/exchange/reduce.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/rate_limiter.h"
@@ -206,6 +207,52 @@ TEST(ExchangeHubGroupTest, TimeoutNamesTheSitesItWaitedFor) {
   r = net.hub("site-b").AllReduce(Args(0, v1::FLOAT32, v1::SUM, absl::Seconds(10)), absl::MakeSpan(buffer));
   EXPECT_EQ(r.status.code(), absl::StatusCode::kAborted) << r.status;
   EXPECT_THAT(std::string(r.status.message()), HasSubstr("site-a gave up"));
+}
+
+// A member that never commits: the op gives up at its deadline plus 2 s
+// (on the hub's clock), however late in the op the wait for that DONE
+// began; here 6 s into an op of 8 s.
+TEST(ExchangeHubGroupTest, SilentCommitEndsTheOpAtItsDeadlinePlusTwoSeconds) {
+  FakeClock clock;
+  Net net(2, nullptr, {}, 0, clock);
+  net.JoinAll("g", net.names());
+  const uint64_t generation = net.hub("site-a").View("g")->generation();
+  std::vector<float> buffer(16, 1.0f);
+  auto op = std::async(std::launch::async, [&] {
+    return net.hub("site-a").AllReduce(Args(0, v1::FLOAT32, v1::SUM, absl::Seconds(8)),
+                                       Bytes(buffer));
+  });
+  // site-b's real hub makes no call; its contribution comes on a raw link
+  // 6 s into the op, and its DONE never does.
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").unclaimed_messages("site-a") == 1; }));
+  clock.Advance(TimeDelta::Seconds(6));
+  auto raw = net.RawDial("site-b", "site-a");
+  v1::ExchangePeerMessage h;
+  h.set_kind(v1::ExchangePeerMessage::REDUCE_DATA);
+  h.set_group("g");
+  h.set_generation(generation);
+  h.set_seq(0);
+  h.set_dtype(v1::FLOAT32);
+  h.set_op(v1::SUM);
+  h.set_count(16);
+  std::vector<float> theirs(16, 2.0f);
+  ASSERT_TRUE(Plant(*raw, h, Bytes(theirs)).ok());
+  // site-a committed: its DONE reached site-b.
+  ASSERT_TRUE(Eventually([&] { return net.hub("site-b").unclaimed_messages("site-a") == 2; }));
+  clock.Advance(TimeDelta::Milliseconds(3999));  // 9.999 s
+  absl::SleepFor(4 * kClockPoll);                // the op looks at the clock again
+  EXPECT_EQ(op.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+      << "gave up before its deadline plus 2 s";
+  clock.Advance(TimeDelta::Milliseconds(1));  // 10 s: the deadline plus 2 s
+  const bool ended = op.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  if (!ended) clock.Advance(TimeDelta::Seconds(30));  // let the overrun end
+  OpResult r = op.get();
+  EXPECT_TRUE(ended) << "still waiting at its deadline plus 2 s; it gave up " << r.stats.seconds()
+                     << " s into the op";
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded) << r.status;
+  EXPECT_THAT(std::string(r.status.message()), HasSubstr("waiting for site-b to commit"));
+  EXPECT_EQ(r.stats.seconds(), 10.0);  // the fake clock stood still at 10 s
+  EXPECT_TRUE(buffer == std::vector<float>(16, 1.0f)) << "a failed op wrote the buffer";
 }
 
 TEST(ExchangeHubGroupTest, CancelEndsTheCallHereAndAtThePeers) {
