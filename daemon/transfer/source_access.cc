@@ -102,6 +102,18 @@ std::string Caller::ToString() const {
   return absl::StrCat("uid ", uid, " (", UserName(uid), ")");
 }
 
+std::string Caller::RequesterKey() const {
+  switch (kind) {
+    case Kind::kPeerSite:
+      return absl::StrCat("site:", address);
+    case Kind::kToken:
+      return absl::StrCat("token:", ControlRoleName(role));
+    case Kind::kLocalUser:
+      break;
+  }
+  return absl::StrCat("uid:", uid);
+}
+
 std::vector<SourceAccessForbidden> DaemonSecrets(const DaemonConfig& config) {
   std::vector<SourceAccessForbidden> secrets = {
       {config.tls.key, "this site's TLS private key"},

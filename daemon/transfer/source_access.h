@@ -30,6 +30,10 @@ struct Caller {
 
   // "uid 65534 (nobody)", or "ipv4:127.0.0.1:5000 (token role viewer)".
   std::string ToString() const;
+  // Who asked, as journaled with a transfer and compared when a sync would
+  // attach to a running one: "uid:1000", "token:operator" or "site:site-b".
+  // Never an address, which changes from one connection to the next.
+  std::string RequesterKey() const;
 
   Kind kind = Kind::kLocalUser;
   uid_t uid = 0;

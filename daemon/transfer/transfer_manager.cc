@@ -189,11 +189,15 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
   if (spec.sync()) {
     // Overlapping cron runs: a second sync of the same sources to the same
     // destination attaches to the one not yet ended instead of racing it.
+    // Only the same requester's: another would see its transfer, and a
+    // cancel of either would end both.
     absl::MutexLock lock(&mu_);
     for (const auto& [id, t] : transfers_) {
       const v1::TransferSpec& other = t->record.spec();
-      if (other.sync() && !IsEndState(t->record.state()) && other.dest_site() == spec.dest_site() &&
-          other.dest_export() == spec.dest_export() && other.dest_path() == spec.dest_path() &&
+      if (other.sync() && !IsEndState(t->record.state()) &&
+          t->record.submitted_by() == caller.RequesterKey() &&
+          other.dest_site() == spec.dest_site() && other.dest_export() == spec.dest_export() &&
+          other.dest_path() == spec.dest_path() &&
           std::equal(other.sources().begin(), other.sources().end(), spec.sources().begin(),
                      spec.sources().end())) {
         spdlog::info("sync to {}:/{}/{} attaches to transfer {}, which is still {}",
@@ -267,6 +271,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
   v1::OutgoingTransfer record;
   record.set_id(NewTransferId());
   record.set_request_id(request_id);
+  record.set_submitted_by(caller.RequesterKey());
   *record.mutable_manifest() = std::move(built->manifest);
   for (std::string& p : built->source_paths) record.add_source_paths(std::move(p));
   for (storage::SkippedEntry& e : built->skipped) {

@@ -223,6 +223,38 @@ TEST_F(TransferManagerTest, ASubmittedTransferCompletesAndItsBytesVerify) {
 // AwaitStatus returns as soon as a change satisfies it; when none does, it
 // returns the latest status once its timeout has passed on the manager's
 // clock.
+// Overlapping cron runs of one requester share a sync; another requester's
+// run of the same sync is a transfer of its own, which it alone sees and
+// cancels.
+TEST_F(TransferManagerTest, ASyncAttachesOnlyToTheSameRequestersRunningSync) {
+  config_.transfer.max_active = 0;  // submitted transfers stay queued
+  StartManager();
+  v1::TransferSpec spec = JobSpec();
+  spec.add_sources(dir_.Sub("src/job"));
+  spec.set_sync(true);
+  absl::StatusOr<v1::TransferStatus> first = manager_->Submit("", spec, caller_);
+  ASSERT_TRUE(first.ok()) << first.status();
+
+  absl::StatusOr<v1::TransferStatus> again = manager_->Submit("", spec, caller_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->id(), first->id());
+
+  const Caller root = Caller::LocalUser(0, 0);
+  absl::StatusOr<v1::TransferStatus> other = manager_->Submit("", spec, root);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE(other->id(), first->id());
+  const Caller operator_elsewhere =
+      Caller::Token(ControlRole::kOperator, "ipv4:127.0.0.1:6000");  // same role, new connection
+  absl::StatusOr<v1::TransferStatus> same_role = manager_->Submit("", spec, operator_elsewhere);
+  ASSERT_TRUE(same_role.ok()) << same_role.status();
+  EXPECT_EQ(same_role->id(), first->id());
+
+  ASSERT_TRUE(manager_->Cancel(other->id()).ok());
+  absl::StatusOr<v1::TransferStatus> still = manager_->Get(first->id());
+  ASSERT_TRUE(still.ok()) << still.status();
+  EXPECT_EQ(still->state(), v1::QUEUED);
+}
+
 TEST_F(TransferManagerTest, AwaitStatusWakesOnAChangeAndGivesUpOnTheManagersClock) {
   config_.transfer.max_active = 0;  // a submitted transfer stays queued
   FakeClock clock;
