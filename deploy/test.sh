@@ -34,7 +34,16 @@ step() {  # step NAME COMMAND...: runs COMMAND, records how long it took, return
   return "$status"
 }
 
+# The times so far, also when a step fails.
+print_steps() {
+  local status=$?
+  steps+=("$(printf '%-28s %5d s' "total" $((SECONDS - total_start)))")
+  printf '%s\n' "${steps[@]}" | tee "$root/build/ci-steps.txt" >&2
+  return "$status"
+}
 total_start=$SECONDS
+mkdir -p "$root/build"
+trap print_steps EXIT
 step "install-deps" "$root/deploy/install-deps.sh"
 if [[ $checks == *" format "* ]]; then step "check format" "$root/deploy/check.sh" format; fi
 step "build (gcc)" "$root/deploy/build.sh"
@@ -55,5 +64,3 @@ if [[ $checks == *" clang "* ]]; then
   step "check clang: TSan suites" "$root/deploy/check.sh" clang-tests
 fi
 
-steps+=("$(printf '%-28s %5d s' "total" $((SECONDS - total_start)))")
-printf '%s\n' "${steps[@]}" | tee "$root/build/ci-steps.txt"

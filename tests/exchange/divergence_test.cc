@@ -76,7 +76,9 @@ struct Hostile {
   }
   // Every planted message is held before the op starts.
   void AwaitHeld() {
-    for (const auto& [to, n] : planted) {
+    for (const auto& entry : planted) {  // clang 14 captures no structured bindings
+      const std::string& to = entry.first;
+      const uint32_t n = entry.second;
       ASSERT_TRUE(Eventually([&] { return net.hub(to).unclaimed_messages(site) == n; })) << to;
     }
   }
