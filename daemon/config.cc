@@ -244,7 +244,7 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
         p, "peer_limits",
         {"handshake_timeout", "max_pending_handshakes", "max_pending_handshakes_per_address",
          "max_connections_per_peer", "idle_timeout", "memory_per_peer",
-         "max_unclaimed_messages_per_peer", "incoming_expiry"}));
+         "max_unclaimed_messages_per_peer", "incoming_expiry", "content_check_bytes_per_second"}));
     DaemonConfig::PeerLimits& pl = c.peer_limits;
     LH_RETURN_IF_ERROR(ReadDuration(p, "handshake_timeout", "peer_limits", &pl.handshake_timeout_us));
     LH_RETURN_IF_ERROR(Read(p, "max_pending_handshakes", &pl.max_pending_handshakes));
@@ -256,6 +256,8 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
     LH_RETURN_IF_ERROR(
         Read(p, "max_unclaimed_messages_per_peer", &pl.max_unclaimed_messages_per_peer));
     LH_RETURN_IF_ERROR(ReadDuration(p, "incoming_expiry", "peer_limits", &pl.incoming_expiry_us));
+    LH_RETURN_IF_ERROR(ReadSize(p, "content_check_bytes_per_second", "peer_limits",
+                                &pl.content_check_bytes_per_second));
     if (pl.handshake_timeout_us <= 0 || pl.idle_timeout_us <= 0 || pl.incoming_expiry_us <= 0) {
       return absl::InvalidArgumentError(
           "peer_limits: handshake_timeout, idle_timeout and incoming_expiry must be positive");

@@ -111,6 +111,9 @@ struct DaemonConfig {
     int64_t idle_timeout_us = 15ll * 60 * 1000000;
     // Bytes a peer's receive buffers and unclaimed exchange messages may hold.
     uint64_t memory_per_peer = 1ull << 30;
+    // Bytes of this site's files that sync --checksum may read and hash for
+    // one peer, per second, over a burst of a minute's worth; 0: no bound.
+    uint64_t content_check_bytes_per_second = 1ull << 30;
     // Exchange messages from one peer that no local call has asked for yet.
     uint32_t max_unclaimed_messages_per_peer = 4096;
     // An incoming transfer with no activity for this long is EXPIRED: its

@@ -59,6 +59,11 @@ bool DestinationAuthority::IsWriter(const std::string& export_name, const std::s
   return e != nullptr && std::find(e->writers.begin(), e->writers.end(), site) != e->writers.end();
 }
 
+bool DestinationAuthority::IsReader(const std::string& export_name, const std::string& site) const {
+  const Options::Export* e = FindExport(export_name);
+  return e != nullptr && std::find(e->readers.begin(), e->readers.end(), site) != e->readers.end();
+}
+
 bool DestinationAuthority::PullGranted(const Change& change) const {
   return options_.pull_granted && options_.pull_granted(change.source, change.export_name,
                                                         change.dest_path, change.transfer_id);
@@ -199,6 +204,14 @@ absl::StatusOr<absl::flat_hash_set<std::string>> DestinationAuthority::Prunable(
 
 void DestinationAuthority::Pruned(const std::string& export_name, const std::string& relative) {
   owners_.Forget(export_name, relative);
+}
+
+bool DestinationAuthority::MayCompareContent(const Change& change) {
+  const std::string owning = OwningRequester(change.source, change.requester);
+  if (owning.empty() && PullGranted(change)) return true;
+  if (owners_.Owns(change.export_name, change.relative, change.source, owning)) return true;
+  return IsReader(change.export_name, change.source) &&
+         (owning.empty() || IsReader(change.export_name, owning));
 }
 
 bool DestinationAuthority::MayNoteAbort(const std::string& site) const {

@@ -50,6 +50,7 @@ class DestinationAuthority {
     struct Export {
       std::string name;
       std::vector<std::string> writers;
+      std::vector<std::string> readers;  // may fetch from it (pull)
     };
     std::vector<Export> exports;
     // Whether transfer `transfer_id` of `source_site` is a pull this site
@@ -103,6 +104,14 @@ class DestinationAuthority {
   // Pruning removed `relative`.
   void Pruned(const std::string& export_name, const std::string& relative);
 
+  // sync --checksum: may the change's parties learn whether the files at
+  // its destination hold the content they name? Only where they could
+  // know it anyway: a destination its publisher (source, and the requester
+  // of a third-party copy) published itself, an export every party may
+  // read, or this site's own pull. Otherwise the destination's files are
+  // not read for them, and every file is sent.
+  bool MayCompareContent(const Change& change);
+
   // May `site` leave a record of an abort of a transfer never opened here
   // (so that a late open is refused)? Only a site that may write somewhere.
   bool MayNoteAbort(const std::string& site) const;
@@ -119,6 +128,7 @@ class DestinationAuthority {
   absl::Status CheckParties(const Change& change) const;
   const Options::Export* FindExport(const std::string& name) const;
   bool IsWriter(const std::string& export_name, const std::string& site) const;
+  bool IsReader(const std::string& export_name, const std::string& site) const;
   bool PullGranted(const Change& change) const;
   absl::Status Refuse(const Change& change, absl::Status status) const;
 

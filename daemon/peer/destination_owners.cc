@@ -148,6 +148,18 @@ void DestinationOwners::Forget(const std::string& export_name, const std::string
   owners_.erase(Key(export_name, relative));
 }
 
+bool DestinationOwners::Owns(const std::string& export_name, const std::string& relative,
+                             const std::string& site, const std::string& requester) {
+  absl::MutexLock lock(&mu_);
+  if (!LoadLocked().ok()) return false;
+  const Publisher publisher{site, requester};
+  for (size_t end = relative.find('/');; end = relative.find('/', end + 1)) {
+    auto it = owners_.find(Key(export_name, relative.substr(0, end)));
+    if (it != owners_.end() && it->second == publisher) return true;
+    if (end == std::string::npos) return false;
+  }
+}
+
 absl::StatusOr<absl::flat_hash_set<std::string>> DestinationOwners::OwnedBelow(
     const std::string& export_name, const std::string& parent_relative, const std::string& site,
     const std::string& requester) {

@@ -68,6 +68,12 @@ class DestinationOwners {
   // The destination is gone (retention removed it).
   void Forget(const std::string& export_name, const std::string& relative);
 
+  // Whether the publisher published `relative` itself or a directory above
+  // it, and that publish is still its own (what sync --checksum may compare
+  // for it: it sent those bytes). False when the journal cannot be read.
+  bool Owns(const std::string& export_name, const std::string& relative, const std::string& site,
+            const std::string& requester = "");
+
   // The names directly below `parent_relative` ("" for the export root) that
   // the publisher owns: what its retention may prune there.
   absl::StatusOr<absl::flat_hash_set<std::string>> OwnedBelow(const std::string& export_name,

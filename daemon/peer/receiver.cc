@@ -44,7 +44,7 @@ DestinationAuthority::Options AuthorityOptionsOf(
   DestinationAuthority::Options authority;
   authority.local_site = options.local_site;
   for (const ReceiverOptions::Export& e : options.exports) {
-    authority.exports.push_back({e.name, e.writers});
+    authority.exports.push_back({e.name, e.writers, e.readers});
   }
   authority.pull_granted = options.pull_granted;
   authority.refused = std::move(refused);
@@ -83,6 +83,7 @@ Receiver::Receiver(ReceiverOptions options, storage::Journal& journal, storage::
           [this](const std::string& export_name, const std::string& relative) {
             return DestinationExists(export_name, relative);
           }),
+      content_check_budget_(options_.content_check_bytes_per_second, clock_),
       read_back_pool_(kReadBackThreads, kMaxQueuedReadBacks) {
   // Only address space until bytes arrive; a failed mapping is out of memory.
   absl::StatusOr<std::unique_ptr<storage::BufferPool>> pool =
@@ -360,15 +361,36 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   }
 
   if (open.skip_unchanged()) {
-    for (int f = 0; f < open.manifest().files_size(); ++f) {
+    // Comparing content tells the peer what the files here hold: only for
+    // what it may know, and within its budget of bytes read.
+    const bool may_compare = !open.compare_content() || authority_.MayCompareContent(change);
+    if (!may_compare) {
+      spdlog::info(
+          "transfer {} from {}: {} neither published {}:{} nor may read {}; every file "
+          "is sent instead of compared",
+          open.transfer_id(), peer_site, peer_site, open.export_name(), open.dest_path(),
+          open.export_name());
+    }
+    uint64_t over_budget = 0;
+    for (int f = 0; may_compare && f < open.manifest().files_size(); ++f) {
       const v1::ManifestFile& file = open.manifest().files(f);
       // A hard link is made again from its target's new version, so the
       // group stays one file whether or not its target is unchanged.
       if (file.link_of() != 0) continue;
+      if (open.compare_content() && !content_check_budget_.TryTake(peer_site, file.size())) {
+        ++over_budget;
+        continue;
+      }
       auto same = storage::PublishedFileMatches(fs_, *dest, open.single_file(), file,
                                                 open.compare_content());
       if (!same.ok()) return fail(same.status());
       if (*same) record.add_unchanged_files(f);
+    }
+    if (over_budget > 0) {
+      spdlog::info(
+          "transfer {} from {}: {} files sent instead of compared: {} read its "
+          "peer_limits.content_check_bytes_per_second",
+          open.transfer_id(), peer_site, over_budget, peer_site);
     }
   }
 

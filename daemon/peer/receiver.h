@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "daemon/peer/content_check_budget.h"
 #include "daemon/peer/destination_authority.h"
 #include "daemon/peer/durability_committer.h"
 #include "daemon/peer/memory_budget.h"
@@ -63,6 +64,9 @@ struct ReceiverOptions {
     std::vector<std::string> writers;
     // The mode bits a file or directory published here may keep.
     uint32_t mode_mask = 0755;
+    // Peer sites that may fetch from it: they may also compare content
+    // here (sync --checksum).
+    std::vector<std::string> readers;
 
     bool IsWriter(absl::string_view site) const;
   };
@@ -78,6 +82,9 @@ struct ReceiverOptions {
   bool read_back_while_receiving = true;
   // The per-peer memory budget the Receiver keeps when it is given none.
   uint64_t memory_per_peer = 1ull << 30;
+  // Bytes of files here that each peer may have hashed for sync --checksum
+  // per second (ContentCheckBudget); 0: no bound.
+  uint64_t content_check_bytes_per_second = 1ull << 30;
   // A pull this site issued: whether transfer `transfer_id` of `source_site`
   // may write `dest_path` of the export though that site is not one of its
   // writers (null: no pulls).
@@ -286,6 +293,7 @@ class Receiver {
   // Shared with the DATA channels, so that it outlives every lease.
   std::shared_ptr<storage::BufferPool> piece_buffers_;
   DestinationAuthority authority_;
+  ContentCheckBudget content_check_budget_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

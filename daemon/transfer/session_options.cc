@@ -24,12 +24,13 @@ peer::ReceiverOptions ReceiverOptionsFor(const DaemonConfig& config) {
   peer::ReceiverOptions options;
   options.local_site = config.site;
   for (const ExportConfig& e : config.exports) {
-    options.exports.push_back({e.name, e.path, e.writers, e.ModeMask()});
+    options.exports.push_back({e.name, e.path, e.writers, e.ModeMask(), e.readers});
   }
   options.incoming_expiry = absl::Microseconds(config.peer_limits.incoming_expiry_us);
   options.max_chunk_size = config.transfer.max_chunk_size;
   options.read_back_while_receiving = config.transfer.read_back_while_receiving;
   options.memory_per_peer = config.peer_limits.memory_per_peer;
+  options.content_check_bytes_per_second = config.peer_limits.content_check_bytes_per_second;
   return options;
 }
 

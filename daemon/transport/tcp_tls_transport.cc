@@ -28,7 +28,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -109,6 +109,11 @@ class LogLimiter {
 // clock (a condition variable can wait for nothing else) for the time
 // left, at most kMaxSleep while a deadline is armed, so a test clock moved
 // forward is noticed within that. Thread-safe.
+//
+// Contract: a callback runs at most once, under the lock, and removes its
+// own entry; Disarm of an entry that has run (or never existed) does
+// nothing. When Disarm returns, the callback is not running and never will,
+// so it may capture what its arming caller owns.
 class Watchdog {
  public:
   static constexpr TimeDelta kMaxSleep = TimeDelta::Milliseconds(100);
@@ -123,20 +128,26 @@ class Watchdog {
     thread_.join();
   }
 
-  using Handle = std::list<std::pair<Timestamp, std::function<void()>>>::iterator;
+  using Handle = uint64_t;
 
   Handle Arm(TimeDelta after, std::function<void()> fn) {
     std::lock_guard lock(mu_);
-    auto it = entries_.emplace(entries_.end(), clock_.Now() + after, std::move(fn));
+    const Handle handle = next_handle_++;
+    entries_.emplace(handle, Entry{clock_.Now() + after, std::move(fn)});
     cv_.notify_all();
-    return it;
+    return handle;
   }
-  void Disarm(Handle h) {
+  void Disarm(Handle handle) {
     std::lock_guard lock(mu_);
-    entries_.erase(h);
+    entries_.erase(handle);
   }
 
  private:
+  struct Entry {
+    Timestamp deadline;
+    std::function<void()> fn;
+  };
+
   void Run() {
     std::unique_lock lock(mu_);
     while (!stop_) {
@@ -147,11 +158,11 @@ class Watchdog {
         continue;
       }
       for (auto it = entries_.begin(); it != entries_.end();) {
-        if (it->first <= now) {
-          it->second();
+        if (it->second.deadline <= now) {
+          it->second.fn();
           it = entries_.erase(it);
         } else {
-          next = std::min(next, it->first);
+          next = std::min(next, it->second.deadline);
           ++it;
         }
       }
@@ -163,7 +174,8 @@ class Watchdog {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  std::list<std::pair<Timestamp, std::function<void()>>> entries_;
+  Handle next_handle_ = 0;
+  std::map<Handle, Entry> entries_;
   std::thread thread_;
 };
 

@@ -239,16 +239,19 @@ TEST(ConfigPeerLimitsTest, DefaultsBoundEveryPeerAndKeysParse) {
   EXPECT_EQ(c->transfer.max_chunk_size, 64ull << 20);
   EXPECT_EQ(c->peer_limits.handshake_timeout_us, 10'000'000);
   EXPECT_EQ(c->peer_limits.incoming_expiry_us, 7ll * 24 * 3600 * 1'000'000);
+  EXPECT_EQ(c->peer_limits.content_check_bytes_per_second, 1ull << 30);
   EXPECT_EQ(c->metrics.max_connections, 16u);
 
   auto set = ParseConfig(std::string(kTwoSites) +
                          "peer_limits: {handshake_timeout: 2s, max_pending_handshakes: 9, "
-                         "memory_per_peer: 256MiB, incoming_expiry: 1h}\n");
+                         "memory_per_peer: 256MiB, incoming_expiry: 1h, "
+                         "content_check_bytes_per_second: 100MiB}\n");
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(set->peer_limits.handshake_timeout_us, 2'000'000);
   EXPECT_EQ(set->peer_limits.max_pending_handshakes, 9u);
   EXPECT_EQ(set->peer_limits.memory_per_peer, 256ull << 20);
   EXPECT_EQ(set->peer_limits.incoming_expiry_us, 3600ll * 1'000'000);
+  EXPECT_EQ(set->peer_limits.content_check_bytes_per_second, 100ull << 20);
 }
 
 TEST(ConfigPeerLimitsTest, RefusesABudgetSmallerThanTwoChunksAndUnknownKeys) {

@@ -390,6 +390,87 @@ TEST_F(ReceiverAuthorizationTest, APullsSourceMayNotPruneTheEarlierPulls) {
   EXPECT_TRUE(pull.has_open_reply());
 }
 
+// sync --checksum tells the sender which files here hold the content it
+// names. A writer learns that only where it could know it anyway: what it
+// published itself, or an export it may read. A file placed here by
+// someone else is not read for it, so no guessed digest is ever confirmed.
+class ReceiverContentCheckTest : public ReceiverAuthorizationTest {
+ protected:
+  // Opens, as site-a, a single-file sync --checksum of `dest` naming
+  // `content`'s digest; returns the files the receiver found unchanged.
+  std::vector<uint32_t> CompareAs(Receiver& receiver, const std::string& id,
+                                  const std::string& dest, const std::string& content) {
+    v1::PeerMessage request;
+    v1::OpenRequest* open = request.mutable_open();
+    open->set_transfer_id(id);
+    open->set_export_name("ckpt");
+    open->set_dest_path(dest);
+    open->set_single_file(true);
+    open->set_skip_unchanged(true);
+    open->set_compare_content(true);
+    v1::Manifest* m = open->mutable_manifest();
+    m->set_chunk_size(64 << 10);
+    v1::ManifestFile* f = m->add_files();
+    f->set_path(dest.substr(dest.rfind('/') + 1));
+    f->set_size(content.size());
+    f->set_mode(0644);
+    const auto digest =
+        storage::HashBytes(
+            absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(content.data()), content.size()))
+            .ToBytes();
+    f->set_content_xxh128(digest.data(), digest.size());
+    v1::PeerMessage answer = Call(receiver, "site-a", id, request);
+    EXPECT_EQ(answer.error(), "");
+    return {answer.open_reply().unchanged_files().begin(),
+            answer.open_reply().unchanged_files().end()};
+  }
+
+  static constexpr char kSecret[] = "pin 4711";
+};
+
+TEST_F(ReceiverContentCheckTest, AWriterLearnsNothingOfAFileItNeitherPublishedNorMayRead) {
+  fs_->PutFile(export_ + "/ckpt/secret", kSecret);
+  Receiver receiver(options_, *journal_, *fs_);
+  EXPECT_TRUE(CompareAs(receiver, "t-guess-1", "ckpt/secret", "pin 0000").empty());
+  EXPECT_TRUE(CompareAs(receiver, "t-guess-2", "ckpt/secret", kSecret).empty());
+}
+
+TEST_F(ReceiverContentCheckTest, AReaderOfTheExportComparesAnyFile) {
+  fs_->PutFile(export_ + "/ckpt/secret", kSecret);
+  options_.exports[0].readers = {"site-a"};
+  Receiver receiver(options_, *journal_, *fs_);
+  EXPECT_TRUE(CompareAs(receiver, "t-1", "ckpt/secret", "pin 0000").empty());
+  EXPECT_EQ(CompareAs(receiver, "t-2", "ckpt/secret", kSecret), std::vector<uint32_t>{0});
+}
+
+TEST_F(ReceiverContentCheckTest, APublisherComparesWhatItPublished) {
+  v1::IncomingTransfer published = record_;
+  published.set_id("t-published");
+  published.set_dest_path("ckpt/step");
+  published.set_state(v1::IncomingTransfer::PUBLISHED);
+  ASSERT_TRUE(journal_->PutIncoming(published).ok());  // site-a's ckpt/step, which exists
+  Receiver receiver(options_, *journal_, *fs_);
+  EXPECT_EQ(CompareAs(receiver, "t-1", "ckpt/step/.metadata", "old marker"),
+            std::vector<uint32_t>{0});
+  EXPECT_TRUE(CompareAs(receiver, "t-2", "ckpt/step/.metadata", "new marker").empty());
+}
+
+// Past its budget of bytes read, a peer's files are sent, not compared.
+TEST_F(ReceiverContentCheckTest, FilesPastThePeersBudgetAreSentInsteadOfCompared) {
+  fs_->PutFile(export_ + "/ckpt/secret", kSecret);
+  options_.exports[0].readers = {"site-a"};
+  options_.content_check_bytes_per_second = 1;  // 60 bytes saved up
+  FakeClock clock;
+  Receiver receiver(options_, *journal_, *fs_, nullptr, clock);
+  int compared = 0;
+  for (int i = 0; i < 10; ++i) {
+    compared += CompareAs(receiver, absl::StrCat("t-", i), "ckpt/secret", kSecret).size();
+  }
+  EXPECT_EQ(compared, 7);  // 60 bytes hold 7 reads of 8
+  clock.Advance(TimeDelta::Seconds(8));
+  EXPECT_EQ(CompareAs(receiver, "t-later", "ckpt/secret", kSecret), std::vector<uint32_t>{0});
+}
+
 TEST_F(ReceiverAuthorizationTest, AnExportWithoutWritersRefusesEveryone) {
   options_.exports[0].writers.clear();
   Receiver receiver(options_, *journal_, *fs_);

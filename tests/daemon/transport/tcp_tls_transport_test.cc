@@ -259,6 +259,43 @@ TEST_F(TcpTlsLimitsTest, ChannelWithoutEndHandshakeIsAbortedAtTheDeadline) {
   EXPECT_EQ(b->connection_counters().pending_handshakes, 0u);
 }
 
+// A peer that accepts TCP and never answers TLS (hung, stopped, or a
+// firewall that completes the handshake): the dial fails at the handshake
+// deadline, every time, and the transport then dials a real peer. The
+// watchdog that ends such a handshake once removed its entry twice, and the
+// daemon died of SIGSEGV about 10 s after a peer hung.
+TEST(TcpTlsDialTest, PeerThatNeverAnswersTlsFailsTheDialAtTheDeadlineAndTheTransportLivesOn) {
+  ConnectionLimits limits;
+  limits.handshake_timeout = TimeDelta::Milliseconds(300);
+  auto a = MakeSite("site-a", "site-b", limits);
+
+  int mute = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(mute, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(mute, 16), 0);  // the kernel accepts; nobody answers
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(mute, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string mute_address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+
+  for (int i = 0; i < 3; ++i) {
+    auto dialed = a->Dial("site-b", mute_address);
+    ASSERT_FALSE(dialed.ok());
+    EXPECT_NE(dialed.status().message().find("TLS handshake"), absl::string_view::npos)
+        << dialed.status();
+  }
+  ::close(mute);
+
+  auto b = MakeSite("site-b", "site-a");
+  AcceptedChannels accepted;
+  ASSERT_TRUE(b->Listen("127.0.0.1:0", accepted.Handler()).ok());
+  auto dialed = a->Dial("site-b", "127.0.0.1:" + std::to_string(b->listen_port()));
+  EXPECT_TRUE(dialed.ok()) << dialed.status();
+  a->Shutdown();
+  b->Shutdown();
+}
+
 TEST_F(TcpTlsLimitsTest, PendingHandshakesFromOneAddressAreCapped) {
   ConnectionLimits limits;
   limits.max_pending_handshakes_per_address = 2;
