@@ -90,7 +90,12 @@ Receiver::Receiver(ReceiverOptions options, storage::Journal& journal, storage::
       storage::BufferPool::Create(kReceiveBuffers, kDurablePiece);
   LONGHAUL_CHECK(pool.ok()) << "receiver: " << pool.status().message();
   piece_buffers_ = std::move(*pool);
-  for (const ReceiverOptions::Export& e : options_.exports) exports_.push_back({e.name, e.path});
+  std::vector<std::pair<std::string, std::string>> names_and_paths;
+  for (const ReceiverOptions::Export& e : options_.exports) {
+    exports_.push_back({e.name, e.path});
+    names_and_paths.emplace_back(e.name, e.path);
+  }
+  export_roots_ = ResolveExportRoots(names_and_paths);
 }
 
 bool Receiver::DestinationExists(const std::string& export_name, const std::string& relative) {
@@ -204,6 +209,7 @@ void Receiver::ServeControl(transport::Channel& channel, const std::string& tran
     if (!answer.error().empty()) {
       spdlog::warn("refused request from {} for transfer {}: {}", channel.peer_site(), transfer_id,
                    answer.error());
+      answer.set_error(ForPeer(answer.error(), export_roots_));
     }
     if (!wire::SendProto(channel, wire::FrameType::kControl, session_id, answer).ok()) return;
   }

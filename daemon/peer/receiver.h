@@ -23,6 +23,7 @@
 #include "daemon/peer/destination_authority.h"
 #include "daemon/peer/durability_committer.h"
 #include "daemon/peer/memory_budget.h"
+#include "daemon/peer/peer_errors.h"
 #include "daemon/peer/read_back_pool.h"
 #include "daemon/peer/relay_chunk_source.h"
 #include "daemon/transport/channel_registry.h"
@@ -289,6 +290,8 @@ class Receiver {
   PeerMemoryBudget* budget_;
   const Clock& clock_;
   std::vector<storage::Export> exports_;
+  // For the host paths in messages to peers (ForPeer).
+  std::vector<ExportRoot> export_roots_;
   DurabilityCommitter committer_;
   // Shared with the DATA channels, so that it outlives every lease.
   std::shared_ptr<storage::BufferPool> piece_buffers_;

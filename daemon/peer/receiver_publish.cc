@@ -445,12 +445,13 @@ v1::PeerMessage Receiver::HandleVerify(const std::string& peer_site,
         (*record)->single_file() ? dest->absolute : dest->absolute + "/" + file.path();
     int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
-      digest->set_error(std::string(ErrnoError(errno, "cannot open", path).message()));
+      digest->set_error(ForPeer(ErrnoError(errno, "cannot open", path).message(), export_roots_));
       continue;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != file.size()) {
-      digest->set_error(absl::StrCat(path, " has size ", st.st_size, ", expected ", file.size()));
+      digest->set_error(ForPeer(
+          absl::StrCat(path, " has size ", st.st_size, ", expected ", file.size()), export_roots_));
       ::close(fd);
       continue;
     }
@@ -461,7 +462,7 @@ v1::PeerMessage Receiver::HandleVerify(const std::string& peer_site,
           digest->add_chunk_xxh128(bytes.data(), bytes.size());
           return true;
         });
-    if (!read.ok()) digest->set_error(std::string(read.message()));
+    if (!read.ok()) digest->set_error(ForPeer(read.message(), export_roots_));
     ::close(fd);
   }
   return answer;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/fmt_absl.h"
 #include "daemon/peer/messaging.h"
+#include "daemon/peer/peer_errors.h"
 #include "daemon/transfer/remote_copy.h"
 #include "daemon/transfer/transfer_manager.h"
 #include "daemon/wire/messaging.h"
@@ -34,6 +35,12 @@ bool SameGrant(const v1::TransferSpec& spec, absl::string_view source_site,
                absl::string_view export_name, absl::string_view dest_path) {
   return spec.source_site() == source_site && spec.dest_export() == export_name &&
          spec.dest_path() == dest_path;
+}
+
+std::vector<peer::ExportRoot> ExportRootsOf(const DaemonConfig& config) {
+  std::vector<std::pair<std::string, std::string>> exports;
+  for (const ExportConfig& e : config.exports) exports.emplace_back(e.name, e.path);
+  return peer::ResolveExportRoots(exports);
 }
 
 }  // namespace
@@ -362,12 +369,27 @@ void TransferManager::ServeRemote(transport::Channel& channel) {
       default:
         result = absl::InvalidArgumentError("unexpected message on a remote request channel");
     }
+    // The requester learns the export names, never this host's paths.
+    const std::vector<peer::ExportRoot> roots = ExportRootsOf(config_);
     v1::PeerMessage answer;
     if (result.ok()) {
       answer.set_request_id(request.request_id());
-      *answer.mutable_remote_reply()->mutable_status() = std::move(*result);
+      v1::TransferStatus* status = answer.mutable_remote_reply()->mutable_status();
+      *status = std::move(*result);
+      for (std::string& source : *status->mutable_spec()->mutable_sources()) {
+        source = peer::ForPeer(source, roots);
+      }
+      status->set_error(peer::ForPeer(status->error(), roots));
+      for (v1::SkippedEntry& skipped : *status->mutable_skipped()) {
+        skipped.set_why(peer::ForPeer(skipped.why(), roots));
+      }
+      for (v1::DestinationStatus& d : *status->mutable_destinations()) {
+        d.set_error(peer::ForPeer(d.error(), roots));
+      }
     } else {
-      answer = peer::ErrorAnswer(request.request_id(), result.status());
+      answer = peer::ErrorAnswer(
+          request.request_id(),
+          absl::Status(result.status().code(), peer::ForPeer(result.status().message(), roots)));
       if (request.body_case() == v1::PeerMessage::kRemoteSubmit) {
         spdlog::warn("refused remote copy requested by {}: {}", requester,
                      result.status().message());

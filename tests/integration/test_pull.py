@@ -216,6 +216,21 @@ class HostilePeerTest(PullTestCase):
             self.assertFalse(answer.ok(), f"{path!r} was accepted")
         self.assert_nothing_sent()
 
+    def test_refusals_name_the_export_never_a_host_path(self):
+        # Where the export lies on the source's host, and where a symlink in
+        # it points, are not the requester's business.
+        self.source_tree()
+        outside = self.sites.path("outside")
+        lh.write_random(os.path.join(outside, "secret.bin"), 1000, seed=2)
+        export = self.sites.export("site-a")
+        os.symlink(outside, os.path.join(export, "escape"))
+        for path in ("escape", "escape/secret.bin"):
+            answer = self.submit("site-b", path)
+            self.assertFalse(answer.ok(), f"{path!r} was accepted")
+            for host_path in (export, os.path.realpath(export), outside):
+                self.assertNotIn(host_path, answer.error)
+        self.assert_nothing_sent()
+
     def test_a_peer_naming_another_site_as_requester_is_refused(self):
         self.source_tree()
         # site-c is not a reader; it claims to be site-b, which is.

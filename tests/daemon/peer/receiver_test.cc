@@ -3,6 +3,7 @@
 #include "daemon/peer/receiver.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -469,6 +470,20 @@ TEST_F(ReceiverContentCheckTest, FilesPastThePeersBudgetAreSentInsteadOfCompared
   EXPECT_EQ(compared, 7);  // 60 bytes hold 7 reads of 8
   clock.Advance(TimeDelta::Seconds(8));
   EXPECT_EQ(CompareAs(receiver, "t-later", "ckpt/secret", kSecret), std::vector<uint32_t>{0});
+}
+
+// A refusal tells the peer what to fix in terms of this site's exports; the
+// host's own paths (where an export lies, where a symlink points) are not
+// the peer's business and stay in this site's log.
+TEST_F(ReceiverAuthorizationTest, ARefusalNamesTheExportNeverTheHostPath) {
+  storage::testing::MakeDirs(export_ + "/ckpt");
+  ASSERT_EQ(::symlink("/etc", (export_ + "/ckpt/link").c_str()), 0);
+  Receiver receiver(options_, *journal_, *fs_);
+  v1::PeerMessage answer = OpenAs(receiver, "site-a", "t-link", "ckpt/link/x");
+  EXPECT_NE(answer.error().find("ckpt:ckpt/link is a symlink"), std::string::npos)
+      << answer.error();
+  EXPECT_EQ(answer.error().find(export_), std::string::npos) << answer.error();
+  EXPECT_EQ(answer.error().find("/etc"), std::string::npos) << answer.error();
 }
 
 TEST_F(ReceiverAuthorizationTest, AnExportWithoutWritersRefusesEveryone) {
