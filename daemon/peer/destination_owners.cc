@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/fmt_absl.h"
+#include "spdlog/spdlog.h"
 
 namespace longhaul::peer {
 namespace {
@@ -62,16 +64,26 @@ absl::Status DestinationOwners::CheckLocked(const std::string& export_name,
                                             const Publisher& publisher) {
   if (absl::Status s = LoadLocked(); !s.ok()) return s;
   const std::string site = publisher.ToString();
+  // The refusal goes to the asking sites: another publisher is named only
+  // to a site that is part of it. This site's log names it always.
+  auto name_for_asker = [&](const Publisher& other) {
+    const bool shared = other.site == publisher.site || other.site == publisher.requester ||
+                        (!other.requester.empty() && (other.requester == publisher.site ||
+                                                      other.requester == publisher.requester));
+    return shared ? other.ToString() : std::string("another site");
+  };
   auto denied = [&](const Publisher& owner, const std::string& theirs) {
+    spdlog::info("{} may not publish {}:{}: {}:{} was published by {}", site, export_name, relative,
+                 export_name, theirs, owner.ToString());
     return absl::PermissionDeniedError(
         absl::StrCat(site, " may not publish ", export_name, ":", relative, ": ", export_name, ":",
-                     theirs, " was published by ", owner.ToString(),
+                     theirs, " was published by ", name_for_asker(owner),
                      ", and a site replaces or writes inside only what it "
                      "published itself"));
   };
   auto busy = [&](const Publisher& other, const std::string& theirs) {
-    return absl::UnavailableError(absl::StrCat(other.ToString(), " is publishing ", export_name,
-                                               ":", theirs, " now; ", site,
+    return absl::UnavailableError(absl::StrCat(name_for_asker(other), " is publishing ",
+                                               export_name, ":", theirs, " now; ", site,
                                                " may try again once it is done"));
   };
   // The destination itself and every directory above it.
