@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/fmt_absl.h"
 #include "spdlog/spdlog.h"
 
@@ -84,15 +85,31 @@ absl::Status DestinationAuthority::Refuse(const Change& change, absl::Status sta
 absl::Status DestinationAuthority::CheckSource(const Change& change) const {
   if (IsWriter(change.export_name, change.source) || PullGranted(change)) return absl::OkStatus();
   const std::string& local = options_.local_site;
+  // The same words whether the export is missing or does not list the
+  // source: the exports a site may not write are not its business. It is
+  // told the ones it may write.
+  if (FindExport(change.export_name) == nullptr) {
+    spdlog::info("export {} named by {} does not exist", change.export_name, change.source);
+  }
+  std::vector<absl::string_view> writable;
+  for (const Options::Export& e : options_.exports) {
+    if (IsWriter(e.name, change.source)) writable.push_back(e.name);
+  }
   return Refuse(
       change,
       absl::PermissionDeniedError(absl::StrCat(
           change.source, " may not write into export ", change.export_name, " of ", local,
-          ": it is not one of the export's writers (exports[].writers in ", local, "'s config)")));
+          ": it is not one of the export's writers (exports[].writers in ", local, "'s config)",
+          writable.empty() ? ""
+                           : absl::StrCat("; ", change.source, " may write into ",
+                                          absl::StrJoin(writable, ", ")))));
+}
+
+absl::Status DestinationAuthority::MayWriteInto(const Change& change) const {
+  return CheckSource(change);
 }
 
 absl::Status DestinationAuthority::MayRelay(const Change& change, const std::string& relay) const {
-  if (FindExport(change.export_name) == nullptr) return absl::OkStatus();  // resolving refuses it
   Change relayed = change;
   relayed.source = relay;
   relayed.requester.clear();
@@ -100,7 +117,9 @@ absl::Status DestinationAuthority::MayRelay(const Change& change, const std::str
 }
 
 absl::Status DestinationAuthority::CheckParties(const Change& change) const {
-  if (FindExport(change.export_name) == nullptr) return absl::OkStatus();  // resolving refuses it
+  // A missing export: refused as one that does not list the source (a pull
+  // granted into an export since removed is refused by resolving it).
+  if (FindExport(change.export_name) == nullptr) return CheckSource(change);
   const std::string& local = options_.local_site;
   const std::string& source = change.source;
   const std::string& requester = change.requester;

@@ -83,6 +83,11 @@ class DestinationAuthority {
   DestinationAuthority(Options options, DestinationOwners::Loader load,
                        DestinationOwners::ExistsFn exists);
 
+  // Open, before the destination is resolved: may the source write into the
+  // change's export at all (one of its writers, or this path's pull grant)?
+  // A missing export is refused in the same words as one that does not
+  // list the source, which is told only the exports it may write.
+  absl::Status MayWriteInto(const Change& change) const;
   // Open: may the change create or replace its destination (and later prune)?
   absl::Status MayWrite(const Change& change);
   // Commit: MayWrite again (the config or the destination may have changed

@@ -225,16 +225,19 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
 
   if (absl::Status s = CheckTransferId(open.transfer_id()); !s.ok()) return fail(s);
-  // Who may change what is decided first, before anything is staged.
-  auto dest = storage::ResolveDestination(exports_, open.export_name(), open.dest_path());
-  if (!dest.ok()) return fail(dest.status());
+  // Who may change what is decided first, before anything is staged, and
+  // whether the source may write into the export at all before the path is
+  // even looked at: a site learns nothing of an export it may not write.
   DestinationAuthority::Change change{.source = peer_site,
                                       .requester = open.requested_by(),
                                       .export_name = open.export_name(),
                                       .dest_path = open.dest_path(),
-                                      .relative = dest->relative,
                                       .transfer_id = open.transfer_id(),
                                       .prunes = open.keep_checkpoints() > 0 && !open.single_file()};
+  if (absl::Status s = authority_.MayWriteInto(change); !s.ok()) return fail(s);
+  auto dest = storage::ResolveDestination(exports_, open.export_name(), open.dest_path());
+  if (!dest.ok()) return fail(dest.status());
+  change.relative = dest->relative;
   {
     // Opened again after its publish (the sender missed the commit answer):
     // nothing will be written. Read again under the session lock below.

@@ -31,15 +31,13 @@ absl::StatusOr<const ExportConfig*> CheckRemoteSubmit(const DaemonConfig& config
     return absl::InvalidArgumentError(absl::StrCat(
         "the request names source site '", spec.source_site(), "', but this is ", config.site));
   }
+  // One answer whether the export is missing or does not list the
+  // requester: which exports exist is not a non-reader's business.
   const ExportConfig* e = config.FindExport(spec.source_export());
-  if (e == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat(config.site, " has no export '", spec.source_export(), "'"));
-  }
-  if (!e->IsReader(requester)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(config.site, "'s export '", e->name, "' does not list ", requester,
-                     " in readers; add it to exports[].readers at ", config.site));
+  if (e == nullptr || !e->IsReader(requester)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        config.site, "'s export '", spec.source_export(), "' does not exist or does not list ",
+        requester, " in readers; add it to exports[].readers at ", config.site));
   }
   const std::string& path = spec.source_path();
   if (path.empty()) {

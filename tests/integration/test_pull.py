@@ -139,8 +139,8 @@ class NotAReaderTest(PullTestCase):
         self.source_tree()
         proc, _ = self.copy("b", "site-a:/ckpt/step-100", "site-b:/ckpt/step-100")
         self.assertEqual(proc.returncode, 2, proc.stderr)
-        self.assertIn("site-a's export 'ckpt' does not list site-b in readers; add it to "
-                      "exports[].readers at site-a", proc.stderr)
+        self.assertIn("site-a's export 'ckpt' does not exist or does not list site-b in readers; "
+                      "add it to exports[].readers at site-a", proc.stderr)
         self.assertFalse(os.path.exists(self.dest()))
         self.assertEqual(json.loads(self.sites.cli("a", "ls", "--all", "--json",
                                                    check=True).stdout)["transfers"], [])

@@ -49,7 +49,7 @@ TEST_F(CheckRemoteSubmitTest, ASiteNotInReadersIsRefusedWithWhatToFix) {
   auto refused = CheckRemoteSubmit(config_, "site-c", Pull("step-100", "site-c"));
   ASSERT_TRUE(absl::IsPermissionDenied(refused.status())) << refused.status();
   EXPECT_EQ(refused.status().message(),
-            "site-a's export 'ckpt' does not list site-c in readers; add it to "
+            "site-a's export 'ckpt' does not exist or does not list site-c in readers; add it to "
             "exports[].readers at site-a");
   config_.exports[0].readers.clear();
   EXPECT_TRUE(
@@ -61,13 +61,18 @@ TEST_F(CheckRemoteSubmitTest, PathsThatAreNotCleanAndBelowTheExportAreRefused) {
                            "./step-100", "step-100/.", ".longhaul", ".longhaul/staging/t-1"}) {
     EXPECT_FALSE(CheckRemoteSubmit(config_, "site-b", Pull(path)).ok()) << path;
   }
-  EXPECT_TRUE(absl::IsNotFound(CheckRemoteSubmit(config_, "site-b",
-                                                 [] {
-                                                   v1::TransferSpec s = Pull("x");
-                                                   s.set_source_export("other");
-                                                   return s;
-                                                 }())
-                                   .status()));
+  // An export that does not exist is refused as one that does not list the
+  // requester: a non-reader learns nothing of which exports exist.
+  v1::TransferSpec other = Pull("x");
+  other.set_source_export("other");
+  const absl::Status missing = CheckRemoteSubmit(config_, "site-c", other).status();
+  other.set_source_export("ckpt");
+  const absl::Status not_listed = CheckRemoteSubmit(config_, "site-c", other).status();
+  EXPECT_TRUE(absl::IsPermissionDenied(missing)) << missing;
+  EXPECT_EQ(missing.code(), not_listed.code());
+  EXPECT_EQ(missing.message(),
+            "site-a's export 'other' does not exist or does not list site-c in readers; add it "
+            "to exports[].readers at site-a");
 }
 
 TEST_F(CheckRemoteSubmitTest, ARequesterIsItsChannelsSiteNeverAClaimedOne) {

@@ -486,6 +486,37 @@ TEST_F(ReceiverAuthorizationTest, ARefusalNamesTheExportNeverTheHostPath) {
   EXPECT_EQ(answer.error().find("/etc"), std::string::npos) << answer.error();
 }
 
+// Which exports exist is told only as far as a site may write them: a
+// missing export is refused in the same words as one that does not list
+// the peer, and a refusal lists only the exports the peer may write.
+TEST_F(ReceiverAuthorizationTest, AMissingExportIsRefusedLikeOneThatDoesNotListThePeer) {
+  options_.exports.push_back({"secret", state_.Sub("secret"), {}, 0755, {}});
+  storage::testing::MakeDirs(state_.Sub("secret"));
+  Receiver receiver(options_, *journal_, *fs_);
+  auto open_into = [&](const std::string& site, const std::string& export_name) {
+    v1::PeerMessage request;
+    v1::OpenRequest* open = request.mutable_open();
+    open->set_transfer_id("t-" + site + "-" + export_name);
+    open->set_export_name(export_name);
+    open->set_dest_path("x");
+    *open->mutable_manifest() = record_.manifest();
+    return Call(receiver, site, open->transfer_id(), request);
+  };
+  const v1::PeerMessage missing = open_into("site-c", "nope");
+  const v1::PeerMessage not_listed = open_into("site-c", "secret");
+  EXPECT_EQ(missing.error_code(), not_listed.error_code());
+  EXPECT_EQ(missing.error(),
+            "site-c may not write into export nope of site-b: it is not one of the export's "
+            "writers (exports[].writers in site-b's config)");
+  EXPECT_EQ(not_listed.error(),
+            "site-c may not write into export secret of site-b: it is not one of the export's "
+            "writers (exports[].writers in site-b's config)");
+  // A writer is told where it may write, and nothing of the rest.
+  const v1::PeerMessage typo = open_into("site-a", "nope");
+  EXPECT_NE(typo.error().find("site-a may write into ckpt"), std::string::npos) << typo.error();
+  EXPECT_EQ(typo.error().find("secret"), std::string::npos) << typo.error();
+}
+
 TEST_F(ReceiverAuthorizationTest, AnExportWithoutWritersRefusesEveryone) {
   options_.exports[0].writers.clear();
   Receiver receiver(options_, *journal_, *fs_);
