@@ -197,10 +197,8 @@ void Daemon::StartReceiverAndRouter() {
   // buffers here, and the exchange hub's unclaimed messages, from one budget.
   memory_budget_ = std::make_unique<peer::PeerMemoryBudget>(config_.peer_limits.memory_per_peer);
   peer::ReceiverOptions receiver_options = ReceiverOptionsFor(config_);
-  receiver_options.pull_granted = [this](absl::string_view source_site,
-                                         absl::string_view export_name, absl::string_view dest_path,
-                                         absl::string_view transfer_id) {
-    return manager_->PullGranted(source_site, export_name, dest_path, transfer_id);
+  receiver_options.pull_granted = [this](const peer::DestinationAuthority::Change& change) {
+    return manager_->PullGranted(change);
   };
   receiver_options.relay = [this](const std::string& transfer_id, const v1::RelayTarget& target) {
     relays_->Set(transfer_id, target);

@@ -65,9 +65,9 @@ bool DestinationAuthority::IsReader(const std::string& export_name, const std::s
   return e != nullptr && std::find(e->readers.begin(), e->readers.end(), site) != e->readers.end();
 }
 
-bool DestinationAuthority::PullGranted(const Change& change) const {
-  return options_.pull_granted && options_.pull_granted(change.source, change.export_name,
-                                                        change.dest_path, change.transfer_id);
+absl::Status DestinationAuthority::PullGranted(const Change& change) const {
+  if (!options_.pull_granted) return absl::NotFoundError("this site issues no pulls");
+  return options_.pull_granted(change);
 }
 
 absl::Status DestinationAuthority::Refuse(const Change& change, absl::Status status) const {
@@ -83,8 +83,11 @@ absl::Status DestinationAuthority::Refuse(const Change& change, absl::Status sta
 }
 
 absl::Status DestinationAuthority::CheckSource(const Change& change) const {
-  if (IsWriter(change.export_name, change.source) || PullGranted(change)) return absl::OkStatus();
+  if (IsWriter(change.export_name, change.source)) return absl::OkStatus();
+  absl::Status granted = PullGranted(change);
+  if (granted.ok()) return granted;
   const std::string& local = options_.local_site;
+  if (!absl::IsNotFound(granted)) return RefusePull(change, granted);
   // The same words whether the export is missing or does not list the
   // source: the exports a site may not write are not its business. It is
   // told the ones it may write.
@@ -107,6 +110,15 @@ absl::Status DestinationAuthority::CheckSource(const Change& change) const {
 
 absl::Status DestinationAuthority::MayWriteInto(const Change& change) const {
   return CheckSource(change);
+}
+
+absl::Status DestinationAuthority::RefusePull(const Change& change,
+                                              const absl::Status& granted) const {
+  return Refuse(change,
+                absl::Status(granted.code(),
+                             absl::StrCat("the pull of ", change.export_name, ":", change.dest_path,
+                                          " that ", options_.local_site,
+                                          " issued may not write there: ", granted.message())));
 }
 
 absl::Status DestinationAuthority::MayRelay(const Change& change, const std::string& relay) const {
@@ -133,7 +145,10 @@ absl::Status DestinationAuthority::CheckParties(const Change& change) const {
   const bool pull = requester == local && source != local;
   const bool third_party = !requester.empty() && requester != source && !pull;
   const bool requester_writer = third_party && IsWriter(change.export_name, requester);
-  if (pull && !PullGranted(change)) {
+  // A source that is not a writer had its grant checked already.
+  absl::Status granted = pull && source_writer ? PullGranted(change) : absl::OkStatus();
+  if (!granted.ok() && !absl::IsNotFound(granted)) return RefusePull(change, granted);
+  if (!granted.ok()) {
     return Refuse(
         change, absl::PermissionDeniedError(absl::StrCat(
                     source, " names ", local, " as the requester of transfer ", change.transfer_id,
@@ -227,7 +242,7 @@ void DestinationAuthority::Pruned(const std::string& export_name, const std::str
 
 bool DestinationAuthority::MayCompareContent(const Change& change) {
   const std::string owning = OwningRequester(change.source, change.requester);
-  if (owning.empty() && PullGranted(change)) return true;
+  if (owning.empty() && PullGranted(change).ok()) return true;
   if (owners_.Owns(change.export_name, change.relative, change.source, owning)) return true;
   return IsReader(change.export_name, change.source) &&
          (owning.empty() || IsReader(change.export_name, owning));

@@ -23,7 +23,8 @@ namespace longhaul::peer {
 //  - the source (the peer on the connection, which sends and publishes):
 //    one of the export's `writers`, or the source of a pull this site
 //    issued, which grants that one destination path, that one transfer and
-//    never pruning;
+//    never pruning, and only while the pull's requester (a local user) may
+//    write that path itself;
 //  - the requester the source names in its open (OpenRequest.requested_by):
 //    for a pull, this site, whose authority is the pull's grant (so a pull
 //    never prunes either); for a third-party copy, another site, which
@@ -41,26 +42,8 @@ namespace longhaul::peer {
 // Thread-safe (the callbacks must be).
 class DestinationAuthority {
  public:
-  struct Options {
-    // This site, named in refusals and as the requester of its pulls.
-    std::string local_site;
-    // This site's exports and, for each, the sites that may send into it
-    // (`writers`). An export not listed is not decided here: resolving
-    // the destination refuses it.
-    struct Export {
-      std::string name;
-      std::vector<std::string> writers;
-      std::vector<std::string> readers;  // may fetch from it (pull)
-    };
-    std::vector<Export> exports;
-    // Whether transfer `transfer_id` of `source_site` is a pull this site
-    // issued into `dest_path` of the export and still runs (null: no pulls).
-    std::function<bool(absl::string_view source_site, absl::string_view export_name,
-                       absl::string_view dest_path, absl::string_view transfer_id)>
-        pull_granted;
-    // Told of each PermissionDenied: the source site and the export.
-    std::function<void(const std::string& site, const std::string& export_name)> refused;
-  };
+  struct Change;
+  using PullGrant = std::function<absl::Status(const Change& change)>;
 
   // One change and the sites whose authority it uses.
   struct Change {
@@ -77,6 +60,30 @@ class DestinationAuthority {
 
     // The change `record` makes at `relative`.
     static Change Of(const v1::IncomingTransfer& record, const std::string& relative);
+  };
+
+  struct Options {
+    // This site, named in refusals and as the requester of its pulls.
+    std::string local_site;
+    // This site's exports and, for each, the sites that may send into it
+    // (`writers`). An export not listed is not decided here: resolving
+    // the destination refuses it.
+    struct Export {
+      std::string name;
+      std::vector<std::string> writers;
+      std::vector<std::string> readers;  // may fetch from it (pull)
+    };
+    std::vector<Export> exports;
+    // Whether the change is one of a pull this site issued: OK when
+    // transfer `transfer_id` of `source` is a pull into `dest_path` of the
+    // export that still runs and whose requester (the local user or token
+    // that asked for it) may write there now; NotFound when there is no
+    // such pull; PermissionDenied, saying why, when its requester may not
+    // write there (a change that is `published` writes nothing: only the
+    // pull counts). Null: no pulls.
+    PullGrant pull_granted;
+    // Told of each PermissionDenied: the source site and the export.
+    std::function<void(const std::string& site, const std::string& export_name)> refused;
   };
 
   // `load` and `exists` are DestinationOwners'.
@@ -134,8 +141,11 @@ class DestinationAuthority {
   const Options::Export* FindExport(const std::string& name) const;
   bool IsWriter(const std::string& export_name, const std::string& site) const;
   bool IsReader(const std::string& export_name, const std::string& site) const;
-  bool PullGranted(const Change& change) const;
+  // options_.pull_granted's verdict; NotFound without one.
+  absl::Status PullGranted(const Change& change) const;
   absl::Status Refuse(const Change& change, absl::Status status) const;
+  // Refuses a change whose pull grant refused (`granted`, not NotFound).
+  absl::Status RefusePull(const Change& change, const absl::Status& granted) const;
 
   const Options options_;
   DestinationOwners owners_;

@@ -86,12 +86,9 @@ struct ReceiverOptions {
   // Bytes of files here that each peer may have hashed for sync --checksum
   // per second (ContentCheckBudget); 0: no bound.
   uint64_t content_check_bytes_per_second = 1ull << 30;
-  // A pull this site issued: whether transfer `transfer_id` of `source_site`
-  // may write `dest_path` of the export though that site is not one of its
-  // writers (null: no pulls).
-  std::function<bool(absl::string_view source_site, absl::string_view export_name,
-                     absl::string_view dest_path, absl::string_view transfer_id)>
-      pull_granted;
+  // A pull this site issued: whether the change may be made as that pull's
+  // (DestinationAuthority::Options::pull_granted; null: no pulls).
+  DestinationAuthority::PullGrant pull_granted;
   // Fan-out: told after every open of a transfer that is receiving here
   // which transfer of which site it relays its chunks to (an empty target:
   // none, and a relay running for it stops). Called with the transfer's

@@ -12,10 +12,12 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "common/errno_status.h"
 
 namespace longhaul::daemon {
@@ -112,6 +114,22 @@ std::string Caller::RequesterKey() const {
       break;
   }
   return absl::StrCat("uid:", uid);
+}
+
+std::optional<Caller> Caller::FromRequesterKey(absl::string_view key, gid_t gid) {
+  if (absl::ConsumePrefix(&key, "uid:")) {
+    uint32_t uid = 0;
+    if (!absl::SimpleAtoi(key, &uid)) return std::nullopt;
+    return LocalUser(static_cast<uid_t>(uid), gid);
+  }
+  if (absl::ConsumePrefix(&key, "token:")) {
+    for (ControlRole role : {ControlRole::kOperator, ControlRole::kViewer}) {
+      if (key == ControlRoleName(role)) return Token(role, "");
+    }
+    return std::nullopt;
+  }
+  if (absl::ConsumePrefix(&key, "site:") && !key.empty()) return PeerSite(std::string(key));
+  return std::nullopt;
 }
 
 std::vector<SourceAccessForbidden> DaemonSecrets(const DaemonConfig& config) {

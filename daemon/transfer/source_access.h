@@ -6,12 +6,14 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "daemon/config.h"
 #include "storage/manifest.h"
 
@@ -34,6 +36,9 @@ struct Caller {
   // attach to a running one: "uid:1000", "token:operator" or "site:site-b".
   // Never an address, which changes from one connection to the next.
   std::string RequesterKey() const;
+  // The caller a RequesterKey() names, with `gid` for a local user (a token
+  // caller's address is not kept); nullopt for a key it did not make.
+  static std::optional<Caller> FromRequesterKey(absl::string_view key, gid_t gid);
 
   Kind kind = Kind::kLocalUser;
   uid_t uid = 0;

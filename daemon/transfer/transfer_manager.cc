@@ -94,7 +94,8 @@ TransferManager::TransferManager(const DaemonConfig& config,
       gate_(gate),
       journal_(journal),
       clock_(clock),
-      source_access_(config.exports, DaemonSecrets(config)) {}
+      source_access_(config.exports, DaemonSecrets(config)),
+      destination_access_(config.exports, DaemonSecrets(config)) {}
 
 TransferManager::~TransferManager() { Shutdown(); }
 

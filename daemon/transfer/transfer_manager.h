@@ -19,7 +19,9 @@
 #include "common/clock.h"
 #include "common/units.h"
 #include "daemon/config.h"
+#include "daemon/peer/destination_authority.h"
 #include "daemon/peer/sender.h"
+#include "daemon/transfer/destination_access.h"
 #include "daemon/transfer/source_access.h"
 #include "daemon/transport/transport.h"
 #include "longhaul/v1/control.pb.h"
@@ -50,7 +52,10 @@ namespace longhaul::daemon {
 // Resume and Verify say to use them at the source. When this site is the
 // destination (a pull), the source may write that one destination with that
 // one transfer while the pull has not ended (PullGranted), though it is not
-// one of the export's writers. The source side of the same protocol is ServeRemote.
+// one of the export's writers, and only where the caller who asked for the
+// pull could write itself (DestinationAccess): checked at submit, and again
+// at the source's open and commit. The source side of the same protocol is
+// ServeRemote.
 //
 // Thread-safe.
 class TransferManager {
@@ -123,13 +128,15 @@ class TransferManager {
   absl::StatusOr<v1::TransferStatus> CancelForPeer(const std::string& requester,
                                                    const std::string& id);
 
-  // Destination side of a pull issued here: whether transfer `transfer_id`
-  // of `source_site` may write `dest_path` of export `export_name` because
-  // this site asked for it: the pull of that id, not yet ended, or (while
-  // the source has not answered with the id) a pull of that path being
-  // submitted.
-  bool PullGranted(absl::string_view source_site, absl::string_view export_name,
-                   absl::string_view dest_path, absl::string_view transfer_id) const;
+  // Destination side of a pull issued here (DestinationAuthority's
+  // pull_granted): whether `change` (transfer `transfer_id` of `source`
+  // into `dest_path` of export `export_name`) is this site's asking: the
+  // pull of that id, not yet ended, or (while the source has not answered
+  // with the id) a pull of that path being submitted; NotFound otherwise.
+  // Then, unless the change writes nothing (`published`), the pull's
+  // requester must still be allowed to write there (DestinationAccess):
+  // PermissionDenied saying why.
+  absl::Status PullGranted(const longhaul::peer::DestinationAuthority::Change& change) const;
 
   // How stale a remote transfer's status may be before Get asks its source again.
   static constexpr absl::Duration kRemoteRefresh = absl::Milliseconds(500);
@@ -160,9 +167,11 @@ class TransferManager {
     std::optional<Timestamp> remote_asked;
     std::string remote_error;
   };
-  // A pull being submitted: the destination it lets the source write.
+  // A pull being submitted: the destination it lets the source write, and
+  // the caller whose right to write there it is.
   struct PullGrant {
     std::string source_site, export_name, dest_path;
+    Caller caller;
   };
 
   // Submits a push of local files `spec.sources`, checked by `access` for `caller`.
@@ -228,6 +237,8 @@ class TransferManager {
   const Clock& clock_;
   longhaul::peer::RateLimiter* rate_limiter_ = nullptr;
   const SourceAccess source_access_;
+  // Where a pull issued here may write for its caller.
+  const DestinationAccess destination_access_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);

@@ -3,6 +3,7 @@
 // and the source's side (ServeRemote and the *ForPeer calls). The protocol
 // and the source's checks are in remote_copy.{h,cc}.
 #include <algorithm>
+#include <optional>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -106,6 +107,20 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitRemote(const std::stri
     return absl::InvalidArgumentError(
         absl::StrCat(config_.site, " has no export '", spec.dest_export(), "' to pull into"));
   }
+  // A pull grants its source one path and never pruning (the destination
+  // refuses it too): said here, before the source is asked.
+  if (pull && spec.keep_checkpoints() > 0) {
+    return absl::InvalidArgumentError(
+        "a pull never prunes: keep_checkpoints applies to a push or a third-party copy only");
+  }
+  // The daemon writes a pull's destination with its own rights: only where
+  // the caller could write itself, judged before the source is asked.
+  if (pull) {
+    if (absl::Status s = destination_access_.MayWrite(caller, spec.dest_export(), spec.dest_path());
+        !s.ok()) {
+      return s;
+    }
+  }
 
   // Not under submit_mu_: the source may be slow to answer, and local
   // submits must not wait for it. Two calls with one request id get one
@@ -117,7 +132,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitRemote(const std::stri
     return Get(**existing);
   }
   // Granted before the source is asked: it may open the transfer before it answers.
-  const PullGrant grant{spec.source_site(), spec.dest_export(), spec.dest_path()};
+  const PullGrant grant{spec.source_site(), spec.dest_export(), spec.dest_path(), caller};
   auto drop_grant = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = std::find_if(pending_pulls_.begin(), pending_pulls_.end(), [&](const PullGrant& g) {
       return g.source_site == grant.source_site && g.export_name == grant.export_name &&
@@ -161,6 +176,8 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitRemote(const std::stri
   v1::OutgoingTransfer record;
   record.set_id(answer->id());
   record.set_request_id(rid);
+  record.set_submitted_by(caller.RequesterKey());
+  record.set_submitted_gid(caller.gid);
   *record.mutable_spec() = std::move(spec);
   record.set_state(answer->state());
   record.set_created_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
@@ -272,23 +289,51 @@ absl::StatusOr<v1::TransferStatus> TransferManager::CancelRemote(
   return StatusOf(t);
 }
 
-bool TransferManager::PullGranted(absl::string_view source_site, absl::string_view export_name,
-                                  absl::string_view dest_path,
-                                  absl::string_view transfer_id) const {
-  absl::MutexLock lock(&mu_);
-  for (const PullGrant& g : pending_pulls_) {
-    if (g.source_site == source_site && g.export_name == export_name && g.dest_path == dest_path) {
-      return true;
+absl::Status TransferManager::PullGranted(const peer::DestinationAuthority::Change& change) const {
+  // The requesters of the pulls that grant the change; more than one when
+  // callers pulled the same path at once.
+  std::vector<Caller> requesters;
+  bool unknown_requester = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const PullGrant& g : pending_pulls_) {
+      if (g.source_site == change.source && g.export_name == change.export_name &&
+          g.dest_path == change.dest_path) {
+        requesters.push_back(g.caller);
+      }
+    }
+    auto it = transfers_.find(change.transfer_id);
+    if (it != transfers_.end()) {
+      const v1::OutgoingTransfer& record = it->second->record;
+      if (IsRemote(record) && record.spec().dest_site() == config_.site &&
+          !IsEndState(record.state()) &&
+          SameGrant(record.spec(), change.source, change.export_name, change.dest_path)) {
+        std::optional<Caller> caller =
+            Caller::FromRequesterKey(record.submitted_by(), record.submitted_gid());
+        if (caller) {
+          requesters.push_back(*std::move(caller));
+        } else {
+          unknown_requester = true;
+        }
+      }
     }
   }
-  for (const auto& [id, t] : transfers_) {
-    const v1::TransferSpec& spec = t->record.spec();
-    if (id == transfer_id && IsRemote(t->record) && spec.dest_site() == config_.site &&
-        !IsEndState(t->record.state()) && SameGrant(spec, source_site, export_name, dest_path)) {
-      return true;
-    }
+  if (requesters.empty() && !unknown_requester) {
+    return absl::NotFoundError(absl::StrCat(config_.site, " has no pull of ", change.export_name,
+                                            ":", change.dest_path, " from ", change.source,
+                                            " running as transfer ", change.transfer_id));
   }
-  return false;
+  if (change.published) return absl::OkStatus();  // nothing is written
+  // Judged outside mu_: the kernel judge forks.
+  absl::Status verdict = absl::PermissionDeniedError(
+      absl::StrCat("transfer ", change.transfer_id,
+                   " was submitted by a version that did not record who asked for it; submit "
+                   "the pull again"));
+  for (const Caller& caller : requesters) {
+    verdict = destination_access_.MayWrite(caller, change.export_name, change.dest_path);
+    if (verdict.ok()) break;
+  }
+  return verdict;
 }
 
 // --- The source's side ---

@@ -308,6 +308,38 @@ TEST_F(TransferManagerTest, ASourceOutsideTheExportsIsRefusedAndNothingIsJournal
   EXPECT_EQ(transport_.dials(), 0);
 }
 
+// A pull into this site is refused before its source is asked when it
+// would prune, or when its caller may not write the destination itself.
+TEST_F(TransferManagerTest, APullIsRefusedAtSubmitWhenItWouldPruneOrItsCallerMayNotWrite) {
+  MakeDirs(dir_.Sub("pulled"));
+  config_.exports.push_back({"ckpt", dir_.Sub("pulled"), {}, {}, 022});
+  StartManager();
+  v1::TransferSpec spec;
+  spec.set_source_site("site-b");
+  spec.set_source_export("ckpt");
+  spec.set_source_path("run/step-3");
+  spec.set_dest_site("site-a");
+  spec.set_dest_export("ckpt");
+  spec.set_dest_path("run/step-3");
+
+  v1::TransferSpec pruning = spec;
+  pruning.set_keep_checkpoints(2);
+  pruning.set_checkpoint_marker("done");
+  absl::StatusOr<v1::TransferStatus> refused = manager_->Submit("", pruning, caller_);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("a pull never prunes"));
+
+  // The test's directory is mode 0700: a stranger may not even search it.
+  refused = manager_->Submit("", spec, Caller::LocalUser(65534, 65534));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("uid 65534 (nobody) may not write " + RealPath(dir_.Sub("pulled")) +
+                        "/run/step-3: no search permission on directory"));
+  EXPECT_TRUE(manager_->List(/*all=*/true).empty());
+  EXPECT_TRUE(journal_->ListOutgoing()->empty());
+  EXPECT_EQ(transport_.dials(), 0);
+}
+
 TEST_F(TransferManagerTest, AnUnfinishedTransferResumesAfterARestartFromWhatIsDurable) {
   std::string id;
   ASSERT_NO_FATAL_FAILURE(SubmitHeldAfterOneChunk(&id));

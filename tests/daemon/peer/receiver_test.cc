@@ -215,11 +215,11 @@ TEST_F(ReceiverAuthorizationTest, AReaderThatIsNotAWriterIsRefusedAndNothingIsWr
 TEST_F(ReceiverAuthorizationTest, APullsSourceMayOpenOnlyThePathPulledWhileThePullLasts) {
   bool pull_running = true;
   options_.exports[0].writers.clear();
-  options_.pull_granted = [&pull_running](absl::string_view site, absl::string_view export_name,
-                                          absl::string_view dest_path,
-                                          absl::string_view transfer_id) {
-    return pull_running && site == "site-c" && export_name == "ckpt" && dest_path == "pulled" &&
-           transfer_id == "t-c";
+  options_.pull_granted = [&pull_running](const DestinationAuthority::Change& c) {
+    return pull_running && c.source == "site-c" && c.export_name == "ckpt" &&
+                   c.dest_path == "pulled" && c.transfer_id == "t-c"
+               ? absl::OkStatus()
+               : absl::NotFoundError("no such pull");
   };
   Receiver receiver(options_, *journal_, *fs_);
   const int denied = static_cast<int>(absl::StatusCode::kPermissionDenied);
@@ -231,6 +231,44 @@ TEST_F(ReceiverAuthorizationTest, APullsSourceMayOpenOnlyThePathPulledWhileThePu
   EXPECT_TRUE(ok.has_open_reply());
   pull_running = false;
   EXPECT_EQ(OpenAs(receiver, "site-c", "t-c", "pulled").error_code(), denied);
+}
+
+// A pull's source writes only where the local user who asked for the pull
+// may write: when the grant says that user may not write the path, the
+// open is refused with the reason, whether or not the source is also one of
+// the export's writers, and nothing is written.
+TEST_F(ReceiverAuthorizationTest, APullIsRefusedWhereItsRequesterMayNotWrite) {
+  options_.exports[0].writers = {"site-a"};
+  absl::Status requester_may_write =
+      absl::PermissionDeniedError("uid 65534 (nobody) may not write /export/ckpt/pulled");
+  options_.pull_granted = [&requester_may_write](const DestinationAuthority::Change& c) {
+    return c.dest_path == "pulled" ? requester_may_write : absl::NotFoundError("no such pull");
+  };
+  const auto before = fs_->Tree(export_);
+  Receiver receiver(options_, *journal_, *fs_);
+  auto open = [&](const std::string& site, const std::string& id) {
+    v1::PeerMessage request;
+    request.mutable_open()->set_transfer_id(id);
+    request.mutable_open()->set_export_name("ckpt");
+    request.mutable_open()->set_dest_path("pulled");
+    request.mutable_open()->set_requested_by("site-b");
+    *request.mutable_open()->mutable_manifest() = record_.manifest();
+    return Call(receiver, site, id, request);
+  };
+  for (const char* source : {"site-c", "site-a"}) {  // not a writer, and a writer
+    v1::PeerMessage refused = open(source, absl::StrCat("t-", source));
+    EXPECT_EQ(refused.error_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+    EXPECT_EQ(refused.error(),
+              "the pull of ckpt:pulled that site-b issued may not write there: uid 65534 "
+              "(nobody) may not write (a path of this site)")  // not the peer's business
+        << source;
+  }
+  EXPECT_EQ(fs_->Tree(export_), before);  // not even a staging directory
+
+  requester_may_write = absl::OkStatus();
+  v1::PeerMessage ok = open("site-c", "t-c");
+  EXPECT_EQ(ok.error(), "");
+  EXPECT_TRUE(ok.has_open_reply());
 }
 
 // What site-a opens on `requester`'s request ("" for its own push) into
@@ -338,10 +376,11 @@ TEST_F(ReceiverAuthorizationTest, AThirdPartyCopyReplacesOnlyWhatTheSameTwoSites
 // requester of a pull it did not issue.
 TEST_F(ReceiverAuthorizationTest, APullsSourceMayNotPruneTheEarlierPulls) {
   options_.exports[0].writers = {"site-a"};
-  options_.pull_granted = [](absl::string_view site, absl::string_view export_name,
-                             absl::string_view dest_path, absl::string_view transfer_id) {
-    return site == "site-c" && export_name == "ckpt" && dest_path == "run/step-3" &&
-           transfer_id == "t-3";
+  options_.pull_granted = [](const DestinationAuthority::Change& c) {
+    return c.source == "site-c" && c.export_name == "ckpt" && c.dest_path == "run/step-3" &&
+                   c.transfer_id == "t-3"
+               ? absl::OkStatus()
+               : absl::NotFoundError("no such pull");
   };
   for (const char* step : {"step-1", "step-2"}) {
     v1::IncomingTransfer pulled = record_;
