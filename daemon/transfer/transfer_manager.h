@@ -50,7 +50,10 @@ namespace longhaul::daemon {
 // Resume and Verify say to use them at the source. When this site is the
 // destination (a pull), the source may write that one destination with that
 // one transfer while the pull has not ended (PullGranted), though it is not
-// one of the export's writers. The source side of the same protocol is ServeRemote.
+// one of the export's writers. What a source answers is refused past
+// kMaxRemoteMessage and kept fitted to it, its error cut at kMaxRemoteError,
+// so a source cannot grow this site's journal or memory. The source side of
+// the same protocol is ServeRemote.
 //
 // Thread-safe.
 class TransferManager {
