@@ -57,7 +57,9 @@ absl::Status ReadPeerMessages(transport::Channel& channel, uint64_t max_message_
   absl::Status result;
   while (true) {
     Msg h;
-    if (absl::Status s = wire::ReadProto(channel, wire::FrameType::kControl, 0, &h); !s.ok()) {
+    if (absl::Status s =
+            wire::ReadProto(channel, wire::FrameType::kControl, 0, kMaxPeerHeaderBytes, &h);
+        !s.ok()) {
       result = s;
       break;
     }

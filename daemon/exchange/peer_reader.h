@@ -87,6 +87,12 @@ class InboundSink {
   virtual void Abandon(std::unique_ptr<Incoming> in) = 0;
 };
 
+// The largest ExchangePeerMessage (a frame's protobuf, not its payload) a
+// link reads: a JOIN lists the group's sites and a DONE one digest per part,
+// so 1 MiB holds groups of thousands of sites. A frame declaring more ends
+// the read before any of it is read.
+inline constexpr uint32_t kMaxPeerHeaderBytes = 1u << 20;
+
 // Reads `channel` until it fails or sends something malformed, and returns
 // why it stopped. `channel.peer_site()` is the sender of every message.
 absl::Status ReadPeerMessages(transport::Channel& channel, uint64_t max_message_bytes,

@@ -39,7 +39,7 @@ absl::Status StatusFromAnswer(const v1::PeerMessage& answer) {
 }
 
 absl::StatusOr<v1::PeerMessage> Call(transport::Channel& channel, uint64_t session_id,
-                                     v1::PeerMessage request) {
+                                     v1::PeerMessage request, uint32_t max_answer) {
   static std::atomic<uint64_t> next_request_id{1};
   request.set_request_id(next_request_id.fetch_add(1));
   if (absl::Status s = wire::SendProto(channel, wire::FrameType::kControl, session_id, request);
@@ -47,7 +47,8 @@ absl::StatusOr<v1::PeerMessage> Call(transport::Channel& channel, uint64_t sessi
     return s;
   }
   v1::PeerMessage answer;
-  if (absl::Status s = wire::ReadProto(channel, wire::FrameType::kControl, session_id, &answer);
+  if (absl::Status s =
+          wire::ReadProto(channel, wire::FrameType::kControl, session_id, max_answer, &answer);
       !s.ok()) {
     return s;
   }

@@ -1,5 +1,6 @@
 #include "daemon/transfer/remote_copy.h"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -10,8 +11,45 @@
 #include "absl/synchronization/notification.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/wire/messaging.h"
+#include "google/protobuf/io/coded_stream.h"
 
 namespace longhaul::daemon {
+namespace {
+
+// Bytes an element of a repeated message field numbered 16 to 2047 takes on
+// the wire: its two-byte tag, its length and itself.
+template <typename Message>
+size_t ElementBytes(const Message& m) {
+  const size_t bytes = m.ByteSizeLong();
+  return 2 + google::protobuf::io::CodedOutputStream::VarintSize64(bytes) + bytes;
+}
+
+// Keeps the longest prefix of `list` that takes at most `budget` bytes;
+// returns how many elements it dropped.
+template <typename Message>
+int KeepPrefixWithin(google::protobuf::RepeatedPtrField<Message>& list, size_t budget) {
+  int kept = 0;
+  size_t used = 0;
+  while (kept < list.size() && used + ElementBytes(list.Get(kept)) <= budget) {
+    used += ElementBytes(list.Get(kept));
+    ++kept;
+  }
+  const int dropped = list.size() - kept;
+  if (dropped > 0) list.DeleteSubrange(kept, dropped);
+  return dropped;
+}
+
+template <typename Message>
+size_t ListBytes(const google::protobuf::RepeatedPtrField<Message>& list) {
+  size_t bytes = 0;
+  for (const Message& m : list) bytes += ElementBytes(m);
+  return bytes;
+}
+
+// Room kept for the skipped entry that counts those left out.
+constexpr size_t kSkippedNoteBytes = 128;
+
+}  // namespace
 
 absl::StatusOr<const ExportConfig*> CheckRemoteSubmit(const DaemonConfig& config,
                                                       const std::string& requester,
@@ -90,18 +128,65 @@ absl::StatusOr<v1::TransferStatus> CallRemote(transport::Transport& transport,
       (*channel)->Abort();
     }
   });
-  auto answer = peer::Call(**channel, /*session_id=*/0, std::move(request));
+  auto answer = peer::Call(**channel, /*session_id=*/0, std::move(request), kMaxRemoteMessage);
   answered.Notify();
   watchdog.join();
   if (timed_out) {
     return absl::DeadlineExceededError(
         absl::StrCat(site.site, " did not answer within ", absl::FormatDuration(timeout)));
   }
-  if (!answer.ok()) return answer.status();
+  if (!answer.ok()) {
+    // The source's words may be journaled (a lost transfer's error): bounded.
+    std::string message(answer.status().message());
+    CutText(message, kMaxRemoteError);
+    return absl::Status(answer.status().code(), message);
+  }
   if (!answer->has_remote_reply()) {
     return absl::InvalidArgumentError(absl::StrCat(site.site, " answered with no transfer status"));
   }
-  return answer->remote_reply().status();
+  v1::TransferStatus status = std::move(*answer->mutable_remote_reply()->mutable_status());
+  FitRemoteStatus(status, kMaxRemoteMessage);
+  return status;
+}
+
+void CutText(std::string& text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return;
+  static constexpr absl::string_view kMark = " [cut]";
+  size_t end = max_bytes - kMark.size();
+  // Back off to the start of a UTF-8 sequence (never into a continuation byte).
+  while (end > 0 && (static_cast<uint8_t>(text[end]) & 0xC0) == 0x80) --end;
+  text.resize(end);
+  text.append(kMark.data(), kMark.size());
+}
+
+void FitRemoteStatus(v1::TransferStatus& status, size_t max_bytes) {
+  CutText(*status.mutable_error(), kMaxRemoteError);
+  for (v1::DestinationStatus& d : *status.mutable_destinations()) {
+    CutText(*d.mutable_error(), kMaxRemoteError);
+  }
+  for (v1::SkippedEntry& e : *status.mutable_skipped()) {
+    CutText(*e.mutable_path(), kMaxRemoteError);
+    CutText(*e.mutable_why(), kMaxRemoteError);
+  }
+  size_t size = status.ByteSizeLong();
+  if (size <= max_bytes) return;
+  status.clear_spec();
+  size = status.ByteSizeLong();
+  if (size <= max_bytes) return;
+  // Fewer skipped entries: as many as fit beside the rest and the note.
+  const size_t others = size - std::min(size, ListBytes(status.skipped()));
+  const size_t room =
+      max_bytes > others + kSkippedNoteBytes ? max_bytes - others - kSkippedNoteBytes : 0;
+  if (const int dropped = KeepPrefixWithin(*status.mutable_skipped(), room); dropped > 0) {
+    v1::SkippedEntry* note = status.add_skipped();
+    note->set_path("...");
+    note->set_why(absl::StrCat(dropped, " more entries were not sent; not listed here"));
+  }
+  size = status.ByteSizeLong();
+  if (size <= max_bytes) return;
+  const size_t rest = size - std::min(size, ListBytes(status.destinations()));
+  KeepPrefixWithin(*status.mutable_destinations(), max_bytes > rest ? max_bytes - rest : 0);
+  if (status.ByteSizeLong() > max_bytes) status.clear_skipped();
 }
 
 }  // namespace longhaul::daemon

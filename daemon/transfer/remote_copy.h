@@ -7,6 +7,8 @@
 #ifndef LONGHAUL_DAEMON_TRANSFER_REMOTE_COPY_H_
 #define LONGHAUL_DAEMON_TRANSFER_REMOTE_COPY_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -38,17 +40,39 @@ absl::StatusOr<const ExportConfig*> CheckRemoteSubmit(const DaemonConfig& config
 // The absolute path below `e` that a checked spec names.
 std::string RemoteSourcePath(const ExportConfig& e, const v1::TransferSpec& spec);
 
+// The largest REMOTE message a daemon reads, either way (proto/FRAMES.md):
+// a request is a spec and an id, an answer one transfer's status, fitted to
+// it by the source (FitRemoteStatus). A message declaring more is refused
+// before it is read.
+inline constexpr uint32_t kMaxRemoteMessage = 64u << 10;
+
+// The longest error text of a remote transfer that a status carries, and so
+// that the requester keeps and journals; a longer one is cut.
+inline constexpr size_t kMaxRemoteError = 4u << 10;
+
 // The requester's side of one REMOTE request: dials `site` over `transport`,
 // sends `request` and returns the source's answer, its errors prefixed with
-// the site's name (Call). A source that has not answered within `timeout`
-// has its channel aborted: DeadlineExceeded, so a stalled peer cannot hold
-// the caller (a control call, a status) for longer.
+// the site's name (Call). An answer over kMaxRemoteMessage is refused unread
+// (InvalidArgument naming the site and the limit). A source that has not
+// answered within `timeout` has its channel aborted: DeadlineExceeded, so a
+// stalled peer cannot hold the caller (a control call, a status) for longer.
+// The status returned is fitted to kMaxRemoteMessage (FitRemoteStatus).
 absl::StatusOr<v1::TransferStatus> CallRemote(transport::Transport& transport,
                                               const PeerConfig& site, v1::PeerMessage request,
                                               absl::Duration timeout = absl::Seconds(30));
 
-// The largest REMOTE message a daemon reads: requests are a spec and an id.
-inline constexpr size_t kMaxRemoteMessage = 64u << 10;
+// Makes `status` serialize to at most `max_bytes`: cuts its error texts at
+// kMaxRemoteError, then, while it is still longer, drops the spec (a
+// requester keeps its own), lists fewer skipped entries (the last one then
+// says how many more there are) and fewer destinations. A source fits each
+// answer before sending it; a requester keeps only fitted statuses, so what
+// it holds and journals per remote transfer stays bounded whatever a source
+// sends.
+void FitRemoteStatus(v1::TransferStatus& status, size_t max_bytes);
+
+// Cuts `text` to at most `max_bytes` (>= 16) on a UTF-8 character boundary,
+// ending it with " [cut]" when anything was cut.
+void CutText(std::string& text, size_t max_bytes);
 
 }  // namespace longhaul::daemon
 

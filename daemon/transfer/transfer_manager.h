@@ -54,8 +54,10 @@ namespace longhaul::daemon {
 // one transfer while the pull has not ended (PullGranted), though it is not
 // one of the export's writers, and only where the caller who asked for the
 // pull could write itself (DestinationAccess): checked at submit, and again
-// at the source's open and commit. The source side of the same protocol is
-// ServeRemote.
+// at the source's open and commit. What a source answers is refused past
+// kMaxRemoteMessage and kept fitted to it, its error cut at kMaxRemoteError,
+// so a source cannot grow this site's journal or memory. The source side of
+// the same protocol is ServeRemote.
 //
 // Thread-safe.
 class TransferManager {

@@ -32,6 +32,10 @@ std::string PeerRequestKey(const std::string& requester, const std::string& requ
   return absl::StrCat("peer/", requester, "/", request_id);
 }
 
+// What a PeerMessage adds around the status of a RemoteReply, at most: the
+// request id and two length-delimited headers.
+constexpr size_t kRemoteReplyEnvelope = 32;
+
 bool SameGrant(const v1::TransferSpec& spec, absl::string_view source_site,
                absl::string_view export_name, absl::string_view dest_path) {
   return spec.source_site() == source_site && spec.dest_export() == export_name &&
@@ -385,14 +389,8 @@ void TransferManager::ServeRemote(transport::Channel& channel) {
   const std::string requester = channel.peer_site();
   while (true) {
     v1::PeerMessage request;
-    size_t held = 0;
-    absl::Status read = wire::ReadProto(
-        channel, wire::FrameType::kControl, /*session_id=*/0, &request, [&](size_t added) {
-          held += added;
-          if (held <= kMaxRemoteMessage) return absl::OkStatus();
-          return absl::ResourceExhaustedError(
-              absl::StrCat("a remote request is at most ", kMaxRemoteMessage, " bytes"));
-        });
+    absl::Status read = wire::ReadProto(channel, wire::FrameType::kControl, /*session_id=*/0,
+                                        kMaxRemoteMessage, &request);
     if (!read.ok()) {
       if (!absl::IsUnavailable(read)) {
         spdlog::warn("closing remote request channel from {}: {}", requester, read.message());
@@ -414,27 +412,30 @@ void TransferManager::ServeRemote(transport::Channel& channel) {
       default:
         result = absl::InvalidArgumentError("unexpected message on a remote request channel");
     }
-    // The requester learns the export names, never this host's paths.
+    // The requester learns the export names, never this host's paths, and
+    // every answer fits its kMaxRemoteMessage, envelope included.
     const std::vector<peer::ExportRoot> roots = ExportRootsOf(config_);
     v1::PeerMessage answer;
     if (result.ok()) {
       answer.set_request_id(request.request_id());
-      v1::TransferStatus* status = answer.mutable_remote_reply()->mutable_status();
-      *status = std::move(*result);
-      for (std::string& source : *status->mutable_spec()->mutable_sources()) {
+      v1::TransferStatus& status = *result;
+      for (std::string& source : *status.mutable_spec()->mutable_sources()) {
         source = peer::ForPeer(source, roots);
       }
-      status->set_error(peer::ForPeer(status->error(), roots));
-      for (v1::SkippedEntry& skipped : *status->mutable_skipped()) {
+      status.set_error(peer::ForPeer(status.error(), roots));
+      for (v1::SkippedEntry& skipped : *status.mutable_skipped()) {
         skipped.set_why(peer::ForPeer(skipped.why(), roots));
       }
-      for (v1::DestinationStatus& d : *status->mutable_destinations()) {
+      for (v1::DestinationStatus& d : *status.mutable_destinations()) {
         d.set_error(peer::ForPeer(d.error(), roots));
       }
+      FitRemoteStatus(status, kMaxRemoteMessage - kRemoteReplyEnvelope);
+      *answer.mutable_remote_reply()->mutable_status() = std::move(status);
     } else {
       answer = peer::ErrorAnswer(
           request.request_id(),
           absl::Status(result.status().code(), peer::ForPeer(result.status().message(), roots)));
+      CutText(*answer.mutable_error(), kMaxRemoteError);
       if (request.body_case() == v1::PeerMessage::kRemoteSubmit) {
         spdlog::warn("refused remote copy requested by {}: {}", requester,
                      result.status().message());

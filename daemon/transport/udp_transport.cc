@@ -39,6 +39,10 @@ namespace {
 using udp::UdpConnection;
 using udp::UdpConnectionParams;
 
+// The largest UdpHandshake either side reads: a few numbers and, from a
+// listener that refuses, a sentence.
+constexpr uint32_t kMaxHandshakeMessage = 16u << 10;
+
 absl::StatusOr<sockaddr_storage> Resolve(const std::string& host, uint16_t port, socklen_t* len) {
   addrinfo hints = {};
   hints.ai_socktype = SOCK_DGRAM;
@@ -194,7 +198,9 @@ class UdpTransportImpl final : public UdpTransport {
       return s;
     }
     v1::UdpHandshake theirs;
-    if (absl::Status s = wire::ReadProto(**tls, wire::FrameType::kControl, 0, &theirs); !s.ok()) {
+    if (absl::Status s =
+            wire::ReadProto(**tls, wire::FrameType::kControl, 0, kMaxHandshakeMessage, &theirs);
+        !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("udp handshake with ", site, " at ", address,
                                                  " failed: ", s.message()));
     }
@@ -232,7 +238,9 @@ class UdpTransportImpl final : public UdpTransport {
   void AcceptHandshake(std::unique_ptr<Channel> tls) override {
     const std::string site = tls->peer_site();
     v1::UdpHandshake theirs;
-    if (absl::Status s = wire::ReadProto(*tls, wire::FrameType::kControl, 0, &theirs); !s.ok()) {
+    if (absl::Status s =
+            wire::ReadProto(*tls, wire::FrameType::kControl, 0, kMaxHandshakeMessage, &theirs);
+        !s.ok()) {
       spdlog::warn("udp handshake from {} ({}) failed: {}", site, tls->peer_address(), s.message());
       return;
     }

@@ -12,6 +12,15 @@
 #include "xxhash.h"
 
 namespace longhaul::wire {
+namespace {
+
+// The most a protobuf frame of `type` carries on any channel; a caller may
+// only lower it.
+uint32_t ProtoCeiling(FrameType type) {
+  return type == FrameType::kHello ? kMaxHelloPayload : kMaxControlPayload;
+}
+
+}  // namespace
 
 uint64_t SessionIdFor(absl::string_view transfer_id) {
   return XXH3_64bits(transfer_id.data(), transfer_id.size());
@@ -97,14 +106,30 @@ void GrowingBuffer::Release() {
 
 absl::Status ReadProto(ByteStream& stream, FrameType type, uint64_t session_id,
                        google::protobuf::MessageLite* message) {
-  return ReadProto(stream, type, session_id, message, [](size_t) { return absl::OkStatus(); });
+  return ReadProto(stream, type, session_id, ProtoCeiling(type), message);
 }
 
 absl::Status ReadProto(ByteStream& stream, FrameType type, uint64_t session_id,
                        google::protobuf::MessageLite* message, GrowingBuffer::GrowHook on_grow) {
-  const uint32_t ceiling = type == FrameType::kHello ? kMaxHelloPayload : kMaxControlPayload;
-  auto header = ReadFrameHeader(stream, ceiling);
-  if (!header.ok()) return header.status();
+  return ReadProto(stream, type, session_id, ProtoCeiling(type), message, on_grow);
+}
+
+absl::Status ReadProto(ByteStream& stream, FrameType type, uint64_t session_id,
+                       uint32_t max_payload, google::protobuf::MessageLite* message) {
+  return ReadProto(stream, type, session_id, max_payload, message,
+                   [](size_t) { return absl::OkStatus(); });
+}
+
+absl::Status ReadProto(ByteStream& stream, FrameType type, uint64_t session_id,
+                       uint32_t max_payload, google::protobuf::MessageLite* message,
+                       GrowingBuffer::GrowHook on_grow) {
+  auto header = ReadFrameHeader(stream, std::min(max_payload, ProtoCeiling(type)));
+  if (!header.ok()) {
+    // A refused header is the peer's doing: say which peer, for its operator.
+    if (!absl::IsInvalidArgument(header.status())) return header.status();
+    return absl::InvalidArgumentError(
+        absl::StrCat(stream.peer_site(), ": ", header.status().message()));
+  }
   if (header->type != type) {
     return absl::InvalidArgumentError(absl::StrCat("expected frame type ", static_cast<int>(type),
                                                    ", got ", static_cast<int>(header->type)));

@@ -83,16 +83,22 @@ class GrowingBuffer {
 // Reads one frame header; refuses payloads over `max_payload`.
 absl::StatusOr<FrameHeader> ReadFrameHeader(ByteStream& stream, uint32_t max_payload);
 // Reads a frame that must be of `type` (kHello or kControl) and parses its
-// protobuf payload. A payload declared over its type's ceiling
-// (kMaxHelloPayload, kMaxControlPayload) is refused (InvalidArgument naming
-// the limit) before any of it is read; the caller closes the connection.
-// The payload is held in a GrowingBuffer, freed before this returns; with
-// `on_grow` each growth is charged first (what it charged is the caller's to
-// give back after the call), and its error ends the read.
+// protobuf payload. A payload declared over `max_payload` (by default its
+// type's ceiling: kMaxHelloPayload, kMaxControlPayload) is refused
+// (InvalidArgument naming the peer and the limit) before any of it is read;
+// the caller closes the connection. The payload is held in a GrowingBuffer,
+// freed before this returns; with `on_grow` each growth is charged first
+// (what it charged is the caller's to give back after the call), and its
+// error ends the read.
 absl::Status ReadProto(ByteStream& stream, FrameType type, uint64_t session_id,
                        google::protobuf::MessageLite* message);
 absl::Status ReadProto(ByteStream& stream, FrameType type, uint64_t session_id,
                        google::protobuf::MessageLite* message, GrowingBuffer::GrowHook on_grow);
+absl::Status ReadProto(ByteStream& stream, FrameType type, uint64_t session_id,
+                       uint32_t max_payload, google::protobuf::MessageLite* message);
+absl::Status ReadProto(ByteStream& stream, FrameType type, uint64_t session_id,
+                       uint32_t max_payload, google::protobuf::MessageLite* message,
+                       GrowingBuffer::GrowHook on_grow);
 
 // Introduces a connection just dialed: the peer routes it by `hello`.
 absl::Status SendHello(ByteStream& stream, v1::Hello hello);

@@ -3,6 +3,8 @@
 // journal in temporary RocksDB directories.
 #include "daemon/transfer/transfer_manager.h"
 
+#include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +21,8 @@
 #include "daemon/peer/receiver.h"
 #include "daemon/peer/router.h"
 #include "daemon/transfer/fanout_sender.h"
+#include "daemon/transfer/remote_copy.h"
+#include "daemon/wire/messaging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/storage/test_util.h"
@@ -76,6 +80,17 @@ class TransferManagerTest : public ::testing::Test {
     };
     router_.Register(v1::Hello::CONTROL, serve);
     router_.Register(v1::Hello::DATA, serve);
+    // site-b as the source of a pull: it answers every request with remote_answer_.
+    router_.Register(
+        v1::Hello::REMOTE, [this](std::unique_ptr<transport::Channel> channel, const v1::Hello&) {
+          v1::PeerMessage request;
+          while (wire::ReadProto(*channel, wire::FrameType::kControl, 0, &request).ok()) {
+            v1::PeerMessage answer;
+            answer.set_request_id(request.request_id());
+            *answer.mutable_remote_reply()->mutable_status() = remote_answer_;
+            if (!wire::SendProto(*channel, wire::FrameType::kControl, 0, answer).ok()) return;
+          }
+        });
     ASSERT_TRUE(transport_
                     .Listen(kPeerAddress,
                             [this](std::unique_ptr<transport::Channel> channel) {
@@ -174,10 +189,24 @@ class TransferManagerTest : public ::testing::Test {
     ASSERT_TRUE(AwaitChunksDurableAtDestination(*id, 1));
   }
 
+  // A pull of site-b's ckpt/job into this site's export "data".
+  static v1::TransferSpec PullSpec() {
+    v1::TransferSpec spec;
+    spec.set_source_site("site-b");
+    spec.set_source_export("ckpt");
+    spec.set_source_path("job");
+    spec.set_dest_site("site-a");
+    spec.set_dest_export("data");
+    spec.set_dest_path("pulled");
+    return spec;
+  }
+
   // Destroyed bottom-up: the manager drains its senders first, and the
   // transport joins its handlers (which use the router and the receiver)
   // before those go.
   TempDir dir_;
+  // What site-b answers a REMOTE request with; set before the request.
+  v1::TransferStatus remote_answer_;
   std::unique_ptr<storage::Journal> dest_journal_;
   std::unique_ptr<peer::Receiver> receiver_;
   peer::PeerRouter router_;
@@ -338,6 +367,54 @@ TEST_F(TransferManagerTest, APullIsRefusedAtSubmitWhenItWouldPruneOrItsCallerMay
   EXPECT_TRUE(manager_->List(/*all=*/true).empty());
   EXPECT_TRUE(journal_->ListOutgoing()->empty());
   EXPECT_EQ(transport_.dials(), 0);
+}
+
+TEST_F(TransferManagerTest, ARemoteAnswerPastTheLimitIsRefusedAndNothingIsJournaled) {
+  StartManager();
+  remote_answer_.set_id("t-hostile");
+  remote_answer_.set_state(v1::RUNNING);
+  remote_answer_.set_error(std::string(size_t{1} << 20, 'x'));
+  absl::StatusOr<v1::TransferStatus> refused = manager_->Submit("", PullSpec(), caller_);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("site-b"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("limit of " + std::to_string(kMaxRemoteMessage) + " bytes"));
+  EXPECT_TRUE(manager_->List(/*all=*/true).empty());
+  EXPECT_TRUE(journal_->ListOutgoing()->empty());
+}
+
+TEST_F(TransferManagerTest, WhatIsJournaledAboutARemoteTransferIsBounded) {
+  StartManager();
+  // Within the message limit, but an error no status needs.
+  remote_answer_.set_id("t-verbose");
+  remote_answer_.set_state(v1::RUNNING);
+  remote_answer_.set_error(std::string(60 << 10, 'x'));
+  absl::StatusOr<v1::TransferStatus> submitted = manager_->Submit("", PullSpec(), caller_);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  EXPECT_LE(submitted->error().size(), kMaxRemoteError);
+  absl::StatusOr<std::optional<v1::OutgoingTransfer>> journaled =
+      journal_->GetOutgoing("t-verbose");
+  ASSERT_TRUE(journaled.ok() && journaled->has_value()) << journaled.status();
+  EXPECT_LE((*journaled)->error().size(), kMaxRemoteError);
+  EXPECT_LE((*journaled)->ByteSizeLong(), kMaxRemoteError + 1024);
+  // Status and listing answer, bounded the same way.
+  const std::vector<v1::TransferStatus> listed = manager_->List(/*all=*/true);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].state(), v1::RUNNING);
+  EXPECT_LE(listed[0].error().size(), kMaxRemoteError);
+}
+
+TEST_F(TransferManagerTest, ARemoteRequestPastTheLimitIsRefusedBeforeItIsRead) {
+  StartManager();
+  transport::testing::ChannelPair pair = transport::testing::MakeChannelPair("site-b", "site-a");
+  std::vector<uint8_t> bytes(wire::kFrameHeaderSize + kMaxRemoteMessage + 1, 'x');
+  std::array<uint8_t, wire::kFrameHeaderSize> header;
+  wire::EncodeFrameHeader({wire::FrameType::kControl, kMaxRemoteMessage + 1, 0}, header);
+  std::copy(header.begin(), header.end(), bytes.begin());
+  ASSERT_TRUE(pair.b->Write({absl::MakeConstSpan(bytes)}).ok());
+  manager_->ServeRemote(*pair.a);  // returns once it refuses the request
+  EXPECT_EQ(pair.a->bytes_read(), wire::kFrameHeaderSize);
+  EXPECT_TRUE(journal_->ListOutgoing()->empty());
 }
 
 TEST_F(TransferManagerTest, AnUnfinishedTransferResumesAfterARestartFromWhatIsDurable) {

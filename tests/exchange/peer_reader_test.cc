@@ -174,5 +174,20 @@ TEST(ReadPeerMessagesTest, AMalformedSegmentEndsTheReadAndAbandonsWhatWasOpen) {
   EXPECT_THAT(sink.events, ::testing::ElementsAre("begin 1", "abandon 1 'ab'"));
 }
 
+TEST(ReadPeerMessagesTest, AHeaderPastItsCeilingEndsTheReadBeforeItIsRead) {
+  Msg join;
+  join.set_kind(Msg::JOIN);
+  for (int i = 0; i < 20; ++i) join.add_members(std::string(64 << 10, 'a' + i));
+  ASSERT_GT(join.ByteSizeLong(), kMaxPeerHeaderBytes);
+  InboundLink link;
+  link.Add(join);
+  RecordingSink sink;
+  absl::Status s = ReadPeerMessages(link.Closed(), 1 << 20, sink);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("site-b"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr(std::to_string(kMaxPeerHeaderBytes)));
+  EXPECT_TRUE(sink.events.empty());
+}
+
 }  // namespace
 }  // namespace longhaul::exchange

@@ -1,8 +1,12 @@
 #include "daemon/transfer/remote_copy.h"
 
+#include <functional>
 #include <string>
 
+#include "daemon/wire/messaging.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/test_tools/fake_transport.h"
 
 namespace longhaul::daemon {
 namespace {
@@ -93,6 +97,123 @@ TEST_F(CheckRemoteSubmitTest, LocalSourcesAndThisSiteAsDestinationAreRefused) {
   v1::TransferSpec elsewhere = Pull("step-100");
   elsewhere.set_source_site("site-c");
   EXPECT_TRUE(absl::IsInvalidArgument(CheckRemoteSubmit(config_, "site-b", elsewhere).status()));
+}
+
+using ::testing::EndsWith;
+using ::testing::HasSubstr;
+
+// A source site-b, reached over a FakeTransport, that answers every REMOTE
+// request with the status `answer_` (a hostile or a merely verbose source).
+class CallRemoteTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(
+        transport_
+            .Listen(site_.address,
+                    [this](std::unique_ptr<transport::Channel> channel) {
+                      v1::Hello hello;
+                      if (!wire::ReadProto(*channel, wire::FrameType::kHello, 0, &hello).ok()) {
+                        return;
+                      }
+                      v1::PeerMessage request;
+                      while (
+                          wire::ReadProto(*channel, wire::FrameType::kControl, 0, &request).ok()) {
+                        v1::PeerMessage answer;
+                        answer.set_request_id(request.request_id());
+                        *answer.mutable_remote_reply()->mutable_status() = answer_;
+                        if (!wire::SendProto(*channel, wire::FrameType::kControl, 0, answer).ok()) {
+                          return;
+                        }
+                      }
+                    })
+            .ok());
+  }
+
+  absl::StatusOr<v1::TransferStatus> AskStatus() {
+    v1::PeerMessage request;
+    request.mutable_remote_get()->set_transfer_id("t-1");
+    return CallRemote(transport_, site_, request);
+  }
+
+  const PeerConfig site_{"site-b", "site-b.test:7700", "tcp", 0};
+  v1::TransferStatus answer_;
+  transport::testing::FakeTransport transport_{"site-a"};
+};
+
+TEST_F(CallRemoteTest, AnAnswerPastTheRemoteLimitIsRefusedNamingTheSourceAndTheLimit) {
+  answer_.set_id("t-1");
+  answer_.set_state(v1::RUNNING);
+  answer_.set_error(std::string(size_t{1} << 20, 'x'));
+  absl::StatusOr<v1::TransferStatus> status = AskStatus();
+  ASSERT_TRUE(absl::IsInvalidArgument(status.status()))
+      << (status.ok() ? "accepted an answer of " + std::to_string(status->ByteSizeLong()) + " bytes"
+                      : status.status().ToString());
+  EXPECT_THAT(std::string(status.status().message()), HasSubstr("site-b"));
+  EXPECT_THAT(std::string(status.status().message()),
+              HasSubstr("limit of " + std::to_string(kMaxRemoteMessage) + " bytes"));
+}
+
+TEST_F(CallRemoteTest, AnAnswerWithinTheLimitIsKeptWithItsErrorCut) {
+  answer_.set_id("t-1");
+  answer_.set_state(v1::RUNNING);
+  answer_.set_error(std::string(60 << 10, 'x'));
+  absl::StatusOr<v1::TransferStatus> status = AskStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->id(), "t-1");
+  EXPECT_LE(status->error().size(), kMaxRemoteError);
+  EXPECT_THAT(status->error(), EndsWith(" [cut]"));
+}
+
+TEST(FitRemoteStatusTest, ListsFewerSkippedEntriesAndSaysHowManyMore) {
+  v1::TransferStatus status;
+  status.set_id("t-1");
+  status.mutable_spec()->set_dest_path(std::string(1000, 'd'));
+  for (int i = 0; i < 5000; ++i) {
+    v1::SkippedEntry* e = status.add_skipped();
+    e->set_path("dir/link-" + std::to_string(i));
+    e->set_why("symlink not followed: its target is outside the export");
+  }
+  ASSERT_GT(status.ByteSizeLong(), kMaxRemoteMessage);
+  FitRemoteStatus(status, kMaxRemoteMessage);
+  EXPECT_LE(status.ByteSizeLong(), kMaxRemoteMessage);
+  EXPECT_EQ(status.id(), "t-1");
+  EXPECT_FALSE(status.has_spec());  // the requester keeps its own
+  ASSERT_GT(status.skipped_size(), 100);
+  EXPECT_EQ(status.skipped(0).path(), "dir/link-0");
+  const int listed = status.skipped_size() - 1;
+  EXPECT_EQ(status.skipped(listed - 1).path(), "dir/link-" + std::to_string(listed - 1));
+  EXPECT_THAT(status.skipped(listed).why(),
+              HasSubstr(std::to_string(5000 - listed) + " more entries"));
+}
+
+TEST(FitRemoteStatusTest, AStatusThatFitsKeepsEverythingButOverlongErrors) {
+  v1::TransferStatus status;
+  status.set_id("t-1");
+  status.mutable_spec()->set_dest_path("step-100");
+  status.add_skipped()->set_path("a");
+  status.add_destinations()->set_error(std::string(10000, 'e'));
+  status.set_error("disk full at site-c");
+  FitRemoteStatus(status, kMaxRemoteMessage);
+  EXPECT_EQ(status.spec().dest_path(), "step-100");
+  EXPECT_EQ(status.skipped_size(), 1);
+  EXPECT_EQ(status.error(), "disk full at site-c");
+  EXPECT_LE(status.destinations(0).error().size(), kMaxRemoteError);
+}
+
+TEST(CutTextTest, CutsOnACharacterBoundaryAndMarksTheCut) {
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "\xc3\xa9\xe2\x82\xac";  // "é€"
+  std::string cut = text;
+  CutText(cut, 64);
+  EXPECT_LE(cut.size(), 64u);
+  ASSERT_THAT(cut, EndsWith(" [cut]"));
+  const std::string kept = cut.substr(0, cut.size() - 6);
+  EXPECT_EQ(text.compare(0, kept.size(), kept), 0);
+  // It ends where a character ends: the next byte of the original starts one.
+  EXPECT_NE(static_cast<uint8_t>(text[kept.size()]) & 0xC0, 0x80);
+  std::string short_text = "fine";
+  CutText(short_text, 64);
+  EXPECT_EQ(short_text, "fine");
 }
 
 }  // namespace

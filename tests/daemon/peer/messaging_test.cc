@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/wire/frames.h"
@@ -156,6 +157,84 @@ TEST(ReadProtoTest, ReadsWhatSendProtoWrote) {
               }).ok());
   EXPECT_EQ(received.SerializeAsString(), sent.SerializeAsString());
   EXPECT_EQ(charged, sent.ByteSizeLong());
+}
+
+TEST(ReadProtoTest, ACallersLowerCeilingRefusesBeforeAnyPayloadIsReadNamingThePeer) {
+  constexpr uint32_t kCeiling = 64u << 10;
+  std::vector<uint8_t> bytes = Header(wire::FrameType::kControl, kCeiling + 1);
+  const std::vector<uint8_t> payload = Pattern(kCeiling + 1);
+  bytes.insert(bytes.end(), payload.begin(), payload.end());
+  std::unique_ptr<FakeChannel> channel = Serving(bytes);
+  v1::PeerMessage message;
+  absl::Status s = wire::ReadProto(*channel, wire::FrameType::kControl, 0, kCeiling, &message);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("site-c"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(std::to_string(kCeiling)), std::string::npos) << s;
+  EXPECT_EQ(channel->bytes_read(), wire::kFrameHeaderSize);
+}
+
+TEST(ReadProtoTest, ACallerCannotRaiseItsTypesCeiling) {
+  std::unique_ptr<FakeChannel> channel =
+      Serving(Header(wire::FrameType::kHello, wire::kMaxHelloPayload + 1));
+  v1::Hello hello;
+  absl::Status s =
+      wire::ReadProto(*channel, wire::FrameType::kHello, 0, wire::kMaxControlPayload, &hello);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find(std::to_string(wire::kMaxHelloPayload)), std::string::npos) << s;
+}
+
+// The peer site-b answers every request with `answer` (its request id set).
+class AnsweringPeer {
+ public:
+  explicit AnsweringPeer(v1::PeerMessage answer) : answer_(std::move(answer)) {
+    thread_ = std::thread([this] {
+      v1::PeerMessage request;
+      while (wire::ReadProto(*pair_.b, wire::FrameType::kControl, 0, &request).ok()) {
+        answer_.set_request_id(request.request_id());
+        if (!wire::SendProto(*pair_.b, wire::FrameType::kControl, 0, answer_).ok()) return;
+      }
+    });
+  }
+  ~AnsweringPeer() {
+    pair_.a->Abort();
+    thread_.join();
+  }
+  // This site's end: its peer is site-b.
+  transport::Channel& channel() { return *pair_.a; }
+  FakeChannel& end() { return *pair_.a; }
+
+ private:
+  transport::testing::ChannelPair pair_ = MakeChannelPair("site-b", "site-a");
+  v1::PeerMessage answer_;
+  std::thread thread_;
+};
+
+TEST(CallTest, AnAnswerPastTheCallersMaximumIsRefusedUnreadNamingThePeerAndTheLimit) {
+  constexpr uint32_t kMaxAnswer = 64u << 10;
+  v1::PeerMessage answer;
+  answer.mutable_remote_reply()->mutable_status()->set_error(std::string(kMaxAnswer, 'x'));
+  AnsweringPeer peer(answer);
+  v1::PeerMessage request;
+  request.mutable_remote_get()->set_transfer_id("t-1");
+  absl::StatusOr<v1::PeerMessage> got = Call(peer.channel(), 0, request, kMaxAnswer);
+  ASSERT_TRUE(absl::IsInvalidArgument(got.status())) << got.status();
+  EXPECT_NE(got.status().message().find("site-b"), std::string::npos) << got.status();
+  EXPECT_NE(got.status().message().find(std::to_string(kMaxAnswer)), std::string::npos)
+      << got.status();
+  EXPECT_EQ(peer.end().bytes_read(), wire::kFrameHeaderSize);
+}
+
+TEST(CallTest, AnAnswerWithinTheCallersMaximumIsRead) {
+  v1::PeerMessage answer;
+  answer.mutable_remote_reply()->mutable_status()->set_error(std::string(1000, 'x'));
+  AnsweringPeer peer(answer);
+  v1::PeerMessage request;
+  request.mutable_remote_get()->set_transfer_id("t-1");
+  answer.set_request_id(UINT64_MAX);  // the longest request id there is
+  const auto at_most = static_cast<uint32_t>(answer.ByteSizeLong());
+  absl::StatusOr<v1::PeerMessage> got = Call(peer.channel(), 0, request, at_most);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->remote_reply().status().error().size(), 1000u);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/router.h"
 #include "daemon/transport/udp_connection.h"
+#include "daemon/wire/messaging.h"
 
 namespace longhaul::transport {
 namespace {
@@ -203,6 +204,34 @@ TEST(UdpTransportTest, DialToSiteWithoutUdpIsRefused) {
   auto dialed = a.udp->Dial("site-b", "127.0.0.1:" + std::to_string(tcp_only->listen_port()));
   EXPECT_FALSE(dialed.ok());
   tcp_only->Shutdown();
+}
+
+// A listener that answers the key agreement with a handshake past its
+// ceiling is refused before the dialer reads the answer, naming the limit.
+TEST(UdpTransportTest, AnOversizedHandshakeAnswerIsRefusedUnread) {
+  UdpOptions options;
+  Site a("site-a", "site-b", options);
+  const std::string d = PkiDir();
+  TlsIdentity identity{d + "/ca.pem", d + "/site-b.pem", d + "/site-b.key", "site-b", {"site-a"}};
+  TcpTuning tuning;
+  tuning.congestion_control = "";
+  auto hostile = *MakeTcpTlsTransport(identity, tuning);
+  peer::PeerRouter router;
+  router.Register(v1::Hello::UDP_HANDSHAKE, [](std::unique_ptr<Channel> c, const v1::Hello&) {
+    v1::UdpHandshake theirs;
+    if (!wire::ReadProto(*c, wire::FrameType::kControl, 0, &theirs).ok()) return;
+    v1::UdpHandshake answer;
+    answer.set_error(std::string(size_t{1} << 20, 'x'));
+    (void)wire::SendProto(*c, wire::FrameType::kControl, 0, answer);
+  });
+  ASSERT_TRUE(hostile->Listen("127.0.0.1:0", [&](auto c) { router.Serve(std::move(c)); }).ok());
+  auto dialed = a.udp->Dial("site-b", "127.0.0.1:" + std::to_string(hostile->listen_port()));
+  ASSERT_FALSE(dialed.ok());
+  EXPECT_EQ(dialed.status().code(), absl::StatusCode::kInvalidArgument)
+      << dialed.status().ToString().substr(0, 200);
+  EXPECT_NE(dialed.status().message().find("limit of 16384 bytes"), std::string::npos)
+      << dialed.status().ToString().substr(0, 200);
+  hostile->Shutdown();
 }
 
 // The state of the congestion model behind a udp channel, e.g. "Startup".
