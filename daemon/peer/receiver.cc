@@ -491,6 +491,11 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   for (uint32_t f : record.unchanged_files()) reply->add_unchanged_files(f);
   session->dest = *dest;
   session->record = std::move(record);
+  // A relay refused for forging stays refused while the owner names it.
+  if (session->refused_relay != session->record.relay_by()) {
+    session->refused_relay.clear();
+    session->relay_refused.clear();
+  }
   if (options_.relay) options_.relay(open.transfer_id(), open.relay_to());
   spdlog::info(
       "transfer {} from {}: opened into {}:{} ({} files, {} chunks already durable, {} in part)",
@@ -515,7 +520,8 @@ absl::StatusOr<std::shared_ptr<Receiver::Session>> Receiver::FindSession(
   }
   absl::MutexLock session_lock(&it->second->mu);
   const std::string& relay_by = it->second->record.relay_by();
-  const bool relay = or_relay && !relay_by.empty() && relay_by == peer_site;
+  const bool relay = or_relay && !relay_by.empty() && relay_by == peer_site &&
+                     it->second->refused_relay != peer_site;
   if (it->second->record.source_site() != peer_site && !relay) {
     return absl::PermissionDeniedError(
         absl::StrCat("transfer ", transfer_id, " belongs to another site"));

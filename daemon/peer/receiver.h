@@ -28,6 +28,7 @@
 #include "daemon/peer/relay_chunk_source.h"
 #include "daemon/transport/channel_registry.h"
 #include "daemon/transport/transport.h"
+#include "daemon/wire/frames.h"
 #include "storage/buffer_pool.h"
 #include "storage/chunk_io.h"
 #include "storage/exports.h"
@@ -108,6 +109,9 @@ struct ReceiverOptions {
 // once its XXH3-128 over every byte, the durable prefix of a resumed chunk
 // read back from its staged file included, matches the sender's; on a
 // mismatch its prefix record is dropped and it is asked for from byte 0.
+// Fan-out: a chunk from the relay must carry, and hash to, the digest the
+// owner sent for it (ProgressRequest.digests); a relay whose chunk does not
+// is refused from then on, and its chunk with it.
 //
 // Authorization: every change at a destination (open, commit, pruning after publish, an abort's
 // record) is decided by DestinationAuthority, against the source and, for a pull or third-party
@@ -217,6 +221,10 @@ class Receiver {
   // before it is answered kRetryLater.
   static constexpr absl::Duration kBudgetWait = absl::Seconds(5);
 
+  // How long a relayed chunk waits for its owner's digest
+  // (ProgressRequest.digests) before it is answered kRetryLater.
+  static constexpr absl::Duration kOwnerDigestWait = absl::Seconds(30);
+
   // Piece buffers shared by every DATA channel (see "Memory" above).
   static constexpr size_t kReceiveBuffers = 128;
 
@@ -231,6 +239,19 @@ class Receiver {
   v1::PeerMessage HandleVerify(const std::string& peer_site, const v1::PeerMessage& request);
   v1::PeerMessage HandleRelayAttach(const std::string& peer_site, const v1::PeerMessage& request);
   v1::PeerMessage HandleProgress(const std::string& peer_site, const v1::PeerMessage& request);
+  // Fan-out: waits (at most kOwnerDigestWait) until the owner has sent the
+  // digest of the chunk `relay` is delivering in a frame with header
+  // `chunk`. OK when the frame carries it; PermissionDenied, and the relay
+  // is refused from then on, when it carries another; Unavailable when none
+  // came in time; Cancelled when the owner opened the transfer again.
+  absl::Status AwaitOwnerDigest(Session& session, const std::string& relay,
+                                const wire::ChunkHeader& chunk, const std::string& path)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Refuses every chunk and attach of `relay` from now on, for `why` (the
+  // owner reads it in ProgressReply.relay_refused). Returns it as
+  // PermissionDenied.
+  absl::Status RefuseRelayLocked(Session& session, const std::string& relay,
+                                 const std::string& why) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   // Expires the transfer if it is still RECEIVING and was inactive for the expiry;
   // a session seen busy has its activity time persisted now and then.

@@ -94,6 +94,19 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     return wire::SendFrame(channel, wire::FrameType::kChunkAck, session_id, {part});
   };
 
+  // Reads and drops a chunk frame's payload, so that its answer is read
+  // before the channel closes.
+  auto skip_payload = [&](uint64_t length) {
+    std::array<uint8_t, wire::kReadPiece> scratch;
+    absl::Status skipped = absl::OkStatus();
+    for (uint64_t left = length; left > 0 && skipped.ok();) {
+      const size_t piece = std::min<uint64_t>(left, scratch.size());
+      skipped = channel.ReadExactly(absl::MakeSpan(scratch.data(), piece));
+      left -= piece;
+    }
+    return skipped;
+  };
+
   while (true) {
     auto header =
         wire::ReadFrameHeader(channel, static_cast<uint32_t>(wire::kChunkHeaderSize + chunk_size));
@@ -126,12 +139,22 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     v1::ManifestFile file;
     uint64_t chunk_bytes = 0;
     bool pieces = false;
+    // Fan-out: a chunk not from the owner comes from its relay (ServeData
+    // admits no one else) and is taken only as the owner's digest vouches.
+    bool relayed = false;
     absl::Status valid = absl::OkStatus();
     {
       absl::MutexLock lock(&session->mu);
       const v1::Manifest& manifest = session->record.manifest();
       pieces = session->durable_pieces;
-      if (chunk->file_index >= static_cast<uint32_t>(manifest.files_size())) {
+      relayed = session->record.source_site() != peer_site;
+      if (relayed &&
+          (session->record.relay_by() != peer_site || session->refused_relay == peer_site)) {
+        valid = absl::PermissionDeniedError(
+            session->refused_relay == peer_site
+                ? session->relay_refused
+                : absl::StrCat("transfer ", transfer_id, " is not relayed by ", peer_site));
+      } else if (chunk->file_index >= static_cast<uint32_t>(manifest.files_size())) {
         valid = absl::InvalidArgumentError(absl::StrCat("no file ", chunk->file_index));
       } else {
         file = manifest.files(chunk->file_index);
@@ -155,7 +178,13 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
         }
       }
     }
-    if (!valid.ok()) {
+    if (valid.ok() && relayed) {
+      valid = AwaitOwnerDigest(*session, peer_site, *chunk, file.path());
+      if (absl::IsCancelled(valid)) break;  // the owner opened it again: this channel is aborted
+      // A forged digest: the relay reads why before its channel closes.
+      if (absl::IsPermissionDenied(valid) && !skip_payload(data_length).ok()) break;
+    }
+    if (!valid.ok() && !absl::IsUnavailable(valid)) {
       refuse(std::string(valid.message()));
       send_ack(*chunk, wire::ChunkAck::Result::kRefused, std::string(valid.message()))
           .IgnoreError();
@@ -163,8 +192,8 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     }
     // One piece is held at a time.
     const uint64_t need = std::min(data_length, kDurablePiece);
-    std::string why;
-    if (held < need) {
+    std::string why = valid.ok() ? "" : std::string(valid.message());
+    if (why.empty() && held < need) {
       // Give back the smaller reservation first, so that two streams each
       // holding part of what they need cannot starve each other.
       budget_->Release(peer_site, held);
@@ -190,14 +219,7 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     if (!why.empty()) {
       spdlog::warn("transfer {}: chunk {} of {}: {}", transfer_id, chunk->chunk_index, file.path(),
                    why);
-      std::array<uint8_t, wire::kReadPiece> scratch;
-      absl::Status skipped = absl::OkStatus();
-      for (uint64_t left = data_length; left > 0 && skipped.ok();) {
-        const size_t piece = std::min<uint64_t>(left, scratch.size());
-        skipped = channel.ReadExactly(absl::MakeSpan(scratch.data(), piece));
-        left -= piece;
-      }
-      if (!skipped.ok()) break;
+      if (!skip_payload(data_length).ok()) break;
       if (!send_ack(*chunk, wire::ChunkAck::Result::kRetryLater, why).ok()) break;
       continue;
     }
@@ -263,6 +285,25 @@ void Receiver::ServeData(transport::Channel& channel, const std::string& transfe
     const XXH128_hash_t digest = XXH3_128bits_digest(&state);
     const storage::Xxh128 actual{digest.low64, digest.high64};
     const storage::Xxh128 expected{chunk->xxh128_low, chunk->xxh128_high};
+    if (relayed && prefix_read && !(actual == expected)) {
+      // The frame carries the owner's digest (AwaitOwnerDigest): the relay
+      // sent other bytes. Nothing of this chunk counts, its prefix included.
+      absl::Status refused;
+      {
+        absl::MutexLock lock(&session->mu);
+        refused = RefuseRelayLocked(
+            *session, peer_site,
+            absl::StrCat("relay ", peer_site, " sent chunk ", chunk->chunk_index, " of ",
+                         file.path(), " whose bytes do not hash to the digest ",
+                         session->record.source_site(), " read"));
+        session->partial.erase(key);
+      }
+      journal_.DeletePartialChunk(transfer_id, chunk->file_index, chunk->chunk_index).IgnoreError();
+      refuse(std::string(refused.message()));
+      send_ack(*chunk, wire::ChunkAck::Result::kRefused, std::string(refused.message()))
+          .IgnoreError();
+      break;
+    }
     if (!prefix_read || !(actual == expected)) {
       spdlog::warn("transfer {}: chunk {} of {} failed its xxh3-128 check{}; asking for it again",
                    transfer_id, chunk->chunk_index, file.path(),

@@ -7,6 +7,7 @@
 #include "daemon/peer/messaging.h"
 #include "daemon/peer/receiver.h"
 #include "daemon/peer/receiver_session.h"
+#include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
 #include "storage/chunk_plan.h"
 
@@ -40,6 +41,9 @@ v1::PeerMessage Receiver::HandleRelayAttach(const std::string& peer_site,
   if (session->record.relay_by().empty() || session->record.relay_by() != peer_site) {
     return fail(absl::PermissionDeniedError(
         absl::StrCat("transfer ", id, " is not relayed by ", peer_site)));
+  }
+  if (session->refused_relay == peer_site) {
+    return fail(absl::PermissionDeniedError(session->relay_refused));
   }
   if (session->record.state() != v1::IncomingTransfer::RECEIVING || !session->staging) {
     return fail(absl::FailedPreconditionError(
@@ -79,9 +83,35 @@ v1::PeerMessage Receiver::HandleProgress(const std::string& peer_site,
   Session& session = **found;
   absl::MutexLock lock(&session.mu);
   const v1::Manifest& manifest = session.record.manifest();
+  // Only the owner gets here (FindSession): its digests are the source's.
+  for (const v1::SourceDigest& d : request.progress().digests()) {
+    const std::optional<storage::Xxh128> digest = storage::Xxh128::FromBytes(d.xxh128());
+    const bool known_file = d.file_index() < static_cast<uint32_t>(manifest.files_size());
+    if (!digest || !known_file ||
+        d.chunk_index() >=
+            storage::ChunkCount(manifest.files(d.file_index()), manifest.chunk_size())) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("source digest of chunk ", d.chunk_index(), " of file ", d.file_index(),
+                       " names no chunk of transfer ", id, " or is not 16 bytes")));
+    }
+    // Another generation: the owner read it before or after this open.
+    if (d.generation() != manifest.files(d.file_index()).generation()) continue;
+    session.owner_digests[{d.file_index(), d.chunk_index()}] = {d.generation(), *digest};
+  }
   v1::PeerMessage answer;
   answer.set_request_id(request.request_id());
   v1::ProgressReply* reply = answer.mutable_progress_reply();
+  for (const storage::ChunkId& chunk : session.awaiting_digests) {
+    auto known = session.owner_digests.find(chunk);
+    if (known != session.owner_digests.end() &&
+        known->second.generation == manifest.files(chunk.file_index).generation()) {
+      continue;  // its stream takes it once this lock is released
+    }
+    v1::ChunkId* awaited = reply->add_awaiting_digests();
+    awaited->set_file_index(chunk.file_index);
+    awaited->set_chunk_index(chunk.chunk_index);
+  }
+  reply->set_relay_refused(session.relay_refused);
   reply->set_published(session.record.state() == v1::IncomingTransfer::PUBLISHED);
   uint64_t bytes = 0;
   for (const auto& [chunk, write] : session.durable) {
@@ -93,6 +123,71 @@ v1::PeerMessage Receiver::HandleProgress(const std::string& peer_site,
   reply->set_chunks_durable(session.durable.size());
   reply->set_bytes_durable(bytes);
   return answer;
+}
+
+absl::Status Receiver::AwaitOwnerDigest(Session& session, const std::string& relay,
+                                        const wire::ChunkHeader& chunk, const std::string& path) {
+  const storage::ChunkId key{chunk.file_index, chunk.chunk_index};
+  const storage::Xxh128 framed{chunk.xxh128_low, chunk.xxh128_high};
+  const absl::Time deadline = absl::Now() + kOwnerDigestWait;
+  session.mu.Lock();
+  const uint64_t drains = session.drains;
+  struct Wanted {
+    Session* session;
+    const std::string* relay;
+    storage::ChunkId key;
+    uint32_t generation;
+    uint64_t drains;
+  } wanted{&session, &relay, key, chunk.generation, drains};
+  const absl::Condition known(
+      +[](Wanted* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        auto it = w->session->owner_digests.find(w->key);
+        return (it != w->session->owner_digests.end() && it->second.generation == w->generation) ||
+               w->session->drains != w->drains || w->session->refused_relay == *w->relay;
+      },
+      &wanted);
+  session.awaiting_digests.insert(key);
+  // In slices, so that a shutdown (under mu_, taken before a session's
+  // lock) is noticed within one.
+  while (!session.mu.AwaitWithTimeout(known, kRelayWaitSlice) && absl::Now() < deadline) {
+    session.mu.Unlock();
+    bool shutting_down;
+    {
+      absl::MutexLock lock(&mu_);
+      shutting_down = shutting_down_;
+    }
+    session.mu.Lock();
+    if (shutting_down) break;
+  }
+  session.awaiting_digests.erase(key);
+  absl::Status result = absl::OkStatus();
+  auto it = session.owner_digests.find(key);
+  if (session.drains != drains) {
+    result = absl::CancelledError("the owner opened the transfer again");
+  } else if (session.refused_relay == relay) {
+    result = absl::PermissionDeniedError(session.relay_refused);  // by another of its streams
+  } else if (it == session.owner_digests.end() || it->second.generation != chunk.generation) {
+    result = absl::UnavailableError(
+        absl::StrCat(options_.local_site, " has no digest from ", session.record.source_site(),
+                     " for chunk ", chunk.chunk_index, " of ", path, " yet; retry later"));
+  } else if (!(it->second.xxh128 == framed)) {
+    result = RefuseRelayLocked(session, relay,
+                               absl::StrCat("relay ", relay, " sent chunk ", chunk.chunk_index,
+                                            " of ", path, " with a digest that is not the one ",
+                                            session.record.source_site(), " read from its source"));
+  }
+  session.mu.Unlock();
+  return result;
+}
+
+absl::Status Receiver::RefuseRelayLocked(Session& session, const std::string& relay,
+                                         const std::string& why) {
+  if (session.refused_relay != relay) {
+    spdlog::warn("transfer {}: {}; taking nothing more from {}", session.record.id(), why, relay);
+    session.refused_relay = relay;
+    session.relay_refused = why;
+  }
+  return absl::PermissionDeniedError(why);
 }
 
 Receiver::RelayReader::RelayReader(Receiver& receiver, std::string transfer_id)

@@ -9,6 +9,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/peer/receiver.h"
@@ -62,6 +63,25 @@ struct Receiver::Session {
   bool durable_pieces ABSL_GUARDED_BY(mu) = false;
   // The DATA channels serving this transfer. Added to only with mu held.
   transport::ChannelRegistry data_channels;
+  // Counts DrainDataChannels calls: a stream waiting with mu released (for
+  // an owner digest) gives up when it moves.
+  uint64_t drains ABSL_GUARDED_BY(mu) = 0;
+
+  // Fan-out: the digest of each chunk as the owner read it from its source
+  // (ProgressRequest.digests), with the generation it is of. A relayed
+  // chunk is taken only when its bytes hash to this; kept across opens, as
+  // a generation names the same bytes in each.
+  struct OwnerDigest {
+    uint32_t generation = 0;
+    storage::Xxh128 xxh128;
+  };
+  absl::flat_hash_map<storage::ChunkId, OwnerDigest> owner_digests ABSL_GUARDED_BY(mu);
+  // Relayed chunks whose frame waits for the owner's digest.
+  absl::flat_hash_set<storage::ChunkId> awaiting_digests ABSL_GUARDED_BY(mu);
+  // The relay that delivered a chunk not matching the owner's digest, and
+  // why: it is refused until the owner opens naming another relay or none.
+  std::string refused_relay ABSL_GUARDED_BY(mu);
+  std::string relay_refused ABSL_GUARDED_BY(mu);
 
   // Stops the data channels of an older attempt and waits until they are
   // gone, so staging fds are not in use while files change underneath.
@@ -69,6 +89,7 @@ struct Receiver::Session {
   // go) and returns with mu held and no data channel registered; one that
   // registered while mu was released is aborted too.
   void DrainDataChannels() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ++drains;
     while (true) {
       data_channels.AbortAll();
       if (data_channels.empty()) return;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <future>
 #include <thread>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -459,10 +460,19 @@ absl::Status TransferSender::AwaitRelayedChunks(transport::Channel& control, uin
                                                 const TransferProgress::Snapshot& totals,
                                                 const absl::flat_hash_set<uint32_t>& unchanged) {
   constexpr absl::Duration kPoll = absl::Milliseconds(200);
+  // Each entry takes about 30 bytes of a control message.
+  constexpr size_t kMaxDigestsPerAsk = 64 * 1024;
   const std::string relay = record().relay_by();
   const int files = record().manifest().files_size();
   uint64_t best_chunks = 0, best_bytes = 0;
   Timestamp last_gain = clock_.Now();
+  // Digests of options_.source_digests handed over in this attempt (the
+  // destination may have restarted since the last), and those it awaits.
+  size_t digests_sent = 0;
+  google::protobuf::RepeatedPtrField<v1::ChunkId> awaited;
+  absl::flat_hash_set<std::tuple<uint32_t, uint32_t, uint32_t>> vouched_awaited;
+  bool vouched = false;  // the last ask handed over digests not handed over before
+  std::unique_ptr<storage::AlignedBuffer> chunk_buffer;
   while (true) {
     if (stopping()) return absl::CancelledError("stopped");
     if (bypass_relay_.load()) return absl::AbortedError(absl::StrCat("relay ", relay, " bypassed"));
@@ -480,9 +490,42 @@ absl::Status TransferSender::AwaitRelayedChunks(transport::Channel& control, uin
     }
     v1::PeerMessage ask;
     ask.mutable_progress()->set_transfer_id(record().id());
+    // The destination takes a relayed chunk only as these digests vouch:
+    // every one read here since the last ask, and those it waits for.
+    if (options_.source_digests != nullptr) {
+      std::vector<SourceDigests::Entry> digests =
+          options_.source_digests->Since(digests_sent, kMaxDigestsPerAsk);
+      digests_sent += digests.size();
+      vouched = !digests.empty();
+      absl::StatusOr<std::vector<SourceDigests::Entry>> read =
+          DigestsOfAwaitedChunks(awaited, chunk_buffer);
+      if (!read.ok()) return read.status();
+      for (const SourceDigests::Entry& e : *read) {
+        digests.push_back(e);
+        // One handed over before and awaited still (of another generation
+        // there) does not call for asking again at once.
+        vouched |=
+            vouched_awaited.insert(std::make_tuple(e.file_index, e.chunk_index, e.generation))
+                .second;
+      }
+      for (const SourceDigests::Entry& e : digests) {
+        v1::SourceDigest* d = ask.mutable_progress()->add_digests();
+        d->set_file_index(e.file_index);
+        d->set_chunk_index(e.chunk_index);
+        d->set_generation(e.generation);
+        const std::array<uint8_t, 16> bytes = e.xxh128.ToBytes();
+        d->set_xxh128(bytes.data(), bytes.size());
+      }
+    }
     auto answer = Call(control, session_id, ask);
     if (!answer.ok()) return answer.status();
     const v1::ProgressReply& reply = answer->progress_reply();
+    if (!reply.relay_refused().empty()) {
+      bypass_relay_.store(true);
+      return absl::AbortedError(absl::StrCat(record().spec().dest_site(), " refused relay ", relay,
+                                             ": ", reply.relay_refused()));
+    }
+    awaited = reply.awaiting_digests();
     if (reply.chunks_durable() > best_chunks || reply.bytes_durable() > best_bytes) {
       best_chunks = std::max(best_chunks, reply.chunks_durable());
       best_bytes = std::max(best_bytes, reply.bytes_durable());
@@ -499,7 +542,13 @@ absl::Status TransferSender::AwaitRelayedChunks(transport::Channel& control, uin
       return absl::AbortedError(absl::StrCat("relay ", relay, " delivered nothing for ",
                                              absl::FormatDuration(kRelayStall)));
     }
-    absl::SleepFor(kPoll);
+    // Asked again at once while digests are due, else when the source
+    // reads more or kPoll passes.
+    if (options_.source_digests == nullptr) {
+      absl::SleepFor(kPoll);
+    } else if (awaited.empty() || !vouched) {
+      options_.source_digests->WaitForMore(digests_sent, kPoll);
+    }
   }
 }
 
@@ -747,6 +796,9 @@ absl::Status TransferSender::StreamLoop(uint32_t stream_index, uint64_t session_
                                        [this] { return stopping(); })
                          : read_source(chunk, file, data);
     if (!hash.ok()) return hash.status();
+    if (relay == nullptr && options_.source_digests != nullptr) {
+      options_.source_digests->Add({chunk.file_index, chunk.chunk_index, file.generation(), *hash});
+    }
 
     wire::ChunkHeader header{chunk.file_index,  chunk.chunk_index,
                              file.generation(), hash->low,

@@ -23,10 +23,12 @@
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/rate_limiter.h"
 #include "daemon/peer/relay_chunk_source.h"
+#include "daemon/peer/source_digests.h"
 #include "daemon/transport/channel_registry.h"
 #include "daemon/transport/transport.h"
 #include "daemon/wire/frames.h"
 #include "longhaul/v1/journal.pb.h"
+#include "longhaul/v1/peer.pb.h"
 #include "storage/chunk_io.h"
 #include "storage/journal.h"
 
@@ -158,6 +160,13 @@ struct SenderOptions {
   // until that destination has answered an open. A leg that needs one of
   // them bypasses its relay at once.
   std::function<std::optional<absl::flat_hash_set<uint32_t>>()> relay_unchanged_files;
+  // Fan-out: the transfer's chunk digests as the source read them (not
+  // owned; outlives the sender; null: none kept). A leg that reads the
+  // source records each chunk's here; a relayed leg hands them to its
+  // destination over its own session, which takes a relayed chunk only when
+  // it matches, and reads from the source those it asks for that are not
+  // here (ProgressReply.awaiting_digests).
+  SourceDigests* source_digests = nullptr;
   // Journals the record when the sender changes it (content digests, a new
   // generation); unset: Journal::PutOutgoing. A fan-out leg's record is
   // part of its transfer's.
@@ -276,6 +285,15 @@ class TransferSender : public OutgoingRun {
   // Re-reads the source file's identity, drops its content digest and bumps
   // its generation.
   absl::Status RefreshChangedFile(uint32_t file_index);
+  // Fan-out, a relayed leg: the source digests of the chunks `awaited` at
+  // the destination (file and chunk index), from options_.source_digests or
+  // else read from the source into `buffer` (allocated on first use) and
+  // recorded there. A chunk whose source cannot be read is left out (its
+  // relayed frame then waits and is retried); a source changed since the
+  // manifest sets changed_file_ and is Aborted.
+  absl::StatusOr<std::vector<SourceDigests::Entry>> DigestsOfAwaitedChunks(
+      const google::protobuf::RepeatedPtrField<v1::ChunkId>& awaited,
+      std::unique_ptr<storage::AlignedBuffer>& buffer);
   // Any source file whose identity differs from the manifest, or nullopt.
   std::optional<uint32_t> FindChangedSource();
   bool stopping() const { return drain_.load() || stop_.load(); }

@@ -13,8 +13,10 @@
 #include "daemon/peer/sender.h"
 #include "spdlog/spdlog.h"
 #include "storage/chunk_io.h"
+#include "storage/chunk_plan.h"
 #include "storage/content_check.h"
 #include "storage/file_io.h"
+#include "storage/file_system.h"
 #include "storage/manifest.h"
 
 namespace longhaul::peer {
@@ -147,6 +149,72 @@ absl::Status TransferSender::RefreshChangedFile(uint32_t file_index) {
     copy = record_;
   }
   return Persist(copy, /*sync=*/true);
+}
+
+absl::StatusOr<std::vector<SourceDigests::Entry>> TransferSender::DigestsOfAwaitedChunks(
+    const google::protobuf::RepeatedPtrField<v1::ChunkId>& awaited,
+    std::unique_ptr<storage::AlignedBuffer>& buffer) {
+  std::vector<SourceDigests::Entry> found;
+  if (options_.source_digests == nullptr) return found;
+  const v1::OutgoingTransfer record = this->record();
+  const v1::Manifest& manifest = record.manifest();
+  std::unique_ptr<storage::FileIo> io;
+  for (const v1::ChunkId& id : awaited) {
+    if (id.file_index() >= static_cast<uint32_t>(manifest.files_size()) ||
+        id.file_index() >= static_cast<uint32_t>(record.source_paths_size())) {
+      continue;
+    }
+    const v1::ManifestFile& file = manifest.files(id.file_index());
+    if (id.chunk_index() >= storage::ChunkCount(file, manifest.chunk_size())) continue;
+    SourceDigests::Entry entry{id.file_index(), id.chunk_index(), file.generation(), {}};
+    if (std::optional<storage::Xxh128> known =
+            options_.source_digests->Find(id.file_index(), id.chunk_index(), file.generation())) {
+      entry.xxh128 = *known;
+      found.push_back(entry);
+      continue;
+    }
+    // The relay holds a chunk no leg read here (it had it before this
+    // run): read it, between two identity checks, like a chunk sent.
+    const std::string& path = record.source_paths(id.file_index());
+    const int fd = storage::OpenCheckedSource(path);
+    if (fd < 0) {
+      spdlog::warn("transfer {}: cannot open {} to vouch for a relayed chunk: {}", record.id(),
+                   path, std::strerror(errno));
+      continue;
+    }
+    if (io == nullptr) io = storage::MakeFileIo();
+    if (buffer == nullptr) buffer = std::make_unique<storage::AlignedBuffer>(manifest.chunk_size());
+    const uint64_t size = storage::ChunkSize(file, id.chunk_index(), manifest.chunk_size());
+    absl::StatusOr<storage::Xxh128> digest;
+    if (absl::Status s = storage::CheckSourceUnchanged(file, fd); !s.ok()) {
+      digest = s;
+    } else {
+      digest = storage::ReadChunkHashed(*io, fd, uint64_t{id.chunk_index()} * manifest.chunk_size(),
+                                        buffer->span(size));
+      if (absl::Status after = storage::CheckSourceUnchanged(file, fd);
+          digest.ok() && !after.ok()) {
+        digest = after;
+      }
+    }
+    ::close(fd);
+    if (absl::IsAborted(digest.status())) {
+      // Sent again whole under a new generation, like a chunk read to send.
+      spdlog::info("transfer {}: {}; it will be sent again whole", record.id(),
+                   digest.status().message());
+      absl::MutexLock lock(&mu_);
+      changed_file_ = id.file_index();
+      return digest.status();
+    }
+    if (!digest.ok()) {
+      spdlog::warn("transfer {}: cannot vouch for chunk {} of {}: {}", record.id(),
+                   id.chunk_index(), path, digest.status().message());
+      continue;
+    }
+    entry.xxh128 = *digest;
+    options_.source_digests->Add(entry);
+    found.push_back(entry);
+  }
+  return found;
 }
 
 }  // namespace longhaul::peer

@@ -96,6 +96,7 @@ absl::Status FanoutSender::Run() {
       const std::string& site = record_.legs(i).destination().site();
       peer::SenderOptions options = SenderOptionsFor(config_, site);
       options.clock = &clock_;
+      options.source_digests = &source_digests_;
       options.on_attempt_failed = [this, i](const absl::Status& s) { OnLegAttemptFailed(i, s); };
       options.relay_unchanged_files = [this, i]() { return RelayUnchangedFiles(i); };
       options.persist = [this](const v1::OutgoingTransfer& leg_record, bool sync) {

@@ -13,6 +13,7 @@
 #include "daemon/config.h"
 #include "daemon/peer/priority_gate.h"
 #include "daemon/peer/sender.h"
+#include "daemon/peer/source_digests.h"
 #include "daemon/transport/transport.h"
 #include "longhaul/v1/journal.pb.h"
 #include "storage/journal.h"
@@ -38,6 +39,10 @@ std::vector<v1::FanoutLeg> PlanFanoutLegs(const std::string& transfer_id,
 // what the relay delivered. A relayed leg also bypasses its relay when it
 // stalls (TransferSender::kRelayStall). Each destination publishes on its
 // own when it holds everything; the transfer completes when all have.
+// The source hands each relayed destination, over its own session, the
+// digest of every chunk as it read it (peer::SourceDigests); a destination
+// takes a relayed chunk only when it matches, and refuses the relay, which
+// is then bypassed, when one does not.
 //
 // `progress` shows the destinations summed: bytes_total and bytes_done
 // over all of them, bytes_sent what the source put on the wire for all.
@@ -83,6 +88,9 @@ class FanoutSender : public peer::OutgoingRun {
   const peer::LinkObserver observer_;
   const Clock& clock_;
   peer::RateLimiter* rate_limiter_ = nullptr;
+  // The chunk digests the legs read from the source, which the relayed legs
+  // hand to their destinations so that a relay cannot forge a chunk.
+  peer::SourceDigests source_digests_;
   std::atomic<bool> drain_{false};
   std::atomic<bool> stop_{false};
 

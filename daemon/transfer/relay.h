@@ -27,9 +27,10 @@ namespace longhaul::daemon {
 // A relay is a peer::TransferSender reading through a
 // peer::Receiver::RelayReader: it attaches to the next destination's
 // session, sends the chunks it lacks over the configured streams and ends
-// when they are all durable there; the source commits. It carries the
-// source's chunk digests, so the next destination checks the source's
-// bytes, not this site's copy. A relay that fails only logs: the source sees
+// when they are all durable there; the source commits. The next destination
+// takes a chunk only when it matches the digest the source itself sent it
+// (proto/FRAMES.md, fan-out), and refuses a relay that sends anything else.
+// A relay that fails only logs: the source sees
 // the next destination stall and sends to it directly. Relays are not
 // journaled: after a restart the source, which bypasses a relay it lost,
 // sends to the next destination itself.

@@ -160,7 +160,7 @@ class Answer:
         self.error = f.get(20, [b""])[0].decode()
         self.error_code = f.get(22, [0])[0]
         self.retryable = bool(f.get(21, [0])[0])
-        self.body_field = next((n for n in range(3, 14) if n in f), None)
+        self.body_field = next((n for n in range(3, 20) if n in f), None)
         self.body = decode(f[self.body_field][0]) if self.body_field else {}
 
     def ok(self):
@@ -232,8 +232,14 @@ class Channel:
         """Fan-out: attaches as the relay of `transfer_id` (answered like an open)."""
         return self.call(14, message((1, transfer_id)))
 
-    def progress(self, transfer_id):
-        return self.call(15, message((1, transfer_id)))
+    def progress(self, transfer_id, digests=()):
+        """A ProgressRequest; fan-out: `digests` are (file_index, chunk_index,
+        generation, chunk bytes) whose xxh3-128 the owner vouches for. The
+        answer's body has 4: awaiting_digests (ChunkIds), 5: relay_refused."""
+        vouched = [message((1, f or None), (2, c or None), (3, g or None),
+                           (4, struct.pack("<QQ", *xxh128(data))))
+                   for f, c, g, data in digests]
+        return self.call(15, message((1, transfer_id), (2, vouched)))
 
     def remote_submit(self, request_id, spec):
         """A RemoteSubmitRequest (pull and third-party copy) with `spec`, a
@@ -246,9 +252,10 @@ class Channel:
     def remote_cancel(self, transfer_id):
         return self.call(12, message((1, transfer_id)))
 
-    def send_chunk(self, file_index, chunk_index, data, generation=0):
-        """Sends one chunk with its right digest; returns (result, message) of its ack."""
-        low, high = xxh128(data)
+    def send_chunk(self, file_index, chunk_index, data, generation=0, digest=None):
+        """Sends one chunk with its right digest (or `digest`, a (low, high)
+        pair); returns (result, message) of its ack."""
+        low, high = digest or xxh128(data)
         header = struct.pack("<IIIIQQ", file_index, chunk_index, generation, 0, low, high)
         self.sock.sendall(_frame(CHUNK, header + bytes(data), self.session))
         kind, payload = self.read_frame()

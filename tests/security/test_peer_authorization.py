@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import sys
+import threading
 import time
 import unittest
 
@@ -407,6 +408,7 @@ class HostileRelayTest(AccessTestCase):
         # Opened naming site-c: it attaches and sends, and only the owner commits.
         control, answer = self.open(owner, "t-fan", relay_by="site-c")
         self.assertTrue(answer.ok(), answer)
+        self.assertTrue(control.progress("t-fan", [(0, 0, 0, content)]).ok())
         by_relay = relay.control("t-fan")
         self.assertTrue(by_relay.relay_attach("t-fan").ok())
         data = relay.connect(hostile_peer.ROLE_DATA, "t-fan")
@@ -428,6 +430,111 @@ class HostileRelayTest(AccessTestCase):
         control.close()
         with open(self.export("relayed"), "rb") as f:
             self.assertEqual(f.read(), content)
+
+
+class ForgingRelayTest(AccessTestCase):
+    """Fan-out: a relay cannot forge. site-a (hostile here, as owner) opens a
+    transfer at site-b naming site-c as its relay, and vouches over its own
+    session for the digest of every chunk; site-c (hostile, as relay) sends
+    other bytes. site-b takes none of them, refuses site-c from then on,
+    tells the owner why, and publishes the owner's bytes once the owner sends
+    them itself."""
+
+    CHUNK = hostile_peer.MIN_CHUNK_SIZE
+
+    def open_relayed(self, tid, content, **open_args):
+        control = self.hostile("site-a").control(tid)
+        m = hostile_peer.manifest([hostile_peer.manifest_file("x.bin", len(content))])
+        answer = control.open(tid, "ckpt", tid, m, single_file=True, **open_args)
+        self.assertTrue(answer.ok(), answer)
+        return control, answer
+
+    def chunks(self, content):
+        return [content[i:i + self.CHUNK] for i in range(0, len(content), self.CHUNK)]
+
+    def publish_directly(self, tid, content):
+        """The owner's bypass: opens again without the relay, sends the
+        chunks site-b does not hold durable, and commits."""
+        answer = self.hostile("site-a").publish(tid, "ckpt", tid, {"x.bin": (content, 0o644)},
+                                                single_file=True)
+        self.assertTrue(answer.ok(), answer)
+        with open(self.export(tid), "rb") as f:
+            return f.read()
+
+    def test_a_chunk_not_matching_the_owners_digest_is_refused_and_so_is_the_relay(self):
+        relay = self.hostile("site-c")
+        content = os.urandom(2 * self.CHUNK - 1000)
+        pieces = self.chunks(content)
+        forged = bytes(b ^ 0x5A for b in pieces[0])
+        # The relay's own bytes under their own digest, and other bytes
+        # under the digest the owner sent.
+        for tid, digest, why in (
+                ("t-forged", None, "relay site-c sent chunk 0 of x.bin with a digest that is "
+                                   "not the one site-a read from its source"),
+                ("t-swapped", hostile_peer.xxh128(pieces[0]),
+                 "relay site-c sent chunk 0 of x.bin whose bytes do not hash to the digest "
+                 "site-a read")):
+            control, _ = self.open_relayed(tid, content, relay_by="site-c")
+            vouched = control.progress(tid, [(0, i, 0, p) for i, p in enumerate(pieces)])
+            self.assertTrue(vouched.ok(), vouched)
+            by_relay = relay.control(tid)
+            self.assertTrue(by_relay.relay_attach(tid).ok())
+            data = relay.connect(hostile_peer.ROLE_DATA, tid)
+            result, message = data.send_chunk(0, 0, forged, digest=digest)
+            data.close()
+            self.assertEqual(result, hostile_peer.ACK_REFUSED, message)
+            self.assertIn(why, message)
+            # The owner reads why; the relay may not attach again.
+            answer = control.progress(tid)
+            self.assertTrue(answer.ok(), answer)
+            self.assertIn(why, answer.body.get(5, [b""])[0].decode())
+            self.assert_refused(by_relay.relay_attach(tid), why)
+            by_relay.close()
+            control.close()
+            self.wait_log("site-b", f"{why}; taking nothing more from site-c")
+            # Nothing of it was kept: the owner sends it all, and its bytes are published.
+            self.assertEqual(self.publish_directly(tid, content), content)
+
+    def test_a_relayed_chunk_held_at_a_bypass_is_not_kept(self):
+        """The relay delivers a chunk before the owner vouched for it; the
+        owner then bypasses the relay. site-b kept nothing of it, so the
+        owner's open asks for every chunk again."""
+        tid = "t-held"
+        relay = self.hostile("site-c")
+        content = os.urandom(2 * self.CHUNK - 1000)
+        forged = bytes(b ^ 0x5A for b in self.chunks(content)[0])
+        control, _ = self.open_relayed(tid, content, relay_by="site-c")
+        by_relay = relay.control(tid)
+        self.assertTrue(by_relay.relay_attach(tid).ok())
+        data = relay.connect(hostile_peer.ROLE_DATA, tid)
+        acks = []
+
+        def send_forged():
+            try:
+                acks.append(data.send_chunk(0, 0, forged))
+            except (ConnectionError, OSError, ValueError) as e:
+                acks.append((None, str(e)))
+
+        sender = threading.Thread(target=send_forged)
+        sender.start()
+        try:
+            # Until site-b holds the frame, waiting for the owner's digest
+            # (ProgressReply.awaiting_digests), or has answered it.
+            deadline = time.time() + 30
+            while True:
+                answer = control.progress(tid)
+                self.assertTrue(answer.ok(), answer)
+                if 4 in answer.body or not sender.is_alive():
+                    break
+                self.assertLess(time.time(), deadline, "site-b never received the relayed chunk")
+                time.sleep(0.02)
+            control.close()
+            self.assertEqual(self.publish_directly(tid, content), content)
+        finally:
+            sender.join(timeout=60)
+            data.close()
+            by_relay.close()
+        self.assertNotEqual(acks[0][0], hostile_peer.ACK_DURABLE, acks)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,26 @@
-// TransferSender: the pacing of a transfer's streams, and the order in which
-// it opens a session's connections.
+// TransferSender: the pacing of a transfer's streams, the order in which it
+// opens a session's connections, and a relayed fan-out leg's digests.
 
 #include "daemon/peer/sender.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "daemon/peer/messaging.h"
 #include "daemon/wire/messaging.h"
+#include "storage/chunk_io.h"
 #include "tests/test_tools/fake_transport.h"
 
 namespace longhaul::peer {
@@ -182,6 +186,148 @@ TEST(SendWindowTest, SmallChunksAreCappedInNumber) {
   }
   window.Begin(0, SendWindow::kMaxChunks, 4096, 0);
   EXPECT_FALSE(window.Fits(4096));
+}
+
+// Fan-out: the digests a transfer's legs read from the source are kept once
+// per chunk and generation, in the order they were read.
+TEST(SourceDigestsTest, KeepsTheFirstDigestOfEachChunkInOrder) {
+  SourceDigests digests;
+  const storage::Xxh128 a{1, 2}, b{3, 4};
+  digests.Add({0, 0, 0, a});
+  digests.Add({0, 0, 0, b});  // read again: the first stays
+  digests.Add({0, 0, 1, b});  // another generation is another entry
+  digests.Add({1, 5, 0, b});
+  EXPECT_EQ(digests.size(), 3u);
+  EXPECT_EQ(digests.Find(0, 0, 0), a);
+  EXPECT_EQ(digests.Find(0, 0, 1), b);
+  EXPECT_FALSE(digests.Find(0, 1, 0).has_value());
+  const std::vector<SourceDigests::Entry> since = digests.Since(1, 10);
+  ASSERT_EQ(since.size(), 2u);
+  EXPECT_EQ(since[0].generation, 1u);
+  EXPECT_EQ(since[1].chunk_index, 5u);
+  EXPECT_TRUE(digests.Since(3, 10).empty());
+  EXPECT_EQ(digests.Since(0, 1).size(), 1u);
+}
+
+// A relayed leg hands its destination, over its own session, the digest of
+// every chunk the source read, and reads from the source those the
+// destination awaits; when the destination refuses the relay, the leg
+// bypasses it and opens again without it.
+TEST(TransferSenderTest, ARelayedLegVouchesForItsChunksAndBypassesARefusedRelay) {
+  std::string dir = ::testing::TempDir() + "sender_relayed_test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  {
+    constexpr uint64_t kChunk = 1 << 20;
+    std::string content(2 * kChunk - 100, '\0');
+    for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 7 + i / 4099);
+    const std::string path = dir + "/x.bin";
+    {
+      std::ofstream out(path, std::ios::binary);
+      out.write(content.data(), static_cast<std::streamsize>(content.size()));
+    }
+    struct stat st;
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    auto digest_of = [&](uint32_t chunk) {
+      const std::string_view bytes = std::string_view(content).substr(chunk * kChunk, kChunk);
+      return storage::HashBytes(
+          absl::MakeSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    };
+
+    auto journal = storage::Journal::Open(dir + "/journal");
+    ASSERT_TRUE(journal.ok()) << journal.status();
+    SourceDigests digests;
+    digests.Add({0, 0, 0, digest_of(0)});  // read by the leg that sends to the relay
+    SenderOptions options;
+    options.local_site = "site-a";
+    options.destination = SenderOptions::Destination{"site-c", "198.18.0.3:7700"};
+    options.source_digests = &digests;
+    v1::OutgoingTransfer record;
+    record.set_id("t-1.1");
+    record.set_relay_by("site-b");
+    record.mutable_spec()->set_dest_site("site-c");
+    record.add_source_paths(path);
+    record.mutable_manifest()->set_chunk_size(kChunk);
+    v1::ManifestFile* file = record.mutable_manifest()->add_files();
+    file->set_path("x.bin");
+    file->set_size(content.size());
+    file->set_mtime_ns(int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec);
+    file->set_inode(st.st_ino);
+    file->set_device(st.st_dev);
+
+    FakeTransport data("site-a");
+    ASSERT_TRUE(data.Listen("198.18.0.3:7700", [](std::unique_ptr<transport::Channel>) {}).ok());
+    // site-c: the first session names the relay; the owner's digests come in
+    // its progress requests. The second (after the bypass) is refused,
+    // which ends the transfer.
+    FakeTransport control("site-a");
+    absl::Mutex mu;
+    int sessions = 0;
+    std::vector<v1::ProgressRequest> asked;
+    std::vector<std::string> opened_relay_by;
+    const uint64_t session_id = wire::SessionIdFor("t-1.1");
+    auto serve = [&](std::unique_ptr<transport::Channel> channel) {
+      v1::Hello hello;
+      v1::PeerMessage request;
+      ASSERT_TRUE(wire::ReadProto(*channel, wire::FrameType::kHello, 0, &hello).ok());
+      ASSERT_TRUE(wire::ReadProto(*channel, wire::FrameType::kControl, session_id, &request).ok());
+      int session;
+      {
+        absl::MutexLock lock(&mu);
+        session = ++sessions;
+        opened_relay_by.push_back(request.open().relay_by());
+      }
+      v1::PeerMessage answer;
+      answer.set_request_id(request.request_id());
+      if (session > 1) {
+        answer = ErrorAnswer(request.request_id(), absl::FailedPreconditionError("test done"));
+        EXPECT_TRUE(wire::SendProto(*channel, wire::FrameType::kControl, session_id, answer).ok());
+        return;
+      }
+      answer.mutable_open_reply();
+      ASSERT_TRUE(wire::SendProto(*channel, wire::FrameType::kControl, session_id, answer).ok());
+      for (int ask = 0; ask < 2; ++ask) {
+        ASSERT_TRUE(
+            wire::ReadProto(*channel, wire::FrameType::kControl, session_id, &request).ok());
+        {
+          absl::MutexLock lock(&mu);
+          asked.push_back(request.progress());
+        }
+        answer.Clear();
+        answer.set_request_id(request.request_id());
+        v1::ProgressReply* reply = answer.mutable_progress_reply();
+        if (ask == 0) {
+          v1::ChunkId* awaited = reply->add_awaiting_digests();
+          awaited->set_file_index(0);
+          awaited->set_chunk_index(1);
+        } else {
+          reply->set_relay_refused("relay site-b sent chunk 1 of x.bin with another digest");
+        }
+        ASSERT_TRUE(wire::SendProto(*channel, wire::FrameType::kControl, session_id, answer).ok());
+      }
+    };
+    ASSERT_TRUE(control.Listen("198.18.0.3:7700", serve).ok());
+    PriorityGate gate;
+    TransferProgress progress;
+    TransferSender sender(options, control, data, gate, **journal, record, progress, nullptr);
+    const absl::Status status = sender.Run();
+
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_EQ(sender.record().relay_by(), "");
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(opened_relay_by, (std::vector<std::string>{"site-b", ""}));
+    ASSERT_EQ(asked.size(), 2u);
+    // First what the source read, then the chunk site-c awaited, read now.
+    for (int ask = 0; ask < 2; ++ask) {
+      ASSERT_EQ(asked[ask].digests_size(), 1) << ask;
+      const v1::SourceDigest& d = asked[ask].digests(0);
+      EXPECT_EQ(d.file_index(), 0u);
+      EXPECT_EQ(d.chunk_index(), static_cast<uint32_t>(ask));
+      EXPECT_EQ(d.generation(), 0u);
+      EXPECT_EQ(storage::Xxh128::FromBytes(d.xxh128()), digest_of(ask)) << ask;
+    }
+    EXPECT_EQ(digests.Find(0, 1, 0), digest_of(1));
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
