@@ -90,7 +90,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
   auto impl = std::make_unique<Impl>();
   impl->address = address;
   impl->token = options.token;
-  impl->channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  // A daemon that restarts is redialed within a second of coming back, not
+  // after gRPC's default backoff of up to two minutes: a caller waiting on
+  // a transfer (Watch, Wait) sees it again as soon as it answers.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  impl->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   if (!impl->channel->WaitForConnected(client_internal::GrpcDeadlineIn(options.timeout))) {
     return absl::UnavailableError(absl::StrCat(
         "cannot reach longhauld at ", address, " (is it running? check --daemon or $LONGHAUL_DAEMON)"));

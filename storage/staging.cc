@@ -335,6 +335,17 @@ absl::Status Staging::RemoveLeftover(FileSystem& fs, const ResolvedDestination& 
   return fs.SyncDir(**parent);
 }
 
+absl::StatusOr<std::vector<std::string>> Staging::ListStaged(FileSystem& fs,
+                                                             const std::string& export_root) {
+  absl::StatusOr<std::unique_ptr<Directory>> root = fs.OpenRoot(export_root);
+  if (!root.ok()) return root.status();
+  absl::StatusOr<std::unique_ptr<Directory>> parent =
+      OpenDirBeneath(fs, **root, kStagingRel, /*create=*/false);
+  if (absl::IsNotFound(parent.status())) return std::vector<std::string>();
+  if (!parent.ok()) return parent.status();
+  return fs.List(**parent);
+}
+
 absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions& options,
                               std::vector<uint32_t>* resend) {
   CloseFiles();

@@ -149,6 +149,12 @@ class Staging {
   static absl::Status RemoveLeftover(FileSystem& fs, const ResolvedDestination& dest,
                                      const std::string& transfer_id);
 
+  // The transfer ids that have a staging directory under `export_root`
+  // (a realpath), in no order. Creates nothing: an export without staging
+  // has none.
+  static absl::StatusOr<std::vector<std::string>> ListStaged(FileSystem& fs,
+                                                             const std::string& export_root);
+
   const std::string& dir() const { return state_->dir; }
 
  private:

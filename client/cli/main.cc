@@ -20,7 +20,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cli/output.h"
+#include "client/deadline.h"
 #include "common/checkpoints.h"
 #include "common/units_parse.h"
 #include "longhaul/client.h"
@@ -37,7 +40,19 @@ struct Globals {
   std::string daemon;
   std::string token_file;
   bool json = false;
+  // How long `--wait` and `status --watch` keep reconnecting to a daemon
+  // that went away (a restart, a crash) before they give up with exit 3.
+  absl::Duration reconnect_timeout = absl::Minutes(2);
 };
+
+// A Watch that ended because the daemon went away (killed, restarting, its
+// socket gone), not because the daemon answered: worth reconnecting for.
+// The CLI never cancels its own call, so a cancelled stream is the
+// daemon's shutdown too.
+bool DaemonLost(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kCancelled;
+}
 
 int Report(const absl::Status& status) {
   std::fprintf(stderr, "longhaul: %s\n", std::string(status.message()).c_str());
@@ -85,10 +100,22 @@ int TerminalWidth() {
 int ExitFor(const v1::TransferStatus& s) { return s.state() == v1::COMPLETED ? kExitOk : kExitFailed; }
 
 // Follows a transfer to its end, drawing progress; returns the exit code.
+// A daemon that goes away meanwhile (a restart, a crash) is waited for: the
+// same transfer is followed again once it answers, so the exit code is the
+// transfer's. Only a daemon that stays away for g.reconnect_timeout gives
+// kExitUnreachable; the transfer may still be running then.
 int Follow(Client& client, const std::string& id, const Globals& g, bool json_lines) {
   const bool tty = isatty(STDOUT_FILENO) && !g.json;
   std::string last_line;
+  bool lost = false;     // the daemon went away and has not answered since
+  bool updated = false;  // the current Watch delivered an update
   auto on_update = [&](const v1::TransferStatus& s) {
+    updated = true;
+    if (lost) {
+      lost = false;
+      std::fprintf(stderr, "longhaul: longhauld is back; still waiting for transfer %s\n",
+                   id.c_str());
+    }
     if (json_lines) {
       std::cout << TransferJson(s).str() << std::endl;
     } else if (tty) {
@@ -99,7 +126,39 @@ int Follow(Client& client, const std::string& id, const Globals& g, bool json_li
       last_line = line;
     }
   };
-  auto final_status = client.Watch(id, on_update);
+  constexpr absl::Duration kFirstRetry = absl::Milliseconds(100);
+  constexpr absl::Duration kMaxRetry = absl::Seconds(2);
+  absl::Duration retry = kFirstRetry;
+  absl::Time give_up = absl::InfiniteFuture();
+  absl::StatusOr<v1::TransferStatus> final_status;
+  while (true) {
+    updated = false;
+    final_status = client.Watch(id, on_update);
+    if (final_status.ok() || !DaemonLost(final_status.status())) break;
+    const absl::Time now = client_internal::MonotonicNow();
+    if (updated || give_up == absl::InfiniteFuture()) {
+      // Lost now (again): a fresh window from here.
+      give_up = now + g.reconnect_timeout;
+      retry = kFirstRetry;
+      lost = true;
+      if (tty) std::cout << std::endl;
+      std::fprintf(stderr,
+                   "longhaul: lost longhauld while waiting for transfer %s (%s); reconnecting "
+                   "for up to %s\n",
+                   id.c_str(), std::string(final_status.status().message()).c_str(),
+                   absl::FormatDuration(g.reconnect_timeout).c_str());
+    }
+    if (now >= give_up) {
+      std::fprintf(stderr,
+                   "longhaul: longhauld did not come back within %s (%s); transfer %s may still "
+                   "be running: see `longhaul status %s` once the daemon is up\n",
+                   absl::FormatDuration(g.reconnect_timeout).c_str(),
+                   std::string(final_status.status().message()).c_str(), id.c_str(), id.c_str());
+      return kExitUnreachable;
+    }
+    absl::SleepFor(std::min(retry, give_up - now));
+    retry = std::min(retry * 2, kMaxRetry);
+  }
   if (!final_status.ok()) {
     if (tty) std::cout << std::endl;
     return Report(final_status.status());
@@ -553,6 +612,10 @@ int Main(int argc, char** argv) {
   app.add_option("--token-file", g.token_file,
                  "bearer token for a TCP control address (default $LONGHAUL_TOKEN_FILE)");
   app.add_flag("--json", g.json, "print JSON");
+  std::string reconnect_timeout;
+  app.add_option("--reconnect-timeout", reconnect_timeout,
+                 "how long --wait and status --watch wait for a daemon that went away (restart, "
+                 "crash) to come back, e.g. 30s, 10m (default 2m; 0: give up at once)");
 
   CopyOptions copy;
   auto add_copy_options = [&](CLI::App* cmd, bool with_tuning) {
@@ -635,6 +698,15 @@ int Main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;
+  }
+  if (!reconnect_timeout.empty() &&
+      (!absl::ParseDuration(reconnect_timeout, &g.reconnect_timeout) ||
+       g.reconnect_timeout < absl::ZeroDuration() ||
+       g.reconnect_timeout == absl::InfiniteDuration())) {
+    std::fprintf(stderr,
+                 "longhaul: --reconnect-timeout %s is not a duration such as 30s, 10m or 0\n",
+                 reconnect_timeout.c_str());
+    return kExitUsage;
   }
   if (cp->parsed()) return Copy(copy, g, false);
   if (sync->parsed()) return Copy(copy, g, true);

@@ -404,9 +404,25 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   }
 
   session->DrainDataChannels();
+  // A first open that fails before its record is journaled leaves no
+  // staging behind: no record would name it, so nothing would remove it.
+  auto fail_unrecorded = [&](const absl::Status& s) {
+    session->mu.AssertHeld();  // held here; clang 14 does not carry it into a lambda
+    if (!*existing) {
+      absl::Status removed = session->staging.has_value()
+                                 ? session->staging->Remove()
+                                 : storage::Staging::RemoveLeftover(fs_, *dest, open.transfer_id());
+      session->staging.reset();
+      if (!removed.ok()) {
+        spdlog::warn("transfer {}: cannot remove the staging of its failed open: {}",
+                     open.transfer_id(), removed.message());
+      }
+    }
+    return fail(s);
+  };
   if (!session->staging) {
     auto staging = storage::Staging::Open(fs_, *dest, open.transfer_id());
-    if (!staging.ok()) return fail(staging.status());
+    if (!staging.ok()) return fail_unrecorded(staging.status());
     session->staging.emplace(std::move(*staging));
   }
   // Files whose source changed since the last attempt start over.
@@ -421,7 +437,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
       if (absl::Status s = session->staging->DiscardFile(f); !s.ok()) return fail(s);
     }
   }
-  if (absl::Status s = journal_.PutIncoming(record); !s.ok()) return fail(s);
+  if (absl::Status s = journal_.PutIncoming(record); !s.ok()) return fail_unrecorded(s);
 
   auto chunks = journal_.ListDurableChunks(open.transfer_id());
   if (!chunks.ok()) return fail(chunks.status());
@@ -586,12 +602,24 @@ v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site,
     reply->set_published(true);
     return answer;
   }
-  if (absl::Status s = session->staging->Remove(); !s.ok()) return fail(s);
+  // ABORTED is journaled before the staging goes, so a staging that cannot
+  // be removed now (a full or failing file system, a crash) is removed by
+  // the next RemoveStrayStaging. The removal is tried whatever the journal
+  // says: on a full disk it is what frees the space.
+  absl::Status journaled = journal_.DeleteChunks(id);
+  if (journaled.ok()) {
+    (*record)->set_state(v1::IncomingTransfer::ABORTED);
+    (*record)->set_ended_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
+    journaled = journal_.PutIncoming(**record);
+  }
+  const absl::Status removed = session->staging->Remove();
   session->staging.reset();
-  if (absl::Status s = journal_.DeleteChunks(id); !s.ok()) return fail(s);
-  (*record)->set_state(v1::IncomingTransfer::ABORTED);
-  (*record)->set_ended_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
-  if (absl::Status s = journal_.PutIncoming(**record); !s.ok()) return fail(s);
+  if (!journaled.ok()) return fail(journaled);
+  if (!removed.ok()) {
+    spdlog::warn("transfer {} from {}: aborted ({}); its staging could not be removed yet: {}", id,
+                 peer_site, request.abort().reason(), removed.message());
+    return answer;
+  }
   spdlog::info("transfer {} from {}: aborted ({}); staging removed", id, peer_site,
                request.abort().reason());
   return answer;

@@ -172,8 +172,16 @@ class Receiver {
   // the clock's WallNow. Returns how many records it expired or removed.
   // Errors are logged; the next pass tries again.
   size_t ExpireAbandoned();
-  // Starts the thread that calls ExpireAbandoned at once and then every
-  // ExpirySweepInterval(incoming_expiry) until Shutdown. Call once.
+  // Removes every staging directory that no transfer here will use again:
+  // one whose record is ABORTED, EXPIRED or PUBLISHED (a cancel or publish
+  // that could not remove it, e.g. on a full or failing file system, or a
+  // crash right after journaling the end), or that has no record at all (an
+  // open that failed before journaling it). Returns how many it removed.
+  // Errors are logged; the next pass tries again.
+  size_t RemoveStrayStaging();
+  // Starts the thread that calls ExpireAbandoned and RemoveStrayStaging at
+  // once and then every ExpirySweepInterval(incoming_expiry) until
+  // Shutdown. Call once.
   void StartExpirySweep();
   // A tenth of the expiry, between 100 ms and 1 h: an abandoned transfer
   // goes within 1.1 expiries, and a tiny expiry (tests) is still honoured.
@@ -260,6 +268,8 @@ class Receiver {
   bool ExpireIfAbandoned(const v1::IncomingTransfer& listed, absl::Time now, absl::Duration expiry);
   // Removes the ABORTED or EXPIRED record once it ended an expiry ago.
   bool RemoveIfAged(const v1::IncomingTransfer& listed, absl::Time now, absl::Duration expiry);
+  // RemoveStrayStaging for one staging directory, of `id` under `export_root`.
+  bool RemoveStagingIfStray(const std::string& export_root, const std::string& id);
   // Drops the cached session of `id` when nothing uses it and its transfer
   // ended here (ABORTED, EXPIRED or removed), so ended ids cost no memory.
   void ForgetEndedSession(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);

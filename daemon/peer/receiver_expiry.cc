@@ -30,6 +30,7 @@ void Receiver::StartExpirySweep() {
   sweep_thread_ = std::thread([this, interval] {
     while (true) {
       ExpireAbandoned();
+      RemoveStrayStaging();
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&shutting_down_), interval)) return;
     }
@@ -205,6 +206,73 @@ bool Receiver::RemoveIfAged(const v1::IncomingTransfer& listed, absl::Time now,
     spdlog::info("transfer {} from {}: removed its {} record after {}", id, record.source_site(),
                  v1::IncomingTransfer::State_Name(record.state()), absl::FormatDuration(expiry));
     removed = true;
+  }
+  session.reset();
+  ForgetEndedSession(id);
+  return removed;
+}
+
+size_t Receiver::RemoveStrayStaging() {
+  size_t removed = 0;
+  for (const storage::Export& e : exports_) {
+    absl::StatusOr<std::vector<std::string>> ids = storage::Staging::ListStaged(fs_, e.path);
+    if (!ids.ok()) {
+      spdlog::warn("cannot list the staging of export {} to remove what is left there: {}", e.name,
+                   ids.status().message());
+      continue;
+    }
+    for (const std::string& id : *ids) {
+      if (!receiver_internal::CheckTransferId(id).ok()) continue;
+      removed += RemoveStagingIfStray(e.path, id);
+    }
+  }
+  return removed;
+}
+
+bool Receiver::RemoveStagingIfStray(const std::string& export_root, const std::string& id) {
+  std::shared_ptr<Session> session = SessionFor(id);
+  bool removed = false;
+  {
+    // Under the session lock no open is half done: an open creates the
+    // staging and journals the record under it.
+    absl::MutexLock lock(&session->mu);
+    auto record = journal_.GetIncoming(id);
+    const char* why = nullptr;  // set when the staging is stray
+    if (record.ok() && !*record) {
+      why = "no transfer here owns it";
+    } else if (record.ok()) {
+      switch ((*record)->state()) {
+        case v1::IncomingTransfer::ABORTED:
+          why = "its transfer was cancelled";
+          break;
+        case v1::IncomingTransfer::EXPIRED:
+          why = "its transfer expired";
+          break;
+        case v1::IncomingTransfer::PUBLISHED:
+          why = "its transfer was published";
+          break;
+        default:
+          break;  // still receiving, or resumable: kept
+      }
+    }
+    if (why != nullptr) {
+      absl::Status s;
+      if (session->staging.has_value()) {
+        s = session->staging->Remove();
+        session->staging.reset();
+      } else {
+        storage::ResolvedDestination where;
+        where.export_root = export_root;
+        s = storage::Staging::RemoveLeftover(fs_, where, id);
+      }
+      if (s.ok()) {
+        spdlog::info("transfer {}: removed its staging left in {} ({})", id, export_root, why);
+        removed = true;
+      } else {
+        spdlog::warn("transfer {}: cannot remove its staging in {} ({}): {}; trying again later",
+                     id, export_root, why, s.message());
+      }
+    }
   }
   session.reset();
   ForgetEndedSession(id);

@@ -125,14 +125,33 @@ absl::Status TransferManager::Start() {
     transfers_[t->record.id()] = std::move(t);
   }
   if (resumed > 0) spdlog::info("resuming {} unfinished transfers from the journal", resumed);
+  // A cancel may not have reached its destination before the restart: ask
+  // again while the destination may still hold the staging.
+  const int64_t recent_ms =
+      absl::ToUnixMillis(clock_.WallNow()) - config_.peer_limits.incoming_expiry_us / 1000;
+  for (const auto& [id, t] : transfers_) {
+    if (t->record.state() == v1::CANCELLED && !IsRemote(t->record) &&
+        t->record.finished_unix_ms() >= recent_ms) {
+      aborts_pending_[id] = AbortedAt(t->record);
+    }
+  }
   ScheduleLocked();
+  if (!shutting_down_ && !abort_retry_thread_.joinable()) {
+    abort_retry_thread_ = std::thread([this] { AbortRetryLoop(); });
+  }
   return absl::OkStatus();
 }
 
 void TransferManager::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+  }
+  // It ends at its next look at shutting_down_ (a question to a destination
+  // in progress is answered or times out first).
+  if (abort_retry_thread_.joinable()) abort_retry_thread_.join();
   absl::MutexLock lock(&mu_);
-  if (shutting_down_) return;
-  shutting_down_ = true;
   for (auto& [id, t] : transfers_) {
     if (t->sender) {
       t->stop_reason = StopReason::kShutdown;
@@ -668,14 +687,11 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Cancel(const std::string& id
   // destination that has not published; it counts as published only when
   // all had.
   absl::StatusOr<bool> published = true;
-  if (record.legs_size() == 0) {
-    published = AbortRemote(record.spec().dest_site(), record.id());
-  } else {
-    for (const v1::FanoutLeg& leg : record.legs()) {
-      if (leg.state() == v1::COMPLETED) continue;
-      absl::StatusOr<bool> leg_published = AbortRemote(leg.destination().site(), leg.transfer_id());
-      if (!leg_published.ok() || !*leg_published) published = leg_published;
-    }
+  std::vector<std::string> unconfirmed;  // asked again later (RetryPendingAborts)
+  for (const std::string& there : AbortedAt(record)) {
+    absl::StatusOr<bool> answer = AbortRemote(DestinationOf(record, there), there);
+    if (!answer.ok()) unconfirmed.push_back(there);
+    if (record.legs_size() == 0 || !answer.ok() || !*answer) published = answer;
   }
   absl::MutexLock lock(&mu_);
   t->cancelling = false;
@@ -692,9 +708,11 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Cancel(const std::string& id
                      " had already published it, so it is COMPLETED"));
   }
   if (!published.ok()) {
-    spdlog::warn("transfer {}: could not remove staging at {}: {}", id, record.spec().dest_site(),
-                 published.status().message());
+    spdlog::warn("transfer {}: could not remove staging at {} yet ({}); asking again every {}", id,
+                 record.spec().dest_site(), published.status().message(),
+                 absl::FormatDuration(kAbortRetry));
   }
+  if (!unconfirmed.empty()) aborts_pending_[id] = std::move(unconfirmed);
   t->record.set_state(v1::CANCELLED);
   PersistLocked(*t).IgnoreError();  // logged
   return StatusOf(*t);

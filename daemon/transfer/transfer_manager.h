@@ -105,8 +105,12 @@ class TransferManager {
   // the destination answers that it had already published the transfer, the
   // transfer is COMPLETED instead and the answer is FailedPrecondition
   // saying so. When the destination cannot be reached or refuses, the
-  // transfer is CANCELLED all the same (its staging may stay there). A
-  // second Cancel while one is in progress is FailedPrecondition.
+  // transfer is CANCELLED all the same, and the destination is asked again
+  // every kAbortRetry until it has dropped the staging. After a restart,
+  // the destinations of every transfer cancelled within the last
+  // peer_limits.incoming_expiry are asked again the same way (past it, the
+  // destination has expired the staging itself).
+  // A second Cancel while one is in progress is FailedPrecondition.
   absl::StatusOr<v1::TransferStatus> Cancel(const std::string& id);
   absl::StatusOr<v1::TransferStatus> Pause(const std::string& id);
   absl::StatusOr<v1::TransferStatus> Resume(const std::string& id);
@@ -142,6 +146,8 @@ class TransferManager {
 
   // How stale a remote transfer's status may be before Get asks its source again.
   static constexpr absl::Duration kRemoteRefresh = absl::Milliseconds(500);
+  // How often destinations that did not confirm a cancel are asked again.
+  static constexpr absl::Duration kAbortRetry = absl::Seconds(5);
 
  private:
   enum class StopReason { kNone, kPause, kCancel, kShutdown };
@@ -230,6 +236,18 @@ class TransferManager {
   // answered that it had published the transfer already (so nothing was
   // dropped); an error when it could not be asked or refused.
   absl::StatusOr<bool> AbortRemote(const std::string& site, const std::string& transfer_id);
+  // The destination site of `transfer_id`: `record`'s own (its id), or
+  // that of the fan-out leg with that id. Empty when there is none.
+  static std::string DestinationOf(const v1::OutgoingTransfer& record,
+                                   const std::string& transfer_id);
+  // The destination transfer ids (its own, or its legs') whose staging a
+  // cancel of `record` removes.
+  static std::vector<std::string> AbortedAt(const v1::OutgoingTransfer& record);
+  // Asks every destination in aborts_pending_ again (AbortRemote), and
+  // forgets those that answered. Not under mu_: a dial may take a while.
+  void RetryPendingAborts() ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs RetryPendingAborts every kAbortRetry until Shutdown.
+  void AbortRetryLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const DaemonConfig& config_;
   const transport::TransportSet transports_;
@@ -254,6 +272,11 @@ class TransferManager {
   uint64_t changes_ ABSL_GUARDED_BY(changes_mu_) = 0;
   absl::Mutex submit_mu_;  // makes request-id lookup and insert one step
   std::vector<PullGrant> pending_pulls_ ABSL_GUARDED_BY(mu_);
+  // Cancelled transfers (by id) whose destinations (transfer ids there)
+  // have not confirmed that they dropped the staging.
+  absl::flat_hash_map<std::string, std::vector<std::string>> aborts_pending_ ABSL_GUARDED_BY(mu_);
+  // AbortRetryLoop; started by Start, joined by Shutdown.
+  std::thread abort_retry_thread_;
 };
 
 bool IsEndState(v1::TransferState state);

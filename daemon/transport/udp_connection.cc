@@ -89,6 +89,11 @@ UdpConnection::~UdpConnection() {
   }
   Wake();
   thread_.join();
+  // Before the descriptors go: until the hook has taken this connection out
+  // of the transport's registry, the transport may still Abort it (a
+  // shutdown, a trust reload), and Abort writes to event_fd_, a number that
+  // once closed may be any other file's.
+  if (params_.on_destroy) params_.on_destroy();
   {
     // A coupled flow's view must leave the shared model under its lock.
     absl::MutexLock lock(params_.controller_mu.get());
@@ -96,7 +101,6 @@ UdpConnection::~UdpConnection() {
   }
   ::close(params_.fd);
   ::close(event_fd_);
-  if (params_.on_destroy) params_.on_destroy();
 }
 
 void UdpConnection::Wake() {

@@ -72,7 +72,9 @@ struct UdpConnectionParams {
   TimeDelta keepalive = TimeDelta::Seconds(5);
   // Test hook: silently drops every Nth datagram received (0: none).
   uint32_t drop_every_nth_received = 0;
-  // Called from the destructor (the transport's registry).
+  // Called from the destructor (the transport's registry), once the
+  // connection's thread has ended and before its descriptors are closed:
+  // other threads may call Abort until it returns, never after.
   std::function<void()> on_destroy;
 };
 

@@ -2,10 +2,12 @@
 a corrupted staged chunk, a corrupted byte on the wire, a restart with a long
 queue. Seeded by LONGHAUL_FAULT_SEED so a failure can be replayed."""
 
+import errno
 import json
 import os
 import random
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -94,6 +96,110 @@ class FullDiskTest(unittest.TestCase):
         done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"}, timeout=120)
         self.assertEqual(done["state"], "COMPLETED", done.get("error"))
         self.assertEqual(lh.tree_digest(os.path.join(self.sites.export("site-b"), "step")), expected)
+
+
+class CancelRemovesStagingTest(unittest.TestCase):
+    """A cancel removes the destination's staging, also when the destination's
+    file system (export and state on one disk, a small tmpfs here) is full:
+    the open that created the staging could not journal its transfer, and the
+    abort could not journal its tombstone. It stays removed across restarts,
+    and a cancel that could not reach the destination is sent again."""
+
+    def setUp(self):
+        self.sites = lh.Sites()
+        self.disk = self.sites.path("site-b")
+        os.makedirs(self.disk)
+        self.addCleanup(self.cleanup)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", self.disk], check=True)
+        self.filler = os.path.join(self.disk, "filler")
+        self.sites.up()
+        # Inside site-a's export, so that site-b may pull it too.
+        self.src = os.path.join(self.sites.export("site-a"), "src")
+        make_checkpoint(self.src, shards=2, shard_size=8 * MIB)
+
+    def cleanup(self):
+        self.sites.down()
+        if os.path.ismount(self.disk) and subprocess.run(["umount", self.disk]).returncode != 0:
+            subprocess.run(["umount", "-l", self.disk])
+        shutil.rmtree(self.sites.dir, ignore_errors=True)
+
+    def fill(self):
+        """Writes the filler until site-b's disk has no byte left."""
+        with open(self.filler, "wb", buffering=0) as f:
+            for block in (MIB, 64 << 10, 4096, 512, 1):
+                try:
+                    while True:
+                        f.write(b"\xff" * block)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+
+    def staging(self, tid):
+        return os.path.join(self.sites.export("site-b"), ".longhaul", "staging", tid)
+
+    def wait_refused_for_space(self, tid):
+        """Until the source reports that site-b has no space for it."""
+        status = {}
+
+        def refused():
+            nonlocal status
+            status = self.sites.status("a", tid)
+            return "No space left" in status.get("error", "")
+
+        lh.wait_until(refused, 60, "site-b refusing the transfer for lack of space", interval=0.2)
+        self.assertEqual(status["state"], "RUNNING", status)
+
+    def cancel(self, site, tid):
+        proc = self.sites.cli(site, "cancel", tid, "--json", check=True)
+        self.assertEqual(json.loads(proc.stdout)["state"], "CANCELLED", proc.stdout)
+
+    def assert_staging_removed_for_good(self, tid):
+        lh.wait_until(lambda: not os.path.exists(self.staging(tid)), 30,
+                      f"the staging of {tid} removed at site-b", interval=0.1)
+        if os.path.exists(self.filler):
+            os.unlink(self.filler)  # the operator frees space and restarts site-b
+        self.sites.kill("site-b")
+        self.sites.up()
+        self.sites.cli("b", "ls", check=True)  # serving again
+        self.assertFalse(os.path.exists(self.staging(tid)))
+        self.assertEqual(self.sites.status("a", tid)["state"], "CANCELLED")
+
+    def test_push_cancelled_while_the_destination_disk_is_full_leaves_no_staging(self):
+        self.fill()
+        tid = self.sites.cli("a", "cp", self.src, "site-b:/ckpt/step", "--chunk-size", "4MiB",
+                             check=True).stdout.strip()
+        self.wait_refused_for_space(tid)
+        self.cancel("a", tid)
+        self.assert_staging_removed_for_good(tid)
+
+    def test_pull_cancelled_while_the_destination_disk_is_full_leaves_no_staging(self):
+        # Many files: the pull's manifest is far larger than its request.
+        src = os.path.join(self.sites.export("site-a"), "many")
+        for i in range(400):
+            lh.write_random(os.path.join(src, f"part-{i:04d}.bin"), 1024, seed=i)
+        # Full but for a page or two: site-b journals the pull it asks for,
+        # but not the manifest site-a then opens it with.
+        self.fill()
+        size = os.path.getsize(self.filler)
+        os.truncate(self.filler, (size // 4096 - 1) * 4096)
+        tid = self.sites.cli("b", "cp", "site-a:/ckpt/many", "site-b:/ckpt/step",
+                             check=True).stdout.strip()
+        self.wait_refused_for_space(tid)
+        self.cancel("b", tid)
+        self.assert_staging_removed_for_good(tid)
+
+    def test_cancel_while_the_destination_is_down_removes_its_staging_once_it_is_back(self):
+        self.sites.cli("a", "limit", "--peer", "site-b", "8Mbit", check=True)
+        tid = self.sites.cli("a", "cp", self.src, "site-b:/ckpt/step", "--chunk-size", "4MiB",
+                             "--streams", "1", check=True).stdout.strip()
+        lh.wait_until(lambda: os.path.exists(os.path.join(self.staging(tid), "f")), 30,
+                      "the transfer staged at site-b", interval=0.05)
+        self.sites.kill("site-b")
+        self.cancel("a", tid)  # site-b cannot be told now
+        self.sites.up()
+        lh.wait_until(lambda: not os.path.exists(self.staging(tid)), 60,
+                      f"the staging of {tid} removed at site-b", interval=0.1)
+        self.assert_staging_removed_for_good(tid)
 
 
 class CorruptionTest(lh.SitesTestCase):

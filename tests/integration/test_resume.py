@@ -2,6 +2,8 @@
 re-send little, and never show a partial tree."""
 
 import os
+import signal
+import subprocess
 import threading
 import time
 import unittest
@@ -127,6 +129,50 @@ class ResumeTest(lh.SitesTestCase):
         self.assertEqual(done["state"], "COMPLETED", done.get("error"))
         dest = os.path.join(self.sites.export("site-b"), "w")
         self.assertEqual(lh.tree_digest(src), lh.tree_digest(dest))
+
+
+class WaitAcrossRestartTest(lh.SitesTestCase):
+    """`cp --wait` follows its transfer across a restart of the local daemon:
+    its exit code is the transfer's, not the lost connection's."""
+
+    def start_waiting_copy(self, *extra):
+        """A copy of a few seconds (capped) followed by `cp --wait`; returns
+        (src, the CLI's Popen) once the CLI printed its first progress line,
+        i.e. is following the transfer."""
+        src = self.sites.path("src")
+        for i in range(3):
+            lh.write_random(os.path.join(src, f"shard_{i}.bin"), 64 * MIB, seed=i)
+        self.sites.cli("a", "limit", "--peer", "site-b", "200Mbit", check=True)
+        cmd = [os.path.join(lh.BIN, "longhaul"), "--daemon", self.sites.env["LONGHAUL_SITE_A"],
+               *extra, "cp", src, "site-b:/ckpt/big", "--chunk-size", "8MiB", "--wait"]
+        if lh.TRANSPORT:
+            cmd += ["--transport", lh.TRANSPORT]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: proc.poll() is None and (proc.kill(), proc.communicate()))
+        if not proc.stdout.readline():
+            self.fail(f"cp --wait printed no progress: {proc.communicate()}")
+        return src, proc
+
+    def test_wait_survives_a_sigkill_and_restart_of_the_local_daemon(self):
+        src, proc = self.start_waiting_copy()
+        self.sites.kill("site-a", signal.SIGKILL)
+        # Down until the CLI has noticed: its first word on stderr.
+        noticed = proc.stderr.readline()
+        self.sites.up()  # restarts site-a, which resumes the transfer from its journal
+        out, err = proc.communicate(timeout=300)
+        self.assertEqual(proc.returncode, 0, noticed + out + err)
+        self.assertIn("lost longhauld while waiting for transfer", noticed)
+        self.assertIn("COMPLETED", out)
+        self.assertEqual(lh.tree_digest(src),
+                         lh.tree_digest(os.path.join(self.sites.export("site-b"), "big")))
+
+    def test_daemon_that_does_not_come_back_exits_3_naming_the_transfer(self):
+        _, proc = self.start_waiting_copy("--reconnect-timeout", "1s")
+        self.sites.kill("site-a", signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+        self.assertEqual(proc.returncode, 3, out + err)
+        self.assertIn("did not come back within 1s", err)
+        self.assertIn("longhaul status", err)
 
 
 if __name__ == "__main__":

@@ -888,6 +888,53 @@ TEST_F(ReceiverExpiryTest, AnUndatedTombstoneAgesFromTheFirstPassThatSeesIt) {
   EXPECT_FALSE(Record("t-old").has_value());
 }
 
+// A cancel whose staging cannot be removed at once (a full or failing file
+// system) is journaled ABORTED all the same, and the sweep removes the
+// staging later; so is any staging no live transfer owns.
+TEST_F(ReceiverExpiryTest, AnAbortWhoseStagingCannotBeRemovedIsRemovedByTheSweep) {
+  ASSERT_EQ(OpenAs(*receiver_, "site-a", "t-full", "ckpt/new").error(), "");
+  ASSERT_TRUE(Staged("t-full"));
+  fs_->CrashAtStep(1);  // the removal's first step fails, and every one after it
+  v1::PeerMessage abort;
+  abort.mutable_abort()->set_transfer_id("t-full");
+  EXPECT_EQ(Call(*receiver_, "site-a", "t-full", abort).error(), "");
+  EXPECT_EQ(Record("t-full")->state(), v1::IncomingTransfer::ABORTED);
+  EXPECT_TRUE(journal_->ListDurableChunks("t-full")->empty());
+  fs_->RestartAfter(FaultInjectionFileSystem::Restart::kProcessCrash);
+  ASSERT_TRUE(Staged("t-full"));
+
+  EXPECT_EQ(receiver_->RemoveStrayStaging(), 1u);
+  EXPECT_FALSE(Staged("t-full"));
+  EXPECT_EQ(receiver_->RemoveStrayStaging(), 0u);
+}
+
+TEST_F(ReceiverExpiryTest, TheSweepRemovesStagingThatNoReceivingTransferOwns) {
+  ASSERT_EQ(OpenAs(*receiver_, "site-a", "t-live", "ckpt/live").error(), "");
+  // Left by an open that failed before journaling its record.
+  fs_->MakeDirs(export_ + "/.longhaul/staging/t-orphan/f");
+  fs_->PutFile(export_ + "/.longhaul/staging/t-orphan/f/0", "partial");
+  // Left by a crash right after journaling an abort, or a publish.
+  for (auto [id, state] : {std::pair{"t-aborted", v1::IncomingTransfer::ABORTED},
+                           std::pair{"t-published", v1::IncomingTransfer::PUBLISHED}}) {
+    v1::IncomingTransfer ended = record_;
+    ended.set_id(id);
+    ended.set_state(state);
+    ASSERT_TRUE(journal_->PutIncoming(ended).ok());
+    fs_->MakeDirs(export_ + "/.longhaul/staging/" + id + "/f");
+  }
+
+  EXPECT_EQ(receiver_->RemoveStrayStaging(), 3u);
+  EXPECT_FALSE(Staged("t-orphan"));
+  EXPECT_FALSE(Staged("t-aborted"));
+  EXPECT_FALSE(Staged("t-published"));
+  EXPECT_TRUE(Staged("t-live"));  // still receiving: kept
+  EXPECT_EQ(Record("t-live")->state(), v1::IncomingTransfer::RECEIVING);
+  // The live transfer carries on.
+  auto ack = SendShard0(*receiver_, "site-a", "t-live");
+  ASSERT_TRUE(ack.ok()) << ack.status();
+  EXPECT_EQ(ack->result, wire::ChunkAck::Result::kDurable) << ack->message;
+}
+
 // Chunks received in durable pieces on the real file system (direct I/O
 // and io_uring paths; ReceiverPowerLossTest runs them on the fault-injecting
 // one): a chunk cut after 2 of its 4 pieces, a restart, and the rest sent

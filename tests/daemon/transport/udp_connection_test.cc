@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -187,8 +188,10 @@ class UdpConnectionStateTest : public ::testing::Test {
 
   std::unique_ptr<UdpConnection> Make(int fd, uint64_t local_id, uint64_t peer_id,
                                       DirectionKeys send, DirectionKeys receive,
-                                      const std::string& peer_site, CountingController** cc) {
+                                      const std::string& peer_site, CountingController** cc,
+                                      std::function<void()> on_destroy = nullptr) {
     UdpConnectionParams params;
+    params.on_destroy = std::move(on_destroy);
     params.fd = fd;
     params.local_connection_id = local_id;
     params.peer_connection_id = peer_id;
@@ -253,6 +256,38 @@ TEST_F(UdpConnectionStateTest, EstablishedConnectionCarriesBytesBothWays) {
   EXPECT_EQ(a_cc->lost(), 0u);
   EXPECT_EQ(a->counters().retransmitted_bytes, 0u);
   EXPECT_EQ(a->Stats().congestion_control, "counting");
+}
+
+// The transport's registry hook (on_destroy) may find another thread
+// aborting the connection while it waits for the registry's lock (the
+// transport's Shutdown or ReloadTrust): that Abort must not write to a
+// descriptor the connection has given back, which by then may be anyone's.
+TEST_F(UdpConnectionStateTest,
+       AnAbortWhileTheRegistryForgetsTheConnectionWritesNoClosedDescriptor) {
+  int pair[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, pair), 0);
+  UdpConnection* raw = nullptr;
+  uint64_t stray_wakes = 0;
+  auto on_destroy = [&] {
+    // Descriptors opened now take the lowest numbers free, among them any
+    // the connection has closed already.
+    std::vector<int> fds;
+    for (int i = 0; i < 16; ++i) fds.push_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    raw->Abort();  // as the transport does, under the lock the hook waits for
+    for (int fd : fds) {
+      uint64_t n = 0;
+      if (::read(fd, &n, sizeof n) == sizeof n) stray_wakes += n;
+      ::close(fd);
+    }
+  };
+  CountingController* cc = nullptr;
+  std::unique_ptr<UdpConnection> c =
+      Make(pair[0], 0xC3C3, 0xD4D4, Keys(3), Keys(4), "site-c", &cc, on_destroy);
+  raw = c.get();
+  c->Abort();  // no linger
+  c.reset();
+  ::close(pair[1]);
+  EXPECT_EQ(stray_wakes, 0u);
 }
 
 TEST_F(UdpConnectionStateTest, ReorderedAndDuplicatedDatagramsAreDeliveredOnceInOrder) {
