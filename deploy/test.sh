@@ -10,7 +10,7 @@
 #    every unit and ThreadSanitizer, then the TSan suites.
 # ctest runs in two parts: everything but the timing-sensitive suites at
 # twice the cores (most tests wait on daemons and disks), then label `wan`
-# (the link emulator's timing checks), one at a time with nothing beside them.
+# (the link emulator and the bench smoke runs), one at a time.
 # LONGHAUL_CHECKS names the checks to run whatever the arguments
 # ("format clang"; empty for none). LONGHAUL_TEST_JOBS sets ctest's -j
 # (default: twice the cores, since most tests wait rather than compute).
