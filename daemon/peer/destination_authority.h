@@ -71,7 +71,7 @@ class DestinationAuthority {
     struct Export {
       std::string name;
       std::vector<std::string> writers;
-      std::vector<std::string> readers;  // may fetch from it (pull)
+      std::vector<std::string> readers{};  // may fetch from it (pull)
     };
     std::vector<Export> exports;
     // Whether the change is one of a pull this site issued: OK when

@@ -68,7 +68,7 @@ struct ReceiverOptions {
     uint32_t mode_mask = 0755;
     // Peer sites that may fetch from it: they may also compare content
     // here (sync --checksum).
-    std::vector<std::string> readers;
+    std::vector<std::string> readers{};
 
     bool IsWriter(absl::string_view site) const;
   };
