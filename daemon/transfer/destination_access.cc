@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/errno_status.h"
+#include "daemon/transfer/local_paths.h"
 #include "storage/exports.h"
 
 namespace longhaul::daemon {
@@ -39,40 +40,6 @@ enum ChildVerdict : int {
   kCannotSearch = 16,
 };
 constexpr size_t kMaxDepth = 200;  // kCannotSearch + kMaxDepth < 256
-
-std::string UserName(uid_t uid) {
-  struct passwd pw;
-  struct passwd* found = nullptr;
-  char buffer[4096];
-  if (getpwuid_r(uid, &pw, buffer, sizeof(buffer), &found) == 0 && found != nullptr) {
-    return found->pw_name;
-  }
-  return absl::StrCat(uid);
-}
-
-std::string GroupName(gid_t gid) {
-  struct group gr;
-  struct group* found = nullptr;
-  char buffer[4096];
-  if (getgrgid_r(gid, &gr, buffer, sizeof(buffer), &found) == 0 && found != nullptr) {
-    return found->gr_name;
-  }
-  return absl::StrCat(gid);
-}
-
-std::string Parent(absl::string_view path) {
-  const size_t slash = path.rfind('/');
-  if (slash == absl::string_view::npos || slash == 0) return "/";
-  return std::string(path.substr(0, slash));
-}
-
-// True when `path` is `root` or below it (both absolute and clean).
-bool IsWithin(absl::string_view path, absl::string_view root) {
-  if (root.empty()) return false;
-  if (root == "/") return true;
-  return path == root || (path.size() > root.size() && path.substr(0, root.size()) == root &&
-                          path[root.size()] == '/');
-}
 
 // "(owner root, group root, mode 0755)" of `path`, as this daemon sees it.
 std::string Described(const std::string& path) {
@@ -98,12 +65,12 @@ absl::StatusOr<WritePlan> PlanOf(const std::string& path) {
   WritePlan plan;
   struct stat st;
   if (lstat(path.c_str(), &st) == 0) {
-    plan.dir = Parent(path);
+    plan.dir = ParentOf(path);
     plan.existing = path;
   } else if (errno != ENOENT) {
     return ErrnoError(errno, "cannot look at", path);
   } else {
-    for (std::string dir = Parent(path);; dir = Parent(dir)) {
+    for (std::string dir = ParentOf(path);; dir = ParentOf(dir)) {
       if (lstat(dir.c_str(), &st) == 0) {
         if (!S_ISDIR(st.st_mode)) {
           return absl::FailedPreconditionError(absl::StrCat(dir, " is not a directory"));

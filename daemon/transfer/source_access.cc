@@ -19,32 +19,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "common/errno_status.h"
+#include "daemon/transfer/local_paths.h"
 
 namespace longhaul::daemon {
 namespace {
 
 constexpr int kRead = 4;
 constexpr int kSearch = 1;
-
-std::string UserName(uid_t uid) {
-  struct passwd pw;
-  struct passwd* found = nullptr;
-  char buffer[4096];
-  if (getpwuid_r(uid, &pw, buffer, sizeof(buffer), &found) == 0 && found != nullptr) {
-    return found->pw_name;
-  }
-  return absl::StrCat(uid);
-}
-
-std::string GroupName(gid_t gid) {
-  struct group gr;
-  struct group* found = nullptr;
-  char buffer[4096];
-  if (getgrgid_r(gid, &gr, buffer, sizeof(buffer), &found) == 0 && found != nullptr) {
-    return found->gr_name;
-  }
-  return absl::StrCat(gid);
-}
 
 // The resolved path of `path`, or the errno of realpath(3).
 absl::StatusOr<std::string> Resolve(const std::string& path, int* err) {
@@ -56,20 +37,6 @@ absl::StatusOr<std::string> Resolve(const std::string& path, int* err) {
   std::string out(resolved);
   free(resolved);
   return out;
-}
-
-// True when `path` is `root` or below it (both resolved).
-bool IsWithin(absl::string_view path, absl::string_view root) {
-  if (root.empty()) return false;
-  if (root == "/") return true;
-  return path == root || (path.size() > root.size() && path.substr(0, root.size()) == root &&
-                          path[root.size()] == '/');
-}
-
-std::string Parent(absl::string_view path) {
-  size_t slash = path.rfind('/');
-  if (slash == absl::string_view::npos || slash == 0) return "/";
-  return std::string(path.substr(0, slash));
 }
 
 }  // namespace
@@ -230,7 +197,7 @@ class SourceAccess::Check {
       return absl::InvalidArgumentError(
           absl::StrCat("cannot resolve source ", named, ": ", std::strerror(err)));
     }
-    for (std::string ancestor = Parent(named);; ancestor = Parent(ancestor)) {
+    for (std::string ancestor = ParentOf(named);; ancestor = ParentOf(ancestor)) {
       int ancestor_err = 0;
       if (auto r = Resolve(ancestor, &ancestor_err); r.ok()) {
         if (!InsideAnExport(*r)) break;
@@ -368,7 +335,7 @@ absl::Status SourceAccess::CheckBuild(const Caller& caller, const std::vector<st
     if (root != nullptr) {
       tree_root = is_dir || *root != *r ? *root : "";
     } else if (followed) {
-      tree_root = is_dir ? *r : (direct ? "" : Parent(*r));
+      tree_root = is_dir ? *r : (direct ? "" : ParentOf(*r));
     } else {
       return absl::AbortedError(absl::StrCat("source ", named, " changed while it was listed (now ",
                                              *r, "); submit the transfer again"));
