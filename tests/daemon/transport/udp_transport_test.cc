@@ -191,14 +191,20 @@ TEST(UdpTransportTest, SmallDatagramsAndFrequentKeyUpdates) {
   EXPECT_GT(r.key_updates_received, 5u);
 }
 
-TEST(UdpTransportTest, DialToSiteWithoutUdpIsRefused) {
-  UdpOptions options;
-  Site a("site-a", "site-b", options);
+// site-b's tcp transport alone, without the udp plane: what a peer that
+// speaks only tcp, or answers the key agreement its own way, listens with.
+std::unique_ptr<Transport> TcpOnlySiteB() {
   const std::string d = PkiDir();
   TlsIdentity identity{d + "/ca.pem", d + "/site-b.pem", d + "/site-b.key", "site-b", {"site-a"}};
   TcpTuning tuning;
   tuning.congestion_control = "";
-  auto tcp_only = *MakeTcpTlsTransport(identity, tuning);
+  return *MakeTcpTlsTransport(identity, tuning);
+}
+
+TEST(UdpTransportTest, DialToSiteWithoutUdpIsRefused) {
+  UdpOptions options;
+  Site a("site-a", "site-b", options);
+  auto tcp_only = TcpOnlySiteB();
   peer::PeerRouter router;  // no UDP_HANDSHAKE role
   ASSERT_TRUE(tcp_only->Listen("127.0.0.1:0", [&](auto c) { router.Serve(std::move(c)); }).ok());
   auto dialed = a.udp->Dial("site-b", "127.0.0.1:" + std::to_string(tcp_only->listen_port()));
@@ -211,11 +217,7 @@ TEST(UdpTransportTest, DialToSiteWithoutUdpIsRefused) {
 TEST(UdpTransportTest, AnOversizedHandshakeAnswerIsRefusedUnread) {
   UdpOptions options;
   Site a("site-a", "site-b", options);
-  const std::string d = PkiDir();
-  TlsIdentity identity{d + "/ca.pem", d + "/site-b.pem", d + "/site-b.key", "site-b", {"site-a"}};
-  TcpTuning tuning;
-  tuning.congestion_control = "";
-  auto hostile = *MakeTcpTlsTransport(identity, tuning);
+  auto hostile = TcpOnlySiteB();
   peer::PeerRouter router;
   router.Register(v1::Hello::UDP_HANDSHAKE, [](std::unique_ptr<Channel> c, const v1::Hello&) {
     v1::UdpHandshake theirs;
