@@ -387,6 +387,8 @@ absl::StatusOr<v1::TransferStatus> TransferManager::CancelForPeer(const std::str
 
 void TransferManager::ServeRemote(transport::Channel& channel) {
   const std::string requester = channel.peer_site();
+  // Resolved once per channel: what ForPeer names this host's paths by.
+  const std::vector<peer::ExportRoot> roots = ExportRootsOf(config_);
   while (true) {
     v1::PeerMessage request;
     absl::Status read = wire::ReadProto(channel, wire::FrameType::kControl, /*session_id=*/0,
@@ -414,7 +416,6 @@ void TransferManager::ServeRemote(transport::Channel& channel) {
     }
     // The requester learns the export names, never this host's paths, and
     // every answer fits its kMaxRemoteMessage, envelope included.
-    const std::vector<peer::ExportRoot> roots = ExportRootsOf(config_);
     v1::PeerMessage answer;
     if (result.ok()) {
       answer.set_request_id(request.request_id());
