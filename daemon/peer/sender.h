@@ -290,7 +290,10 @@ class TransferSender : public OutgoingRun {
   // else read from the source into `buffer` (allocated on first use) and
   // recorded there. A chunk whose source cannot be read is left out (its
   // relayed frame then waits and is retried); a source changed since the
-  // manifest sets changed_file_ and is Aborted.
+  // manifest sets changed_file_ and is Aborted. The list is the
+  // destination's: ids outside the manifest and repeats are skipped, and at
+  // most kMaxAwaitedPerAsk are answered per ask.
+  static constexpr size_t kMaxAwaitedPerAsk = 64 * 1024;
   absl::StatusOr<std::vector<SourceDigests::Entry>> DigestsOfAwaitedChunks(
       const google::protobuf::RepeatedPtrField<v1::ChunkId>& awaited,
       std::unique_ptr<storage::AlignedBuffer>& buffer);

@@ -159,9 +159,12 @@ absl::StatusOr<std::vector<SourceDigests::Entry>> TransferSender::DigestsOfAwait
   const v1::OutgoingTransfer record = this->record();
   const v1::Manifest& manifest = record.manifest();
   std::unique_ptr<storage::FileIo> io;
+  absl::flat_hash_set<std::pair<uint32_t, uint32_t>> seen;
   for (const v1::ChunkId& id : awaited) {
+    if (found.size() >= kMaxAwaitedPerAsk) break;
     if (id.file_index() >= static_cast<uint32_t>(manifest.files_size()) ||
-        id.file_index() >= static_cast<uint32_t>(record.source_paths_size())) {
+        id.file_index() >= static_cast<uint32_t>(record.source_paths_size()) ||
+        !seen.insert({id.file_index(), id.chunk_index()}).second) {
       continue;
     }
     const v1::ManifestFile& file = manifest.files(id.file_index());

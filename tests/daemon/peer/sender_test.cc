@@ -296,9 +296,14 @@ TEST(TransferSenderTest, ARelayedLegVouchesForItsChunksAndBypassesARefusedRelay)
         answer.set_request_id(request.request_id());
         v1::ProgressReply* reply = answer.mutable_progress_reply();
         if (ask == 0) {
-          v1::ChunkId* awaited = reply->add_awaiting_digests();
-          awaited->set_file_index(0);
-          awaited->set_chunk_index(1);
+          // The chunk it waits for, and what a hostile destination adds:
+          // the same chunk again, and ids outside the manifest.
+          for (auto [file_index, chunk_index] :
+               {std::pair<uint32_t, uint32_t>{0, 1}, {0, 1}, {7, 0}, {0, 99}}) {
+            v1::ChunkId* awaited = reply->add_awaiting_digests();
+            awaited->set_file_index(file_index);
+            awaited->set_chunk_index(chunk_index);
+          }
         } else {
           reply->set_relay_refused("relay site-b sent chunk 1 of x.bin with another digest");
         }
@@ -316,7 +321,8 @@ TEST(TransferSenderTest, ARelayedLegVouchesForItsChunksAndBypassesARefusedRelay)
     absl::MutexLock lock(&mu);
     EXPECT_EQ(opened_relay_by, (std::vector<std::string>{"site-b", ""}));
     ASSERT_EQ(asked.size(), 2u);
-    // First what the source read, then the chunk site-c awaited, read now.
+    // First what the source read, then the chunk site-c awaited, read now,
+    // once; the ids outside the manifest are not answered.
     for (int ask = 0; ask < 2; ++ask) {
       ASSERT_EQ(asked[ask].digests_size(), 1) << ask;
       const v1::SourceDigest& d = asked[ask].digests(0);
