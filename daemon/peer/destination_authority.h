@@ -47,12 +47,12 @@ class DestinationAuthority {
 
   // One change and the sites whose authority it uses.
   struct Change {
-    std::string source;     // the peer on the connection
-    std::string requester;  // OpenRequest.requested_by; "" for a push
-    std::string export_name;
-    std::string dest_path;  // as opened: what a pull grant names
-    std::string relative;   // as storage::ResolveDestination cleaned it
-    std::string transfer_id;
+    std::string source{};     // the peer on the connection
+    std::string requester{};  // OpenRequest.requested_by; "" for a push
+    std::string export_name{};
+    std::string dest_path{};  // as opened: what a pull grant names
+    std::string relative{};   // as storage::ResolveDestination cleaned it
+    std::string transfer_id{};
     bool prunes = false;  // keep_checkpoints on a tree: pruning after publish
     // The transfer's own publish is there already (an open again after its
     // sender missed the commit answer): nothing is written.

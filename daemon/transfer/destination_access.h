@@ -20,7 +20,7 @@ namespace longhaul::daemon {
 struct UserCredentials {
   uid_t uid = 0;
   gid_t gid = 0;
-  std::vector<gid_t> groups;  // supplementary groups
+  std::vector<gid_t> groups{};  // supplementary groups
 };
 
 // How a write is judged: by the kernel, in a child process that takes the
