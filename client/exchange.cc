@@ -60,7 +60,7 @@ uint32_t Millis(absl::Duration d) {
   return static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, UINT32_MAX));
 }
 
-absl::Status FromGrpc(const grpc::Status& status, absl::string_view address) {
+absl::Status FromExchangeGrpc(const grpc::Status& status, absl::string_view address) {
   if (status.ok()) return absl::OkStatus();
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     return absl::UnavailableError(
@@ -408,7 +408,7 @@ absl::StatusOr<v1::OpResponse> CallOp(ExchangeGroup::Impl& g, Method method, con
   SetOpDeadline(context, timeout);
   v1::OpResponse response;
   grpc::Status s = (g.stub.get()->*method)(context, request, &response);
-  if (!s.ok()) return FromGrpc(s, g.address);
+  if (!s.ok()) return FromExchangeGrpc(s, g.address);
   return response;
 }
 
@@ -442,7 +442,7 @@ absl::StatusOr<v1::OpResponse> CallOpWorking(ExchangeGroup::Impl& g, Prepare pre
   cq.Shutdown();
   while (cq.Next(&tag, &ok)) {
   }
-  if (!s.ok()) return FromGrpc(s, g.address);
+  if (!s.ok()) return FromExchangeGrpc(s, g.address);
   return response;
 }
 
@@ -553,7 +553,7 @@ absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(
   grpc::ClientContext context;
   context.set_deadline(client_internal::GrpcDeadlineAt(until + kRpcSlack));
   v1::JoinResponse response;
-  if (absl::Status s = FromGrpc(impl->stub->Join(&context, request, &response), daemon_address);
+  if (absl::Status s = FromExchangeGrpc(impl->stub->Join(&context, request, &response), daemon_address);
       !s.ok()) {
     return s;
   }

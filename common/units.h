@@ -20,6 +20,11 @@ namespace longhaul {
 // A count of bytes. Unsigned: a negative byte count is a bug.
 using ByteCount = uint64_t;
 
+// `bytes` x `gain`, rounded down: a window or a quantum scaled by a gain.
+constexpr ByteCount ScaleBytes(ByteCount bytes, double gain) {
+  return static_cast<ByteCount>(static_cast<double>(bytes) * gain);
+}
+
 // A signed span of time with nanosecond resolution.
 class TimeDelta {
  public:

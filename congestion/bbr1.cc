@@ -4,12 +4,6 @@
 
 namespace longhaul::congestion {
 
-namespace {
-ByteCount ScaleBytes(ByteCount bytes, double gain) {
-  return static_cast<ByteCount>(static_cast<double>(bytes) * gain);
-}
-}  // namespace
-
 Bbr1::Bbr1(const Bbr1Params& params, Random& random, Timestamp now)
     : params_(params),
       random_(random),

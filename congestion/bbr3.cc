@@ -8,11 +8,8 @@
 #include <cmath>
 
 #include "common/check.h"
-#include "congestion/bbr3_internal.h"
 
 namespace longhaul::congestion {
-
-using bbr3_internal::ScaleBytes;
 
 namespace {
 // Whether `lost` of `total` bytes is some loss and more than `rate` of them (rate 0: any loss).

@@ -6,11 +6,8 @@
 #include <cmath>
 
 #include "congestion/bbr3.h"
-#include "congestion/bbr3_internal.h"
 
 namespace longhaul::congestion {
-
-using bbr3_internal::ScaleBytes;
 
 // draft-ietf-ccwg-bbr-06, "ProbeBW Algorithm Details" (BBRUpdateProbeBWCyclePhase).
 void Bbr3::UpdateProbeBwCyclePhase() {

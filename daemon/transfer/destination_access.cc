@@ -25,8 +25,6 @@
 namespace longhaul::daemon {
 namespace {
 
-constexpr int kWrite = 2;
-constexpr int kSearch = 1;
 
 // The exit codes of the kernel judge's child; kCannotSearch + i: the i-th
 // directory on the way may not be searched.

@@ -12,6 +12,12 @@
 
 namespace longhaul::daemon {
 
+// The access(2) bits (R_OK, W_OK, X_OK), which are also a mode's bits for
+// its owner, group and others: what a judge asks for.
+inline constexpr int kRead = 4;
+inline constexpr int kWrite = 2;
+inline constexpr int kSearch = 1;
+
 // The user's (group's) name in the system database, or its number.
 std::string UserName(uid_t uid);
 std::string GroupName(gid_t gid);

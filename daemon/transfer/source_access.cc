@@ -24,8 +24,6 @@
 namespace longhaul::daemon {
 namespace {
 
-constexpr int kRead = 4;
-constexpr int kSearch = 1;
 
 // The resolved path of `path`, or the errno of realpath(3).
 absl::StatusOr<std::string> Resolve(const std::string& path, int* err) {

@@ -27,7 +27,7 @@ int ChannelSlot() {
 }  // namespace
 
 TcpTlsChannel::TcpTlsChannel(tcp::socket socket, std::shared_ptr<TrustContext> trust,
-                             std::shared_ptr<ChannelRegistry> registry, bool dialed)
+                             std::shared_ptr<TcpTlsRegistry> registry, bool dialed)
     : trust_(std::move(trust)),
       registry_(std::move(registry)),
       dialed_(dialed),

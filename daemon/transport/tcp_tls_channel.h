@@ -3,7 +3,7 @@
 
 // One tcp transport channel: a TLS 1.3 stream over a kernel TCP socket, with
 // the bookkeeping the transport's connection caps, idle sweep and trust
-// reloads need (the ChannelRegistry every channel of a transport shares).
+// reloads need (the TcpTlsRegistry every channel of a transport shares).
 // Internal to the tcp transport (tcp_tls_transport.cc makes and owns them).
 
 #include <openssl/ssl.h>
@@ -51,9 +51,9 @@ struct SiteActivity {
 // must re-check, and what the connection caps count. Shared by the
 // transport and its channels, so that a channel may outlive the transport.
 // Thread-safe.
-struct ChannelRegistry {
+struct TcpTlsRegistry {
   // `clock` times the sites' activity and the handshake deadlines; it must outlive the registry.
-  explicit ChannelRegistry(const Clock& clock) : clock(clock) {}
+  explicit TcpTlsRegistry(const Clock& clock) : clock(clock) {}
 
   struct Site {
     std::shared_ptr<SiteActivity> activity = std::make_shared<SiteActivity>();
@@ -169,7 +169,7 @@ class TcpTlsChannel final : public Channel {
  public:
   // `socket` is connected; the TLS session uses `trust` for its handshake.
   TcpTlsChannel(tcp::socket socket, std::shared_ptr<TrustContext> trust,
-                std::shared_ptr<ChannelRegistry> registry, bool dialed);
+                std::shared_ptr<TcpTlsRegistry> registry, bool dialed);
   ~TcpTlsChannel() override;
 
   TlsStream& stream() { return stream_; }
@@ -255,7 +255,7 @@ class TcpTlsChannel final : public Channel {
 
   // Declared before stream_, which holds an SSL made from it.
   const std::shared_ptr<TrustContext> trust_;
-  const std::shared_ptr<ChannelRegistry> registry_;
+  const std::shared_ptr<TcpTlsRegistry> registry_;
   const bool dialed_;
   TlsStream stream_;
   std::string peer_site_;

@@ -186,7 +186,7 @@ class TcpTlsTransport final : public Transport {
         tuning_(tuning),
         limits_(limits),
         clock_(limits.clock != nullptr ? *limits.clock : RealClock::Get()),
-        registry_(std::make_shared<ChannelRegistry>(clock_)),
+        registry_(std::make_shared<TcpTlsRegistry>(clock_)),
         refusal_log_(clock_),
         handshake_log_(clock_),
         reserve_fd_(::open("/dev/null", O_RDONLY | O_CLOEXEC)),
@@ -658,7 +658,7 @@ class TcpTlsTransport final : public Transport {
     if (registry_->trust != channel.trust()) {
       if (absl::Status s = registry_->trust->Check(*cert); !s.ok()) return s;
     }
-    ChannelRegistry::Site& entry = registry_->SiteLocked(site);
+    TcpTlsRegistry::Site& entry = registry_->SiteLocked(site);
     if (accepted) {
       if (entry.accepted >= limits_.max_connections_per_peer) {
         counters_.too_many_for_peer.fetch_add(1);
@@ -768,7 +768,7 @@ class TcpTlsTransport final : public Transport {
   const TcpTuning tuning_;
   const ConnectionLimits limits_;
   const Clock& clock_;
-  const std::shared_ptr<ChannelRegistry> registry_;
+  const std::shared_ptr<TcpTlsRegistry> registry_;
   Counters counters_;
   LogLimiter refusal_log_;
   LogLimiter handshake_log_;
