@@ -553,7 +553,8 @@ absl::StatusOr<std::unique_ptr<ExchangeGroup>> ExchangeGroup::Join(
   grpc::ClientContext context;
   context.set_deadline(client_internal::GrpcDeadlineAt(until + kRpcSlack));
   v1::JoinResponse response;
-  if (absl::Status s = FromExchangeGrpc(impl->stub->Join(&context, request, &response), daemon_address);
+  if (absl::Status s =
+          FromExchangeGrpc(impl->stub->Join(&context, request, &response), daemon_address);
       !s.ok()) {
     return s;
   }

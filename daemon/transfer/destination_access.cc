@@ -25,7 +25,6 @@
 namespace longhaul::daemon {
 namespace {
 
-
 // The exit codes of the kernel judge's child; kCannotSearch + i: the i-th
 // directory on the way may not be searched.
 enum ChildVerdict : int {
