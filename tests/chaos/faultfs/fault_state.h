@@ -20,7 +20,7 @@ namespace longhaul::faultfs {
 // Operation kinds that `eio` can target. Each names a group of FUSE
 // operations (see README.md).
 enum class OpKind : uint32_t {
-  kOther = 0,  // counted, never failed (chmod, utimens, statfs...)
+  kOther = 0,  // counted, never failed (getattr, chmod, utimens, statfs...)
   kRead = 1u << 0,
   kWrite = 1u << 1,   // write, truncate, fallocate
   kFsync = 1u << 2,   // fsync, fdatasync, fsyncdir
