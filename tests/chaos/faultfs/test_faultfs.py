@@ -262,14 +262,17 @@ class FaultFsSitesTest(unittest.TestCase):
         got = lh.tree_digest(self.dest(name))
         self.assertEqual(got, lh.tree_digest(src or self.src), self.logs())
 
-    def power_loss(self):
+    def power_loss(self, while_off=None):
         """Site-b loses power: nothing reaches its disks, it dies, every
-        unsynced byte of both its mounts is lost; then it starts again."""
+        unsynced byte of both its mounts is lost (then `while_off` runs);
+        then it starts again."""
         for fs in self.mounts.values():
             fs.freeze()
         self.sites.kill("site-b")
         for fs in self.mounts.values():
             fs.drop_unsynced()
+        if while_off:
+            while_off()
         for fs in self.mounts.values():
             fs.thaw()
         self.sites.up()
@@ -337,6 +340,40 @@ class DaemonPowerLossTest(FaultFsSitesTest):
         self.assertEqual(proc.returncode, 0, proc.stderr + self.logs())
         self.power_loss()
         self.assert_whole("step")
+
+class DaemonPublishFaultTest(FaultFsSitesTest):
+    def test_eio_on_the_install_then_power_loss_publishes_whole_at_restart(self):
+        ckpt = self.mounts["ckpt"]
+        previous = None
+        for version in (1, 2):  # a new destination, then a replaced one
+            self.write_tree(3, 3 * MIB, seed=10 * version)
+            for k in range(50):
+                lh.write_random(os.path.join(self.src, "extra", f"s{k}"), 1000 + k,
+                                seed=1000 * version + k)
+            # Only the install names the destination: every rename before the
+            # point of no return stays inside staging.
+            ckpt.set_eio("rename", 1.0, path_substring="/step")
+            injected = ckpt.stats()["eio_injected"]
+            tid = self.sites.cli("a", "cp", self.src, "site-b:/ckpt/step",
+                                 check=True).stdout.strip()
+            lh.wait_until(lambda: ckpt.stats()["eio_injected"] > injected, 60,
+                          "the install's rename to fail", interval=0.05)
+            # The destination is untouched: absent, or the previous version.
+            if previous is None:
+                self.assertFalse(os.path.exists(self.dest("step")))
+            else:
+                self.assertEqual(lh.tree_digest(self.dest("step")), previous)
+            self.power_loss(while_off=ckpt.clear_eio)
+            # Past the point of no return, the restarted receiver finishes
+            # the publish (and the sender's record ends either way).
+            lh.wait_until(lambda: lh.tree_digest(self.dest("step")) == lh.tree_digest(self.src),
+                          60, "the interrupted publish to finish", interval=0.1)
+            done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"})
+            self.assertIn(done["state"], ("COMPLETED", "FAILED"))
+            self.assertFalse(os.path.exists(os.path.join(
+                self.sites.export("site-b"), ".longhaul", "staging", tid)), self.logs())
+            previous = lh.tree_digest(self.src)
+
 
 if __name__ == "__main__":
     unittest.main()
