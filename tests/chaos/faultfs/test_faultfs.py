@@ -14,6 +14,7 @@ import ctypes
 import errno
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -201,6 +202,50 @@ class LayerTest(unittest.TestCase):
         self.assertEqual(stats["files_undone"], 4)
         self.assertEqual(stats["bytes_undone"], 5_000 + 5_000 + 7_900 + 3_000 + 7)
         self.assertEqual(stats["unsynced_files"], 0)
+
+    def test_drop_unsynced_undoes_overlapping_writes_and_truncates(self):
+        original = random.Random(3).randbytes(200_000)
+        write_synced(self.m("patched"), original)
+        rng = random.Random(4)
+        fd = os.open(self.m("patched"), os.O_RDWR)
+        try:
+            for i in range(60):
+                offset = rng.randrange(260_000)
+                if i % 15 == 14:
+                    os.ftruncate(fd, offset)
+                else:
+                    os.pwrite(fd, rng.randbytes(rng.randrange(1, 20_000)), offset)
+        finally:
+            os.close(fd)
+        self.assertNotEqual(read(self.m("patched")), original)
+        self.fs.freeze()
+        self.fs.drop_unsynced()
+        self.fs.thaw()
+        self.assertEqual(read(self.m("patched")), original)
+
+    def test_sigterm_and_the_death_of_its_parent_unmount(self):
+        self.fs.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(self.fs.proc.wait(timeout=30), 0)
+        self.assertFalse(faultfs._mounted(self.mnt))
+        # A parent that dies by SIGKILL takes the mount with it.
+        parent = subprocess.Popen([sys.executable, "-c", (
+            "import subprocess, sys\n"
+            "subprocess.Popen(sys.argv[1:])\n"
+            "sys.stdin.read()\n"), faultfs.binary(), self.backing, self.mnt,
+            f"--control={self.dir}/orphan.sock", f"--ready-file={self.dir}/orphan.ready"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(parent.stdin.close)
+        self.addCleanup(parent.kill)
+        lh.wait_until(lambda: os.path.exists(f"{self.dir}/orphan.ready"), 30, "the mount",
+                      interval=0.02)
+        with open(f"{self.dir}/orphan.ready") as f:
+            child = int(f.read())
+        self.assertTrue(faultfs._mounted(self.mnt))
+        parent.kill()
+        parent.wait()
+        lh.wait_until(lambda: lh.process_gone(child), 30, "longhaul-faultfs to exit",
+                      interval=0.02)
+        self.assertFalse(faultfs._mounted(self.mnt))
 
     def test_drop_unsynced_is_refused_unless_frozen(self):
         with self.assertRaisesRegex(faultfs.FaultFsError, "needs a frozen mount"):
