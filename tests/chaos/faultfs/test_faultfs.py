@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -260,7 +259,8 @@ class LayerTest(unittest.TestCase):
             "os.pwrite(f, b'new', 0)\n"
             "os.fsync(f)\n"), self.m("f")])
         self.addCleanup(writer.kill)
-        lh.wait_until(lambda: self.fs.stats()["parked"] > 0, 30, "the writer's request held")
+        lh.wait_until(lambda: self.fs.stats()["parked"] > 0, 30, "the writer's request held",
+                      interval=0.01)
         writer.kill()
         self.assertEqual(writer.wait(timeout=30), -signal.SIGKILL)
         stats = self.fs.stats()
@@ -303,9 +303,9 @@ class FaultFsSitesTest(unittest.TestCase):
         return "".join(f"\n--- {s} log ---\n" + "".join(self.sites.log(s).splitlines(True)[-30:])
                        for s in ("site-a", "site-b"))
 
-    def assert_whole(self, name, src=None):
-        got = lh.tree_digest(self.dest(name))
-        self.assertEqual(got, lh.tree_digest(src or self.src), self.logs())
+    def assert_whole(self, name):
+        """`name` at site-b is the source tree: bytes, sizes, modes, mtimes."""
+        self.assertEqual(lh.tree_digest(self.dest(name)), lh.tree_digest(self.src), self.logs())
 
     def power_loss(self, while_off=None):
         """Site-b loses power: nothing reaches its disks, it dies, every
