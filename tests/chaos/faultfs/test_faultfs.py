@@ -413,14 +413,33 @@ class DaemonPublishFaultTest(FaultFsSitesTest):
                 self.assertEqual(lh.tree_digest(self.dest("step")), previous)
             self.power_loss(while_off=ckpt.clear_eio)
             # Past the point of no return, the restarted receiver finishes
-            # the publish (and the sender's record ends either way).
+            # the publish, and the sender, which kept retrying its commit,
+            # completes: a failure would report a version that appeared.
             lh.wait_until(lambda: lh.tree_digest(self.dest("step")) == lh.tree_digest(self.src),
                           60, "the interrupted publish to finish", interval=0.1)
             done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"})
-            self.assertIn(done["state"], ("COMPLETED", "FAILED"))
+            self.assertEqual(done["state"], "COMPLETED", done)
             self.assertFalse(os.path.exists(os.path.join(
                 self.sites.export("site-b"), ".longhaul", "staging", tid)), self.logs())
             previous = lh.tree_digest(self.src)
+
+    def test_eio_on_the_install_is_retried_until_it_publishes(self):
+        ckpt = self.mounts["ckpt"]
+        self.write_tree(3, 3 * MIB, seed=77)
+        ckpt.set_eio("rename", 1.0, path_substring="/step")
+        injected = ckpt.stats()["eio_injected"]
+        tid = self.sites.cli("a", "cp", self.src, "site-b:/ckpt/step", check=True).stdout.strip()
+        lh.wait_until(lambda: ckpt.stats()["eio_injected"] > injected, 60,
+                      "the install's rename to fail", interval=0.05)
+        self.assertFalse(os.path.exists(self.dest("step")))
+        # The sender retries while the receiver's disk fails, and neither
+        # daemon restarts: the next commit after the fault finishes the publish.
+        ckpt.clear_eio()
+        done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"})
+        self.assertEqual(done["state"], "COMPLETED", done)
+        self.assertEqual(lh.tree_digest(self.dest("step")), lh.tree_digest(self.src))
+        self.assertFalse(os.path.exists(os.path.join(
+            self.sites.export("site-b"), ".longhaul", "staging", tid)), self.logs())
 
 
 if __name__ == "__main__":
