@@ -30,6 +30,8 @@ PACKAGES=(
   iputils-ping libwrap0
   # tests: loop-mounted ext4 exports (mkfs.ext4, losetup, mount)
   e2fsprogs mount
+  # tests: longhaul-faultfs, the chaos campaign's FUSE file system (tests/chaos/faultfs)
+  libfuse3-dev fuse3
 )
 
 missing=()

@@ -36,6 +36,20 @@ namespace {
 // Threads that read staged chunks back before a publish (at most one per core).
 constexpr size_t kMaxVerifyThreads = 4;
 
+// `failed`, the error of a publish, as the answer to a commit. A publish that
+// failed past its point of no return (an install's rename or fsync failed)
+// has committed the destination to this version: the sender's next commit,
+// or this daemon's next start, finishes it. So the sender must retry, not
+// give up and report a failure for a version that will appear.
+absl::Status AsCommitError(std::optional<storage::Staging>& staging, absl::Status failed) {
+  if (!staging) return failed;
+  absl::StatusOr<bool> past = staging->PastPointOfNoReturn();
+  if (!past.ok() || !*past) return failed;
+  return absl::UnavailableError(absl::StrCat(
+      "publish interrupted past its point of no return (the next commit finishes it): ",
+      failed.message()));
+}
+
 }  // namespace
 
 storage::PublishOptions Receiver::PublishOptionsOf(const v1::IncomingTransfer& record) const {
@@ -385,7 +399,9 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site,
   // Past the point of no return every byte was verified already, and the
   // destination becomes this version whoever may write now.
   if (*past) {
-    if (absl::Status s = PublishLocked(*session); !s.ok()) return fail(s);
+    if (absl::Status s = PublishLocked(*session); !s.ok()) {
+      return fail(AsCommitError(session->staging, s));
+    }
   } else {
     // Asked again: the config may have changed since the open, and another
     // site may have published over this path meanwhile.
@@ -395,7 +411,7 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site,
     absl::Status s = VerifyStaged(*session, options.skip_files);
     if (s.ok()) s = PublishLocked(*session);
     authority_.Release(change);
-    if (!s.ok()) return fail(s);
+    if (!s.ok()) return fail(AsCommitError(session->staging, s));
   }
   answer.mutable_commit_reply()->set_files_published(manifest.files_size() -
                                                      record.unchanged_files_size());
