@@ -98,7 +98,10 @@ CATALOGUE = (
     _peer("open.single_file", "PeerMessage.open"),
     _peer("open.checksum", "PeerMessage.open"),
     _peer("open.keep_prune", "PeerMessage.open"),
-    _peer("open.pull", "PeerMessage.open"),
+    # The pulled source's own open, under its grant (site-d plays both the
+    # pulled source and the reader, so the reader's replay is the same one).
+    Operation("open.pull", PEER_REQUEST, "PeerMessage.open", PULLED_SOURCE,
+              _refused_by(OWNER, NOT_WRITER, RELAY, THIRD_SITE)),
     _peer("open.relay_by", "PeerMessage.open"),
     _peer("open.relay_to", "PeerMessage.open"),
     _peer("chunk", "frame.CHUNK",
@@ -109,8 +112,9 @@ CATALOGUE = (
     _peer("abort", "PeerMessage.abort"),
     _peer("verify", "PeerMessage.verify"),
     _peer("progress", "PeerMessage.progress"),
+    # The third site is the relay's site: its attach as recorded is the relay's.
     Operation("relay_attach", PEER_REQUEST, "PeerMessage.relay_attach", RELAY,
-              dict(_refused_by(OWNER, NOT_WRITER, READER_ONLY, PULLED_SOURCE, THIRD_SITE))),
+              _refused_by(OWNER, NOT_WRITER, READER_ONLY, PULLED_SOURCE)),
     # -- requests to a source, on a REMOTE channel: the legitimate requester
     # is a reader of the source's export (the replay test's reader_only).
     Operation("remote_submit", REMOTE_REQUEST, "PeerMessage.remote_submit", READER_ONLY,
