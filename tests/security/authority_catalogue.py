@@ -163,7 +163,9 @@ CATALOGUE = (
                 _refused_by(NON_MEMBER),
                 note="a non-member's message is kept unclaimed within its peer_limits and "
                      "never taken by the group's calls",
-                covered_by="test_abuse_exchange.py: ExchangeAbuseTest [security.abuse_exchange]; "
+                covered_by="test_authority_swap_exchange.py: ExchangeSwapTest "
+                           "[security.authority_swap_exchange]; test_abuse_exchange.py: "
+                           "ExchangeAbuseTest [security.abuse_exchange]; "
                            "ExchangeHubMembershipTest.*, HostileDone/DivergenceTest.*")
       for kind in ("JOIN", "REDUCE_DATA", "ABORT", "P2P", "LEAVE", "DISCARD", "DONE",
                    "REFUSED", "REDUCE_RESULT", "GATHER_DATA", "BCAST_DATA")),
