@@ -46,6 +46,8 @@ import hostile_peer as hp  # noqa: E402
 SEED = int(os.environ.get("LONGHAUL_SWAP_SEED", "1207"))
 REPLAY = (f"cd tests/security && LONGHAUL_SWAP_SEED={SEED} LONGHAUL_BIN=<build>/bin "
           "/usr/bin/python3 -m unittest -v test_authority_swap")
+# LONGHAUL_SWAP_VERBOSE=1 prints every replay and what it got.
+VERBOSE = os.environ.get("LONGHAUL_SWAP_VERBOSE") == "1"
 NOBODY = 65534
 CHUNK = hp.MIN_CHUNK_SIZE
 MARKER = "model.index.json"
@@ -458,16 +460,19 @@ class AuthoritySwapTest(unittest.TestCase):
         return sorted(set(self.swap.tids.values())
                       - {tid, self.swap.tids.get(own), self.swap.tids["remote"]})
 
-    def mutate(self, rng, name, principal, body):
+    def mutate(self, rng, name, principal, body, as_recorded=False, must_mutate=False):
         """The recorded body as `principal` replays it, with one seeded
-        mutation; returns (transfer id, body, what was done)."""
+        mutation (or none: `as_recorded`); returns (transfer id, body, what
+        was done)."""
         fields = hp.decode(body)
         is_open = name.startswith("open")
         tid = self.base_tid(principal, fields.get(1, [b""])[0].decode(), is_open)
         choices = ["as recorded", "another transfer"]
         if is_open:
             choices += ["a .. path", "another export"]
-        choice = rng.choice(choices)
+        if must_mutate:
+            choices.remove("as recorded")
+        choice = "as recorded" if as_recorded else rng.choice(choices)
         if choice == "another transfer":
             tid = rng.choice(self.other_transfers(principal, tid))
             choice += " " + tid
@@ -491,16 +496,22 @@ class AuthoritySwapTest(unittest.TestCase):
                 continue
             if not op.replays:
                 continue
-            for principal in op.replays:
-                plan.append((op, principal))
+            for principal, outcome in op.replays.items():
+                plan.append((op, principal, False))
+                if outcome != cat.REFUSED:
+                    # Allowed as recorded: its effect is asserted, and a
+                    # mutation of it must still be refused.
+                    plan.append((op, principal, True))
         rng.shuffle(plan)
         self.assertGreater(len(plan), 60)
         before = self.swap.snapshot()
         replayed = 0
-        for op, principal in plan:
+        for op, principal, as_recorded in plan:
             what = f"{op.name} replayed by {principal} ({PEER_SITE[principal]})"
-            outcome, sent, mutation = self.replay(rng, op, principal)
+            outcome, sent, mutation = self.replay(rng, op, principal, as_recorded)
             what += f", {mutation}"
+            if VERBOSE:
+                print(f"{what}: {outcome}", file=sys.stderr)
             expected = op.replays[principal]
             if expected == cat.REFUSED or not mutation.startswith("as recorded"):
                 if not outcome.refused:
@@ -518,13 +529,17 @@ class AuthoritySwapTest(unittest.TestCase):
         print(f"authority swap: {replayed} replays, seed {SEED}", file=sys.stderr)
         self.owner_finishes_what_it_started()
 
-    def replay(self, rng, op, principal):
+    def replay(self, rng, op, principal, as_recorded):
+        """Replays `op` as `principal`: as recorded when `as_recorded`, else
+        mutated by the seed (always, where the catalogue allows the replay as
+        recorded). Returns (Outcome, the bytes sent, the mutation)."""
         site = PEER_SITE[principal]
+        must_mutate = op.replays[principal] != cat.REFUSED and not as_recorded
         if op.name == "chunk":
             chunk = self.swap.recorded["chunk"][1]
             tid = self.base_tid(principal, self.swap.tids["T"])
             mutation = "as recorded"
-            if rng.random() < 0.5:
+            if not as_recorded and (must_mutate or rng.random() < 0.5):
                 tid = rng.choice(self.other_transfers(principal, tid))
                 mutation = "another transfer " + tid
             return self.replay_frame(site, tid, hp.CHUNK, chunk), chunk, mutation
@@ -542,7 +557,7 @@ class AuthoritySwapTest(unittest.TestCase):
         field, body = self.swap.recorded[op.name]
         if op.kind == cat.REMOTE_REQUEST:
             return self.replay_remote(rng, op, site, field, body)
-        tid, body, mutation = self.mutate(rng, op.name, principal, body)
+        tid, body, mutation = self.mutate(rng, op.name, principal, body, as_recorded, must_mutate)
         return self.replay_control(site, tid, field, body), body, mutation
 
     def replay_remote(self, rng, op, site, field, body):
