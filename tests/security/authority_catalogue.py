@@ -190,7 +190,9 @@ CATALOGUE = (
                                      "registered itself; a request names them by a token only "
                                      "the registering connection learns"),
                  VIEWER_TOKEN: REFUSED},
-                note="control_listen does not serve the Exchange service",
+                note="control_listen does not serve the Exchange service (replayed with the "
+                     "viewer token by test_authority_swap.py); a local user's calls are not "
+                     "replayed there",
                 covered_by="ExchangeDaemonTest.RequestsNamingUnsealedMemoryFailAloneWithAReason; "
                            "test_abuse_shm.py [security.abuse_shm]")
       for rpc in ("Join", "Leave", "Group", "AllReduce", "Send", "Recv", "Cancel", "AllGather",

@@ -53,7 +53,8 @@ def protocol_names(peer_proto, control_proto, exchange_proto, frames_h):
     oneof = _block(_block(peer, r"\bmessage\s+PeerMessage\b"), r"\boneof\s+body\b")
     names |= {f"PeerMessage.{field}"
               for field in re.findall(r"^\s*\w+\s+(\w+)\s*=\s*\d+\s*;", oneof, re.M)}
-    names |= {f"Hello.{role}" for role in _enum_values(_block(peer, r"\bmessage\s+Hello\b"), "Role")}
+    hello = _block(peer, r"\bmessage\s+Hello\b")
+    names |= {f"Hello.{role}" for role in _enum_values(hello, "Role")}
     names |= {f"ExchangePeerMessage.{kind}"
               for kind in _enum_values(_block(exchange, r"\bmessage\s+ExchangePeerMessage\b"),
                                        "Kind")}
@@ -120,7 +121,8 @@ class CatalogueCoverageTest(unittest.TestCase):
             (peer, control.replace("rpc GetLimits(", "rpc Shutdown(Empty) returns (Empty);\n"
                                                      "  rpc GetLimits("),
              exchange, frames, "Control.Shutdown"),
-            (peer, control, exchange.replace("BCAST_DATA = 11;", "BCAST_DATA = 11;\n    EVICT = 12;"),
+            (peer, control,
+             exchange.replace("BCAST_DATA = 11;", "BCAST_DATA = 11;\n    EVICT = 12;"),
              frames, "ExchangePeerMessage.EVICT"),
             (peer, control, exchange,
              frames.replace("kChunkProgress = 5,", "kChunkProgress = 5,\n  kChunkNack = 6,"),

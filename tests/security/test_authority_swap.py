@@ -656,10 +656,11 @@ class AuthoritySwapTest(unittest.TestCase):
         rng.shuffle(plan)
         # A local user's allowed pause, resume and cancel change the
         # sacrificial transfer: they go last, in that order.
+        changing = ("Pause", "Resume", "Cancel")
         effects = [(op, p) for op, p in plan
-                   if p == cat.LOCAL_USER and op.proto.split(".")[1] in ("Pause", "Resume", "Cancel")]
+                   if p == cat.LOCAL_USER and op.proto.split(".")[1] in changing]
         plan = [x for x in plan if x not in effects]
-        effects.sort(key=lambda x: ("Pause", "Resume", "Cancel").index(x[0].proto.split(".")[1]))
+        effects.sort(key=lambda x: changing.index(x[0].proto.split(".")[1]))
         before = self.swap.snapshot()
         for op, principal in plan + effects:
             rpc = op.proto.split(".")[1]
@@ -693,6 +694,35 @@ class AuthoritySwapTest(unittest.TestCase):
                 self.swap.sites.cli("b", "limit", "--class", "background", "off", check=True)
             before = self.swap.snapshot()
         self.assertFalse(os.path.exists(os.path.join(self.swap.sites.export("site-e"), "sub.bin")))
+
+    def grpc_over_tcp(self, method, token):
+        """Calls `method` ("Service/Method", an empty request) on site-b's
+        TCP control address with `token`, as any gRPC client could; returns
+        the grpc-status it answered, or None when it answered none."""
+        proc = subprocess.run(
+            ["curl", "-s", "--http2-prior-knowledge", "-X", "POST", "-H",
+             "content-type: application/grpc", "-H", "te: trailers", "-H",
+             f"authorization: Bearer {token}", "--data-binary", "@-", "-D", "-", "-o",
+             os.devnull, f"http://{self.swap.tcp_address}/longhaul.v1.{method}"],
+            input=b"\0\0\0\0\0", capture_output=True, timeout=60)
+        found = re.search(rb"grpc-status: (\d+)", proc.stdout)
+        return int(found.group(1)) if found else None
+
+    def test_the_exchange_service_is_not_served_to_a_viewer_token(self):
+        # The same client reaches the Control service with the same token.
+        self.assertEqual(self.grpc_over_tcp("Control/GetLimits", VIEWER_TOKEN), 0)
+        before = self.swap.snapshot()
+        for op in cat.CATALOGUE:
+            if op.kind != cat.EXCHANGE_RPC:
+                continue
+            self.assertEqual(op.replays[cat.VIEWER_TOKEN], cat.REFUSED, op.name)
+            status = self.grpc_over_tcp(op.proto, VIEWER_TOKEN)
+            if status == 0:
+                self.fail_replay(f"{op.proto} by the viewer token", "was served")
+        after = self.swap.snapshot()
+        if after != before:
+            self.fail_replay("the Exchange service by the viewer token",
+                             self.describe_change(before, after))
 
     def owner_finishes_what_it_started(self):
         """After every replay, the owner's in-flight transfer resumes where
