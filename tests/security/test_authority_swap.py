@@ -115,11 +115,16 @@ class SwapSites:
         self.sites = lh.AccessSites(("site-a", "site-b", "site-c", "site-d", "site-e"),
                                     writers="site-b=site-a,site-c", readers="site-b=site-d")
         self.sites.extra_config = extra
+        self.rng = random.Random(SEED)
         self.recorded = {}  # catalogue name -> (field, body) as the legitimate principal sent it
         self.answers = {}   # reply name -> its body as site-b answered the legitimate principal
         self.tids = {}
 
     # -- plumbing --------------------------------------------------------
+
+    def tid(self, name):
+        """A transfer id for `name`, its suffix picked by the seed."""
+        return f"{name}-{self.rng.randrange(1 << 32):08x}"
 
     def listen(self, site):
         with open(self.sites.path(site, "longhauld.yaml")) as f:
@@ -179,7 +184,7 @@ class SwapSites:
     def publish_step_1(self):
         """site-a's published run/step-1 (the target of replace, prune and
         verify), recording its open, chunk, commit and verify."""
-        tid = self.tids["P"] = "t-owner-published"
+        tid = self.tids["P"] = self.tid("t-owner-published")
         files = [("shard-0.pt", os.urandom(3000)), (MARKER, b'{"step": 1}')]
         owner = self.peer("site-a")
         control = owner.control(tid)
@@ -200,7 +205,7 @@ class SwapSites:
     def open_in_flight(self):
         """T: site-a's transfer to run/step-2, chunk 0 of 2 durable; records
         the chunk frame and a progress (without digests) of it."""
-        tid = self.tids["T"] = "t-owner-in-flight"
+        tid = self.tids["T"] = self.tid("t-owner-in-flight")
         owner = self.peer("site-a")
         control = owner.control(tid)
         try:
@@ -217,7 +222,7 @@ class SwapSites:
         finally:
             control.close()
         # The legitimate abort, of a transfer of its own that it gives up.
-        scratch = "t-owner-aborted"
+        scratch = self.tid("t-owner-aborted")
         control = owner.control(scratch)
         try:
             assert control.open(scratch, "ckpt", "run/abandoned", self.manifest,
@@ -230,7 +235,7 @@ class SwapSites:
     def open_relayed(self):
         """TR: site-a's transfer to run/relayed naming site-c its relay, every
         chunk's digest vouched; records site-c's relay_attach."""
-        tid = self.tids["TR"] = "t-owner-relayed"
+        tid = self.tids["TR"] = self.tid("t-owner-relayed")
         control = self.peer("site-a").control(tid)
         try:
             answer = control.open(tid, "ckpt", "run/relayed", self.manifest, single_file=True,
@@ -260,7 +265,7 @@ class SwapSites:
             "open.checksum": dict(dest="run/step-1", skip_unchanged=True),
         }
         for name, args in variants.items():
-            tid = "t-rec-" + name.split(".")[1].replace("_", "-")
+            tid = self.tid("t-rec-" + name.split(".")[1].replace("_", "-"))
             dest = args.pop("dest")
             body = hp.open_request(tid, "ckpt", dest, one_file, **args)
             if name == "open.checksum":
@@ -612,8 +617,12 @@ class AuthoritySwapTest(unittest.TestCase):
         """{rpc: the CLI arguments that make it}, recorded by root."""
         ended = self.swap.tids["remote"]
         return {
-            "Submit": ("cp", self.root_only, f"site-e:/ckpt/{rng.choice(['sub', '../sub'])}.bin",
-                       "--json"),
+            # A push of what nobody may not read, the same into a `..` path, or
+            # a pull into site-b's export, where nobody may not write.
+            "Submit": rng.choice([("cp", self.root_only, "site-e:/ckpt/sub.bin", "--json"),
+                                  ("cp", self.root_only, "site-e:/ckpt/../sub.bin", "--json"),
+                                  ("cp", "site-d:/ckpt/pullsrc.bin",
+                                   "site-b:/ckpt/nobody-pulled.bin", "--json")]),
             "Get": ("status", ended, "--json"),
             "List": ("ls", "--all", "--json"),
             "Watch": ("status", ended, "--watch", "--json"),
@@ -667,6 +676,9 @@ class AuthoritySwapTest(unittest.TestCase):
             what = f"control {rpc} by {principal}"
             proc = self.control_cli(principal, *calls[rpc])
             text = proc.stdout + proc.stderr
+            if VERBOSE:
+                print(f"{what} {calls[rpc]}: exit {proc.returncode}: {text.strip()[:300]}",
+                      file=sys.stderr)
             if op.replays[principal] == cat.REFUSED:
                 if proc.returncode == 0:
                     self.fail_replay(what, f"was not refused: {text}")
@@ -674,8 +686,8 @@ class AuthoritySwapTest(unittest.TestCase):
                 if principal == cat.VIEWER_TOKEN:
                     self.assertIn(f"the viewer role may not {rpc}", text)
                     self.assert_leaks_nothing(what, text, b"", "")
-                elif ".." not in calls[rpc][2]:
-                    self.assertIn("may not read", text)
+                else:
+                    self.assertIn("may not", text)
                 after = self.swap.snapshot()
                 if after != before:
                     self.fail_replay(what, self.describe_change(before, after))
@@ -694,6 +706,7 @@ class AuthoritySwapTest(unittest.TestCase):
                 self.swap.sites.cli("b", "limit", "--class", "background", "off", check=True)
             before = self.swap.snapshot()
         self.assertFalse(os.path.exists(os.path.join(self.swap.sites.export("site-e"), "sub.bin")))
+        self.assertFalse(os.path.exists(self.swap.export("nobody-pulled.bin")))
 
     def grpc_over_tcp(self, method, token):
         """Calls `method` ("Service/Method", an empty request) on site-b's
