@@ -6,8 +6,10 @@ Five sites. site-b is the destination: its export `ckpt` lists site-a and
 site-c in `writers` and site-d in `readers`; site-e is a configured peer it
 lists nowhere. site-a (the owner) publishes `run/step-1`, leaves transfer
 T in flight (one of two chunks durable), and opens TR naming site-c as its
-relay; site-b pulls `pulled` from site-d (paused at site-d, so its grant
-holds); site-d has site-b send it `run/step-1` (a remote request).
+relay; site-b pulls `pulled.bin` from site-d (paused at site-d, so its
+grant holds); site-d has site-b copy `run/step-1` to site-e (a remote
+request). Control calls are replayed by uid nobody on site-b's control
+socket and by a viewer token on its TCP control address.
 
 After each replay the harness asserts that the answer is a refusal that
 leaks nothing (no host path; no transfer id, path, file or site the
@@ -18,10 +20,10 @@ site-b, the durable counters of its /metrics, and each in-flight
 transfer's progress as its owner asks for it) are unchanged. An outcome the
 catalogue marks `Allowed` has its effect asserted instead.
 
-Seeded: LONGHAUL_SWAP_SEED (default 1207) picks the order of the replays
-and a mutation of each recorded message (another transfer's id, a `..`
-path, another export). A failure prints the seed and the command that
-replays it.
+Seeded: LONGHAUL_SWAP_SEED (default 1207) picks the order of the replays,
+the transfer ids, and a mutation of each recorded message (another
+transfer's id, a `..` path, another export). A failure prints the seed and
+the command that replays it; LONGHAUL_SWAP_VERBOSE=1 prints every replay.
 """
 
 import hashlib
@@ -171,7 +173,7 @@ class SwapSites:
         os.chmod(self.sites.path("site-b", "control.sock"), 0o666)
         ready = [l for l in self.sites.log("site-b").splitlines() if "control also on tcp" in l]
         self.tcp_address = ready[0].split("control also on tcp ")[1].split()[0]
-        self.content = os.urandom(2 * CHUNK - 1000)
+        self.content = self.rng.randbytes(2 * CHUNK - 1000)
         self.manifest = hp.manifest([hp.manifest_file("x.bin", len(self.content))])
         self.publish_step_1()
         self.open_in_flight()
@@ -185,7 +187,7 @@ class SwapSites:
         """site-a's published run/step-1 (the target of replace, prune and
         verify), recording its open, chunk, commit and verify."""
         tid = self.tids["P"] = self.tid("t-owner-published")
-        files = [("shard-0.pt", os.urandom(3000)), (MARKER, b'{"step": 1}')]
+        files = [("shard-0.pt", self.rng.randbytes(3000)), (MARKER, b'{"step": 1}')]
         owner = self.peer("site-a")
         control = owner.control(tid)
         try:
