@@ -113,8 +113,12 @@ CATALOGUE = (
     _peer("verify", "PeerMessage.verify"),
     _peer("progress", "PeerMessage.progress"),
     # The third site is the relay's site: its attach as recorded is the relay's.
+    # The relay's own, replayed mutated (another transfer, another owner than
+    # the transfer's source), is refused.
     Operation("relay_attach", PEER_REQUEST, "PeerMessage.relay_attach", RELAY,
-              _refused_by(OWNER, NOT_WRITER, READER_ONLY, PULLED_SOURCE)),
+              dict(_refused_by(OWNER, NOT_WRITER, READER_ONLY, PULLED_SOURCE),
+                   relay=Allowed("the relay the owner's open names attaches to that transfer, "
+                                 "naming that owner (SECURITY.md, attach as a relay)"))),
     # -- requests to a source, on a REMOTE channel: the legitimate requester
     # is a reader of the source's export (the replay test's reader_only).
     Operation("remote_submit", REMOTE_REQUEST, "PeerMessage.remote_submit", READER_ONLY,

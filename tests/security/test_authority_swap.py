@@ -22,7 +22,8 @@ catalogue marks `Allowed` has its effect asserted instead.
 
 Seeded: LONGHAUL_SWAP_SEED (default 1207) picks the order of the replays,
 the transfer ids, and a mutation of each recorded message (another
-transfer's id, a `..` path, another export). A failure prints the seed and
+transfer's id, a `..` path, another export, another owner in a relay's
+attach). A failure prints the seed and
 the command that replays it; LONGHAUL_SWAP_VERBOSE=1 prints every replay.
 """
 
@@ -249,7 +250,7 @@ class SwapSites:
             control.close()
         relay = self.peer("site-c").control(tid)
         try:
-            self.record("relay_attach", relay, RELAY_ATTACH, hp.message((1, tid)))
+            self.record("relay_attach", relay, RELAY_ATTACH, hp.message((1, tid), (2, "site-a")))
         finally:
             relay.close()
 
@@ -477,6 +478,8 @@ class AuthoritySwapTest(unittest.TestCase):
         choices = ["as recorded", "another transfer"]
         if is_open:
             choices += ["a .. path", "another export"]
+        if name == "relay_attach":
+            choices.append("another owner")
         if must_mutate:
             choices.remove("as recorded")
         choice = "as recorded" if as_recorded else rng.choice(choices)
@@ -489,6 +492,9 @@ class AuthoritySwapTest(unittest.TestCase):
         if choice == "a .. path":
             changes["f4"] = rng.choice(["../" + fields[4][0].decode(), "run/../../escape",
                                         "run/step-1/../../../x"])
+        if choice == "another owner":
+            changes["f2"] = rng.choice(["site-c", "site-d", "site-e", ""])
+            choice += " " + repr(changes["f2"])
         if choice == "another export":
             changes["f3"] = rng.choice(["local", "ckpt2", ".longhaul"])
         return tid, with_fields(body, **changes), choice
@@ -583,6 +589,11 @@ class AuthoritySwapTest(unittest.TestCase):
         if (op.name, principal) == ("chunk", cat.RELAY):
             # The relay's chunk matches the owner's digest: taken.
             self.assertEqual(outcome.result, hp.ACK_DURABLE, f"{what}: {outcome}")
+            return
+        if (op.name, principal) == ("relay_attach", cat.RELAY):
+            # Answered like an open: the chunks site-b holds.
+            self.assertFalse(outcome.refused, f"{what}: {outcome}")
+            self.assertEqual(outcome.body_field, OPEN_REPLY, f"{what}: {outcome}")
             return
         self.fail_replay(what, f"allowed by the catalogue but the harness has no assertion of "
                                f"its effect: {outcome}")
