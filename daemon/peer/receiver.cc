@@ -299,8 +299,12 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   if (*existing) {
     const v1::IncomingTransfer& old = **existing;
     if (old.source_site() != peer_site) {
+      // Which site owns a transfer is not the opener's business: the answer
+      // says what commit, abort and verify say; the log names the owner.
+      spdlog::warn("open of transfer {} from {} refused: it belongs to {}", open.transfer_id(),
+                   peer_site, old.source_site());
       return fail(absl::PermissionDeniedError(
-          absl::StrCat("transfer ", open.transfer_id(), " belongs to site ", old.source_site())));
+          absl::StrCat("transfer ", open.transfer_id(), " belongs to another site")));
     }
     if (old.state() == v1::IncomingTransfer::ABORTED) {
       return fail(absl::FailedPreconditionError(

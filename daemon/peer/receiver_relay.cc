@@ -42,6 +42,18 @@ v1::PeerMessage Receiver::HandleRelayAttach(const std::string& peer_site,
     return fail(absl::PermissionDeniedError(
         absl::StrCat("transfer ", id, " is not relayed by ", peer_site)));
   }
+  // The relay delivers the chunks of its own source's transfer: aimed at a
+  // transfer of another source (by a relay_to that source did not choose),
+  // it is refused before it sends a chunk that would get it refused.
+  const std::string& owner = request.relay_attach().owner();
+  if (owner != session->record.source_site()) {
+    spdlog::warn("transfer {}: relay {} attaches for {}, but its source is {}", id, peer_site,
+                 owner, session->record.source_site());
+    const std::string for_whom = owner.empty() ? "an unnamed site" : owner;
+    return fail(absl::PermissionDeniedError(absl::StrCat(
+        "transfer ", id, " at ", options_.local_site, " is not relayed by ", peer_site, " for ",
+        for_whom, ": the relay_to that aimed it here did not come from its source")));
+  }
   if (session->refused_relay == peer_site) {
     return fail(absl::PermissionDeniedError(session->relay_refused));
   }

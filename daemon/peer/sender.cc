@@ -284,6 +284,7 @@ absl::Status TransferSender::RunAttempt() {
   v1::PeerMessage request;
   if (relaying) {
     request.mutable_relay_attach()->set_transfer_id(record.id());
+    request.mutable_relay_attach()->set_owner(options_.relay_owner);
   } else {
     v1::OpenRequest* open = request.mutable_open();
     open->set_transfer_id(record.id());

@@ -152,6 +152,9 @@ struct SenderOptions {
   // source opened at the destination (RelayAttachRequest) instead of opening
   // it, journals nothing, and never commits (the source does).
   std::function<std::unique_ptr<RelayChunkSource>()> relay_source;
+  // With relay_source: the source of the transfer relayed (its owner), named
+  // in the attach; the destination refuses a relay for any other.
+  std::string relay_owner{};
   // Told of every failed attempt (the legs this one relays to are then
   // bypassed: FanoutSender).
   std::function<void(const absl::Status&)> on_attempt_failed;

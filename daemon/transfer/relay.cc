@@ -81,6 +81,7 @@ void Relays::Run(const std::string& transfer_id, Relay* relay, std::shared_ptr<R
   options.relay_source = [this, transfer_id] {
     return std::make_unique<peer::Receiver::RelayReader>(receiver_, transfer_id);
   };
+  options.relay_owner = (*incoming)->source_site();
   transport::Transport* control = transport::FindTransport(transports_, "tcp");
   transport::Transport* data = control;
   if (const PeerConfig* peer = config_.FindPeer(target.site())) {

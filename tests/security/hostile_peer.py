@@ -228,9 +228,10 @@ class Channel:
     def verify(self, transfer_id):
         return self.call(8, message((1, transfer_id)))
 
-    def relay_attach(self, transfer_id):
-        """Fan-out: attaches as the relay of `transfer_id` (answered like an open)."""
-        return self.call(14, message((1, transfer_id)))
+    def relay_attach(self, transfer_id, owner):
+        """Fan-out: attaches as the relay of `transfer_id`, relaying it for
+        `owner`, the site whose transfer it is (answered like an open)."""
+        return self.call(14, message((1, transfer_id), (2, owner or None)))
 
     def progress(self, transfer_id, digests=()):
         """A ProgressRequest; fan-out: `digests` are (file_index, chunk_index,

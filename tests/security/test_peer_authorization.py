@@ -396,7 +396,7 @@ class HostileRelayTest(AccessTestCase):
         control, answer = self.open(owner, "t-fan")
         self.assertTrue(answer.ok(), answer)
         impostor = relay.control("t-fan")
-        self.assert_refused(impostor.relay_attach("t-fan"), "not relayed by site-c")
+        self.assert_refused(impostor.relay_attach("t-fan", "site-a"), "not relayed by site-c")
         self.assert_refused(impostor.progress("t-fan"), "belongs to another site")
         impostor.close()
         data = relay.connect(hostile_peer.ROLE_DATA, "t-fan")
@@ -410,7 +410,7 @@ class HostileRelayTest(AccessTestCase):
         self.assertTrue(answer.ok(), answer)
         self.assertTrue(control.progress("t-fan", [(0, 0, 0, content)]).ok())
         by_relay = relay.control("t-fan")
-        self.assertTrue(by_relay.relay_attach("t-fan").ok())
+        self.assertTrue(by_relay.relay_attach("t-fan", "site-a").ok())
         data = relay.connect(hostile_peer.ROLE_DATA, "t-fan")
         self.assertEqual(data.send_chunk(0, 0, content)[0], hostile_peer.ACK_DURABLE)
         data.close()
@@ -424,12 +424,53 @@ class HostileRelayTest(AccessTestCase):
         control, answer = self.open(owner, "t-fan")
         self.assertTrue(answer.ok(), answer)
         by_relay = relay.control("t-fan")
-        self.assert_refused(by_relay.relay_attach("t-fan"), "not relayed by site-c")
+        self.assert_refused(by_relay.relay_attach("t-fan", "site-a"), "not relayed by site-c")
         by_relay.close()
         self.assertTrue(control.commit("t-fan").ok())
         control.close()
         with open(self.export("relayed"), "rb") as f:
             self.assertEqual(f.read(), content)
+
+
+class RelayDeputyTest(AccessTestCase):
+    """Fan-out: a writer of site-b cannot aim site-b's relaying at another
+    site's transfer. site-a (hostile, as owner) opens t-victim at site-c
+    naming site-b its relay; site-d (hostile) opens a transfer of its own at
+    site-b whose relay_to names t-victim. site-b, a real daemon, relays it
+    and attaches for site-d; site-c refuses the attach, so none of site-d's
+    bytes reach site-a's transfer and site-b stays site-a's relay."""
+
+    site_names = ("site-a", "site-b", "site-c", "site-d")
+
+    def peer(self, site, target):
+        with open(self.sites.path(target, "longhauld.yaml")) as f:
+            listen = [line for line in f if line.startswith("listen:")][0].split()[1]
+        return hostile_peer.HostilePeer(self.sites.path("pki"), site, listen, target)
+
+    def test_a_relay_aimed_at_another_sites_transfer_is_refused_at_attach(self):
+        size = hostile_peer.MIN_CHUNK_SIZE
+        good, evil = os.urandom(size), os.urandom(size)
+        m = hostile_peer.manifest([hostile_peer.manifest_file("x.bin", size)])
+        owner = self.peer("site-a", "site-c").control("t-victim")
+        self.addCleanup(owner.close)
+        opened = owner.open("t-victim", "ckpt", "victim.bin", m, single_file=True,
+                            relay_by="site-b")
+        self.assertTrue(opened.ok(), opened)
+        self.assertTrue(owner.progress("t-victim", [(0, 0, 0, good)]).ok())
+
+        answer = self.peer("site-d", "site-b").publish(
+            "t-aimed", "ckpt", "aimed.bin", {"x.bin": (evil, 0o644)}, single_file=True,
+            relay_to=("site-c", "t-victim"))
+        self.assertTrue(answer.ok(), answer)
+        self.wait_log("site-c", "transfer t-victim: relay site-b attaches for site-d, but its "
+                                "source is site-a")
+        self.wait_log("site-b", "is not relayed by site-b for site-d: the relay_to that aimed it "
+                                "here did not come from its source")
+        # site-b delivered nothing, so it is not refused as a forger.
+        progress = owner.progress("t-victim")
+        self.assertTrue(progress.ok(), progress)
+        self.assertNotIn(5, progress.body, progress.body.get(5))
+        self.assertFalse(os.path.exists(os.path.join(self.sites.export("site-c"), "victim.bin")))
 
 
 class ForgingRelayTest(AccessTestCase):
@@ -478,7 +519,7 @@ class ForgingRelayTest(AccessTestCase):
             vouched = control.progress(tid, [(0, i, 0, p) for i, p in enumerate(pieces)])
             self.assertTrue(vouched.ok(), vouched)
             by_relay = relay.control(tid)
-            self.assertTrue(by_relay.relay_attach(tid).ok())
+            self.assertTrue(by_relay.relay_attach(tid, "site-a").ok())
             data = relay.connect(hostile_peer.ROLE_DATA, tid)
             result, message = data.send_chunk(0, 0, forged, digest=digest)
             data.close()
@@ -488,7 +529,7 @@ class ForgingRelayTest(AccessTestCase):
             answer = control.progress(tid)
             self.assertTrue(answer.ok(), answer)
             self.assertIn(why, answer.body.get(5, [b""])[0].decode())
-            self.assert_refused(by_relay.relay_attach(tid), why)
+            self.assert_refused(by_relay.relay_attach(tid, "site-a"), why)
             by_relay.close()
             control.close()
             self.wait_log("site-b", f"{why}; taking nothing more from site-c")
@@ -505,7 +546,7 @@ class ForgingRelayTest(AccessTestCase):
         forged = bytes(b ^ 0x5A for b in self.chunks(content)[0])
         control, _ = self.open_relayed(tid, content, relay_by="site-c")
         by_relay = relay.control(tid)
-        self.assertTrue(by_relay.relay_attach(tid).ok())
+        self.assertTrue(by_relay.relay_attach(tid, "site-a").ok())
         data = relay.connect(hostile_peer.ROLE_DATA, tid)
         acks = []
 

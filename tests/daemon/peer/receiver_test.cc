@@ -584,6 +584,23 @@ TEST_F(ReceiverAuthorizationTest, AWriterMayNotOpenInsideAnotherSitesPublishedDe
   EXPECT_EQ(OpenAs(receiver, "site-c", "t-c2", "ckpt/other").error(), "");
 }
 
+// Which site owns a transfer is not another opener's business: an open of
+// another site's transfer id is refused as its commit, abort and verify are.
+TEST_F(ReceiverAuthorizationTest, AnOpenOfAnotherSitesTransferDoesNotNameItsOwner) {
+  options_.exports[0].writers = {"site-a", "site-c"};
+  Receiver receiver(options_, *journal_, *fs_);
+  ASSERT_EQ(OpenAs(receiver, "site-a", "t-a", "ckpt/new").error(), "");
+  const auto before = fs_->Tree(export_);
+  v1::PeerMessage answer = OpenAs(receiver, "site-c", "t-a", "ckpt/new");
+  EXPECT_EQ(answer.error(), "transfer t-a belongs to another site");
+  EXPECT_EQ(answer.error_code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
+  EXPECT_FALSE(answer.has_open_reply());
+  EXPECT_EQ(fs_->Tree(export_), before);
+  auto record = journal_->GetIncoming("t-a");
+  ASSERT_TRUE(record.ok() && record->has_value());
+  EXPECT_EQ((*record)->source_site(), "site-a");
+}
+
 // A hostile writer's manifest with a symlink that would point, or make a
 // later write go, outside the transferred tree: refused before anything is
 // written, and the refusal says which entry.
