@@ -29,6 +29,9 @@ class Emulator {
   virtual void Stop() = 0;
   // Cuts (or restores) the links `which` names; "" means all of them.
   virtual absl::Status SetCut(bool cut, absl::string_view which) = 0;
+  // Starts (loss > 0) or ends (0) a loss burst on the links `which` names,
+  // as SetCut does: LinkShaper::set_burst_loss.
+  virtual absl::Status SetBurstLoss(double loss, absl::string_view which) = 0;
 
   // One JSON object: pid, namespaces, addresses, MTU.
   virtual std::string InfoJson() const = 0;

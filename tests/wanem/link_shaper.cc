@@ -22,7 +22,8 @@ Decision LinkShaper::Offer(absl::Time now, int64_t bytes) {
     d.verdict = Verdict::kDropCut;
     return d;
   }
-  if (params_.loss > 0 && NextUniform() < params_.loss) {
+  const double loss = std::max(params_.loss, burst_loss_);
+  if (loss > 0 && NextUniform() < loss) {
     d.verdict = Verdict::kDropLoss;
     return d;
   }

@@ -62,6 +62,11 @@ class LinkShaper {
   void set_cut(bool cut) { cut_ = cut; }
   bool cut() const { return cut_; }
 
+  // A loss burst: while `loss` > 0, packets are lost with the larger of it
+  // and the configured loss (0 ends the burst). Set at run time, from the
+  // same generator, so a seeded run with the same bursts decides the same.
+  void set_burst_loss(double loss) { burst_loss_ = loss; }
+
   // Bytes in the bottleneck queue (including the one in serialization) at
   // `now`, given the packets offered so far.
   int64_t QueuedBytes(absl::Time now) const;
@@ -76,6 +81,7 @@ class LinkShaper {
   DirectionParams params_;
   std::mt19937_64 rng_;
   bool cut_ = false;
+  double burst_loss_ = 0.0;
   // When the bottleneck finishes serializing everything accepted so far.
   absl::Time link_free_at_ = absl::InfinitePast();
   // Sub-nanosecond remainder of serialization times, in units of

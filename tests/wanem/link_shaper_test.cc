@@ -94,6 +94,32 @@ TEST(LinkShaperTest, LossRateMatchesWithinStatisticalBounds) {
   EXPECT_NEAR(lost, 10'000, 500);
 }
 
+TEST(LinkShaperTest, LossBurstLosesAtItsRateUntilEnded) {
+  LinkShaper s(Params(0, absl::ZeroDuration()), 42);
+  auto lost_of = [&s](int n) {
+    int lost = 0;
+    for (int i = 0; i < n; ++i) {
+      if (s.Offer(kStart, 100).verdict == Verdict::kDropLoss) ++lost;
+    }
+    return lost;
+  };
+  EXPECT_EQ(lost_of(10'000), 0);
+  s.set_burst_loss(0.5);
+  // Binomial(1e5, 0.5): sd ~ 158; allow 5 sd.
+  EXPECT_NEAR(lost_of(100'000), 50'000, 800);
+  s.set_burst_loss(0);
+  EXPECT_EQ(lost_of(10'000), 0);
+}
+
+TEST(LinkShaperTest, LossBurstBelowTheConfiguredLossChangesNothing) {
+  LinkShaper with_burst(Params(0, absl::ZeroDuration(), 0, 0.2), 7);
+  LinkShaper without(Params(0, absl::ZeroDuration(), 0, 0.2), 7);
+  with_burst.set_burst_loss(0.05);
+  for (int i = 0; i < 10'000; ++i) {
+    ASSERT_EQ(with_burst.Offer(kStart, 100).verdict, without.Offer(kStart, 100).verdict) << i;
+  }
+}
+
 TEST(LinkShaperTest, LossesAreIndependentOfEachOther) {
   // With i.i.d. loss, P(lost | previous lost) = P(lost).
   LinkShaper s(Params(0, absl::ZeroDuration(), 0, 0.1), 7);

@@ -82,6 +82,7 @@ void Relay::Run() {
     int64_t now = MonotonicNanos();
     const bool cut = cut_.load(std::memory_order_relaxed);
     shaper_.set_cut(cut);
+    shaper_.set_burst_loss(burst_loss_.load(std::memory_order_relaxed));
 
     // Release what is due. A cut black-holes packets in flight too.
     while (!ring_.empty() && ring_.FrontDue() <= now) {

@@ -58,6 +58,8 @@ class Relay {
 
   void set_cut(bool cut) { cut_.store(cut, std::memory_order_relaxed); }
   bool cut() const { return cut_.load(std::memory_order_relaxed); }
+  // LinkShaper::set_burst_loss, from any thread.
+  void set_burst_loss(double loss) { burst_loss_.store(loss, std::memory_order_relaxed); }
   const DirectionCounters& counters() const { return counters_; }
   const DirectionParams& params() const { return shaper_.params(); }
   const std::string& name() const { return name_; }
@@ -76,6 +78,7 @@ class Relay {
   LinkShaper shaper_;
   PacketRing ring_;
   std::atomic<bool> cut_{false};
+  std::atomic<double> burst_loss_{0.0};
   DirectionCounters counters_;
 };
 

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -61,31 +62,17 @@ class StarEmulator : public Emulator {
   }
 
   absl::Status SetCut(bool cut, absl::string_view which) override {
-    std::vector<absl::string_view> words = absl::StrSplit(which, ' ', absl::SkipEmpty());
-    if (words.empty() || words[0] == "all") {
-      for (auto& site : site_objs_) {
-        site->set_uplink_cut(cut);
-        site->downlink().set_cut(cut);
-      }
-      return absl::OkStatus();
-    }
-    int k;
-    absl::string_view site_word = words[0];
-    absl::ConsumePrefix(&site_word, "site");
-    if (!absl::SimpleAtoi(site_word, &k) || k < 1 || k > sites() || words.size() > 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown link '", which, "' (all, or K [up|down|both], K in 1..", sites(), ")"));
-    }
-    const absl::string_view dir = words.size() > 1 ? words[1] : "both";
-    if (dir != "up" && dir != "down" && dir != "both") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown direction '", dir, "' (up, down, both)"));
-    }
-    if (site_objs_.empty()) return absl::OkStatus();
-    StarSite& site = *site_objs_[k - 1];
-    if (dir != "down") site.set_uplink_cut(cut);
-    if (dir != "up") site.downlink().set_cut(cut);
-    return absl::OkStatus();
+    return ForDirections(which, [cut](StarSite& site, bool up, bool down) {
+      if (up) site.set_uplink_cut(cut);
+      if (down) site.downlink().set_cut(cut);
+    });
+  }
+
+  absl::Status SetBurstLoss(double loss, absl::string_view which) override {
+    return ForDirections(which, [loss](StarSite& site, bool up, bool down) {
+      if (up) site.set_uplink_burst_loss(loss);
+      if (down) site.downlink().set_burst_loss(loss);
+    });
   }
 
   std::string InfoJson() const override {
@@ -146,6 +133,32 @@ class StarEmulator : public Emulator {
   }
 
  private:
+  // Calls `apply(site, up, down)` for the directions `which` names: "" or
+  // "all" (every site, both ways), or "K [up|down|both]".
+  absl::Status ForDirections(absl::string_view which,
+                             absl::FunctionRef<void(StarSite&, bool up, bool down)> apply) {
+    std::vector<absl::string_view> words = absl::StrSplit(which, ' ', absl::SkipEmpty());
+    if (words.empty() || words[0] == "all") {
+      for (auto& site : site_objs_) apply(*site, true, true);
+      return absl::OkStatus();
+    }
+    int k;
+    absl::string_view site_word = words[0];
+    absl::ConsumePrefix(&site_word, "site");
+    if (!absl::SimpleAtoi(site_word, &k) || k < 1 || k > sites() || words.size() > 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown link '", which, "' (all, or K [up|down|both], K in 1..", sites(), ")"));
+    }
+    const absl::string_view dir = words.size() > 1 ? words[1] : "both";
+    if (dir != "up" && dir != "down" && dir != "both") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown direction '", dir, "' (up, down, both)"));
+    }
+    if (site_objs_.empty()) return absl::OkStatus();
+    apply(*site_objs_[k - 1], dir != "down", dir != "up");
+    return absl::OkStatus();
+  }
+
   int sites() const { return static_cast<int>(options_.links.size()); }
 
   StarOptions options_;

@@ -26,6 +26,7 @@ void Downlink::Accept(absl::Span<const uint8_t> packet, int64_t arrival_ns) {
   {
     absl::MutexLock lock(&mu_);
     shaper_.set_cut(cut());
+    shaper_.set_burst_loss(burst_loss_.load(std::memory_order_relaxed));
     // LinkShaper needs arrivals in order; two uplinks' departures can be
     // handed over a few microseconds out of order.
     arrival_ns = std::max(arrival_ns, last_arrival_ns_);
@@ -114,6 +115,7 @@ int StarSite::ReadBatch() {
   // Where a packet goes when it is dropped before the ring: read and dropped.
   static thread_local uint8_t overflow[65536];
   uplink_.set_cut(uplink_cut());
+  uplink_.set_burst_loss(uplink_burst_loss_.load(std::memory_order_relaxed));
   const int sites = static_cast<int>(downlinks_.size());
   int reads = 0;
   for (; reads < kReadBatch; ++reads) {

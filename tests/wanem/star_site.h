@@ -40,6 +40,8 @@ class Downlink {
 
   void set_cut(bool cut) { cut_.store(cut, std::memory_order_relaxed); }
   bool cut() const { return cut_.load(std::memory_order_relaxed); }
+  // LinkShaper::set_burst_loss, from any thread.
+  void set_burst_loss(double loss) { burst_loss_.store(loss, std::memory_order_relaxed); }
   const DirectionCounters& counters() const { return counters_; }
   const DirectionParams& params() const { return params_; }
 
@@ -47,6 +49,7 @@ class Downlink {
   const DirectionParams params_;
   const int wake_fd_;
   std::atomic<bool> cut_{false};
+  std::atomic<double> burst_loss_{0.0};
   DirectionCounters counters_;
   absl::Mutex mu_;
   LinkShaper shaper_ ABSL_GUARDED_BY(mu_);
@@ -83,6 +86,9 @@ class StarSite {
 
   void set_uplink_cut(bool cut) { uplink_cut_.store(cut, std::memory_order_relaxed); }
   bool uplink_cut() const { return uplink_cut_.load(std::memory_order_relaxed); }
+  void set_uplink_burst_loss(double loss) {
+    uplink_burst_loss_.store(loss, std::memory_order_relaxed);
+  }
   Downlink& downlink() { return downlink_; }
   const Downlink& downlink() const { return downlink_; }
   const DirectionCounters& uplink_counters() const { return uplink_counters_; }
@@ -107,6 +113,7 @@ class StarSite {
   LinkShaper uplink_;
   PacketRing uplink_ring_;
   std::atomic<bool> uplink_cut_{false};
+  std::atomic<double> uplink_burst_loss_{0.0};
   DirectionCounters uplink_counters_;
   std::atomic<uint64_t> dropped_unroutable_{0};
   Downlink downlink_;

@@ -420,8 +420,17 @@ case_star_cut() {
   ctl restore all >/dev/null || fail "ctl restore all failed"
   pings 2 1 3 || fail "no traffic after restore all"
   ctl cut 4 >/dev/null 2>&1 && fail "ctl accepted a site that does not exist"
+  # A loss burst of 1 on site 1 loses its packets as loss, not as a cut;
+  # 'loss 0' ends it.
+  ctl loss 1 1 >/dev/null || fail "ctl loss 1 1 failed"
+  if pings 1 2 3; then fail "traffic through a total loss burst"; fi
+  [[ "$(star_field "$(ctl stats)" 1 up dropped_loss)" -ge 3 ]] ||
+    fail "site 1 burst losses not counted: $(ctl stats)"
+  ctl loss 0 1 >/dev/null || fail "ctl loss 0 1 failed"
+  pings 1 2 3 || fail "no traffic 1 -> 2 after the loss burst ended"
+  ctl loss 2 1 >/dev/null 2>&1 && fail "ctl accepted a loss probability above 1"
   stop_wanem
-  pass "cutting one site's access link loses that site only; restore brings it back"
+  pass "cutting one site's access link loses that site only; restore brings it back; so do loss bursts"
 }
 
 case_star_cleanup_normal() {

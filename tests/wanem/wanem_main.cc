@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
@@ -89,7 +90,10 @@ The ready file then has LHW_SITES, LHW_NS_1..N, LHW_ADDR_1..N, LHW_DEV, ...
 
 Control commands (also: SIGUSR1 = cut all, SIGUSR2 = restore all):
   cut [a2b|b2a|both]   restore [a2b|b2a|both]   stats   info   quit
+  loss P [a2b|b2a|both]  a loss burst: lose packets with probability P (or the
+                       configured loss if larger) until 'loss 0'
   star: cut [all | K [up|down|both]]   restore [all | K [up|down|both]]
+        loss P [all | K [up|down|both]]
 )";
 
 struct Options {
@@ -256,18 +260,24 @@ class TwoSiteEmulator : public Emulator {
 
   // Applies "cut"/"restore" to "a2b", "b2a" or "both" (the default).
   absl::Status SetCut(bool cut, absl::string_view which) override {
-    if (which.empty() || which == "both") {
-      for (auto& r : relays_) {
-        if (r != nullptr) r->set_cut(cut);
-      }
-    } else if (which == "a2b") {
-      if (relays_[0] != nullptr) relays_[0]->set_cut(cut);
-    } else if (which == "b2a") {
-      if (relays_[1] != nullptr) relays_[1]->set_cut(cut);
-    } else {
+    return ForRelays(which, [cut](Relay& relay) { relay.set_cut(cut); });
+  }
+
+  absl::Status SetBurstLoss(double loss, absl::string_view which) override {
+    return ForRelays(which, [loss](Relay& relay) { relay.set_burst_loss(loss); });
+  }
+
+  // Calls `apply` for the directions `which` names: "" or "both", "a2b",
+  // "b2a". Before Start() there are none.
+  absl::Status ForRelays(absl::string_view which, absl::FunctionRef<void(Relay&)> apply) {
+    const bool a2b = which.empty() || which == "both" || which == "a2b";
+    const bool b2a = which.empty() || which == "both" || which == "b2a";
+    if (!a2b && !b2a) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown direction '", which, "' (a2b, b2a, both)"));
     }
+    if (a2b && relays_[0] != nullptr) apply(*relays_[0]);
+    if (b2a && relays_[1] != nullptr) apply(*relays_[1]);
     return absl::OkStatus();
   }
 
@@ -339,13 +349,23 @@ std::string HandleCommand(Emulator& emu, absl::string_view line, bool& quit) {
     absl::Status s = emu.SetCut(words[0] == "cut", which);
     return s.ok() ? "ok" : absl::StrCat("error: ", s.message());
   }
+  if (words[0] == "loss") {
+    double loss;
+    if (words.size() < 2 || !absl::SimpleAtod(words[1], &loss) || !(loss >= 0 && loss <= 1)) {
+      return "error: usage: loss PROBABILITY [LINK] (PROBABILITY in [0, 1]; 0 ends the burst)";
+    }
+    const std::string which = absl::StrJoin(words.begin() + 2, words.end(), " ");
+    absl::Status s = emu.SetBurstLoss(loss, which);
+    return s.ok() ? "ok" : absl::StrCat("error: ", s.message());
+  }
   if (words[0] == "stats") return emu.StatsJson();
   if (words[0] == "info") return emu.InfoJson();
   if (words[0] == "quit") {
     quit = true;
     return "ok";
   }
-  return absl::StrCat("error: unknown command '", words[0], "' (cut, restore, stats, info, quit)");
+  return absl::StrCat("error: unknown command '", words[0],
+                      "' (cut, restore, loss, stats, info, quit)");
 }
 
 int ListenUnix(const std::string& path) {
