@@ -65,6 +65,7 @@ class Ledger:
         self.end_states = {}
         self.watchers = []
         self.allreduce = {"rounds": 0, "ok": 0, "failed": 0, "reasons": {}}
+        self.skipped_workload = {}  # activity -> why it cannot run here
 
     def count(self, name, n=1):
         with self.lock:
@@ -147,10 +148,9 @@ class Ledger:
         for d in daemons:
             with open(d.log_path, errors="replace") as f:
                 text = f.read()
-            for found in list(CRASH_MARKERS.finditer(text))[:3]:
-                line_start = text.rfind("\n", 0, found.start()) + 1
-                line_end = text.find("\n", found.end())
-                self.violate("daemon log", f"{d.site}: {text[line_start:line_end][:300]}")
+            lines = [line for line in text.splitlines() if CRASH_MARKERS.search(line)]
+            for line in lines[:3]:
+                self.violate("daemon log", f"{d.site}: {line[:300]}")
 
 
 def expected_version(version, layout):

@@ -160,11 +160,11 @@ class Nemesis:
     def fault_loss(self, rng, site):
         k = str(topology.SITES.index(site) + 1)
         with self.window("loss", site):
-            self.topo.emulator.ctl("loss", k, f"{rng.uniform(0.05, 0.3):.3f}")
+            self.topo.emulator.ctl("loss", f"{rng.uniform(0.05, 0.3):.3f}", k)
             try:
                 self.hold(rng.uniform(3, 20))
             finally:
-                self.topo.emulator.ctl("loss", k, "0")
+                self.topo.emulator.ctl("loss", "0", k)
 
     def fault_eio(self, rng, site):
         fs = self.topo.faultfs

@@ -15,6 +15,7 @@ def build(args, ledger, topo, elapsed_s, baseline, final_resources, end_states):
         "faults_by_kind": dict(sorted(ledger.faults_by_kind.items())),
         "faults_total": sum(ledger.faults_by_kind.values()),
         "skipped_faults": dict(sorted(topo.skipped.items())),
+        "skipped_workload": dict(sorted(ledger.skipped_workload.items())),
         "transfers_by_end_state": dict(sorted(end_states.items())),
         "failed_reasons": dict(sorted(ledger.failed_reasons.items())),
         "allreduce": ledger.allreduce,
@@ -46,6 +47,8 @@ def text(summary):
              f"{_pairs(summary['faults_by_kind'])}"]
     for kind, why in summary["skipped_faults"].items():
         lines.append(f"  fault {kind} skipped: {why}")
+    for what, why in summary["skipped_workload"].items():
+        lines.append(f"  workload {what} skipped: {why}")
     lines += [f"  transfers by end state: {_pairs(summary['transfers_by_end_state'])}",
               f"  FAILED reasons: {_pairs(summary['failed_reasons'])}",
               f"  all-reduce groups: {summary['allreduce']['ok']} ok, "

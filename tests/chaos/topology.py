@@ -94,7 +94,7 @@ class Emulator:
                     key, value = line.strip().removeprefix("export ").split("=", 1)
                     self.env[key] = value.strip("'\"")
         # A loss burst needs the emulator's runtime `loss` command.
-        self.has_loss = self.ctl_ok("loss", "1", "0")
+        self.has_loss = self.ctl_ok("loss", "0", "1")
         return self
 
     def namespace(self, index):
