@@ -73,8 +73,9 @@ def wait_all_ended(topo, ledger, timeout):
 
 
 def listed_end_states(topo, ledger):
-    """End states of every transfer the sites list (each id once, as its
-    issuing site has it); a CANCELLED one must be one the operator cancelled."""
+    """End states of every transfer the sites list, each id once (a
+    fan-out's destination ID.N counts as ID); a CANCELLED one must be one
+    the operator cancelled."""
     states = {}
     for d in topo.daemons.values():
         proc = d.cli("ls", "--all", "--json", timeout=60)

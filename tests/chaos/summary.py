@@ -1,6 +1,7 @@
 """The campaign's figures: as JSON (for the README's tables and for CI
 artifacts) and as the text printed at the end of a run."""
 
+import datetime
 import json
 
 
@@ -25,6 +26,9 @@ def build(args, ledger, topo, elapsed_s, baseline, final_resources, end_states):
         "counts": dict(sorted(ledger.counts.items())),
         "resources": {"baseline": baseline, "final": final_resources},
         "violations": [{"check": c, "detail": d} for c, d in ledger.violations],
+        # The schedule, for reading the daemons' logs beside it.
+        "fault_timeline": [{"kind": k, "site": s, "start": _utc(a), "healed": _utc(b)}
+                           for k, s, a, b in ledger.faults],
     }
 
 
@@ -69,3 +73,9 @@ def text(summary):
 
 def _pairs(d):
     return "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"
+
+
+def _utc(t):
+    if t is None:
+        return None
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3]
