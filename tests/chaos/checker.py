@@ -40,7 +40,7 @@ REASON_KINDS = (
     ("I/O error", r"Input/output error|EIO"),
     ("cancelled", r"cancel"),
     ("source changed", r"source .*(changed|vanished|gone)|No such file|changed while"),
-    ("timeout", r"timed out|deadline|stalled"),
+    ("timeout", r"timed out|deadline|stalled|did not join"),
     ("peer unreachable", r"unreachable|connect|refused|reset|closed|lost"),
 )
 
