@@ -14,10 +14,10 @@ import errno
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import lh  # noqa: E402
@@ -293,17 +293,18 @@ class Topology:
                 "--no-emulator"
             for kind in ("link_cut", "partition", "loss"):
                 self.skipped[kind] = why
-            for i, site in enumerate(SITES):
+            for site in SITES:
                 self.ports[site] = free_port()
-        for site in SITES:
-            os.makedirs(self.path(site, "ckpt"), exist_ok=True)
-            os.makedirs(self.path(site, "state"), exist_ok=True)
+        # Mounted first: faultfs wants an empty mountpoint.
         if root:
             self.tmpfs(self.path(STATE_DISK_SITE, "state"), STATE_DISK_SIZE)
             self.mount_dest_disk()
         else:
             for kind in ("dest_full", "state_full", "eio", "power_loss"):
                 self.skipped[kind] = "needs root to mount a tmpfs"
+        for site in SITES:
+            os.makedirs(self.path(site, "ckpt"), exist_ok=True)
+            os.makedirs(self.path(site, "state"), exist_ok=True)
         subprocess.run(["bash", os.path.join(lh.ROOT, "deploy", "pki.sh"), self.path("pki"),
                         *SITES], check=True, capture_output=True)
         for d in self.daemons.values():
@@ -332,6 +333,7 @@ class Topology:
         self.tmpfs(backing, DEST_DISK_SIZE)
         for sub in ("ckpt", "state"):
             os.makedirs(os.path.join(backing, sub), exist_ok=True)
+        os.makedirs(site_dir, exist_ok=True)
         self.faultfs = faultfs_class(backing, site_dir, seed=self.seed)
         self.faultfs.mount()
         self.dest_disk = backing  # filled directly: faultfs passes ENOSPC through
@@ -362,7 +364,6 @@ class Topology:
 
 
 def free_port():
-    import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
