@@ -33,7 +33,8 @@ def build(args, ledger, topo, elapsed_s, baseline, final_resources, end_states):
 
 
 def replay_command(args):
-    extra = " --no-emulator" if args.no_emulator else ""
+    extra = (" --no-emulator" if args.no_emulator else "") + \
+        (f" --kinds {args.kinds}" if args.kinds else "")
     return (f"tests/chaos/run.sh --minutes {args.minutes:g} --seed {args.seed} "
             f"--transport {args.transport}{extra}")
 
