@@ -29,7 +29,7 @@ import workload
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import lh  # noqa: E402
 
-END_WAIT_S = 600
+END_WAIT_S = 120  # after the workload has waited for its own transfers
 
 
 def parse_args(argv):

@@ -200,11 +200,25 @@ metrics:
         lh.wait_until(ready, 60, f"{self.site} to serve", interval=0.1)
 
     def cli(self, *args, timeout=600):
+        """Runs the CLI against this site; exit code 124 when it ran out of
+        `timeout` (or the campaign stopped it: Topology.kill_clis)."""
         cmd = [os.path.join(lh.BIN, "longhaul"), "--daemon", self.address, *args]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with self.topo.clis_lock:
+            self.topo.clis.add(proc)
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            return subprocess.CompletedProcess(cmd, 124, e.stdout or "", f"timed out after {timeout}s")
+            out, err = proc.communicate(timeout=timeout)
+            code = proc.returncode
+            if code == -signal.SIGKILL and proc in self.topo.clis_killed:
+                code, err = 124, err + "stopped by the campaign"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            code, err = 124, err + f"timed out after {timeout:.0f}s"
+        finally:
+            with self.topo.clis_lock:
+                self.topo.clis.discard(proc)
+        return subprocess.CompletedProcess(cmd, code, out, err)
 
     def signal(self, sig):
         os.kill(self.proc.pid, sig)
@@ -269,6 +283,9 @@ class Topology:
         self.faultfs = None
         self.ports = {}
         self.daemons = {s: Daemon(self, s) for s in SITES}
+        self.clis = set()  # CLI processes running now
+        self.clis_killed = set()
+        self.clis_lock = threading.Lock()
 
     def path(self, *parts):
         return os.path.join(self.dir, *parts)
@@ -343,7 +360,16 @@ class Topology:
             return os.path.join(self.dest_disk, "chaos-filler")
         return self.path(STATE_DISK_SITE, "state", "chaos-filler")
 
+    def kill_clis(self):
+        """Stops every CLI still running (a transfer that never ends keeps
+        its `cp --wait` waiting)."""
+        with self.clis_lock:
+            for proc in self.clis:
+                self.clis_killed.add(proc)
+                proc.kill()
+
     def cleanup(self):
+        self.kill_clis()
         for d in self.daemons.values():
             if d.proc is not None and d.proc.poll() is None:
                 d.proc.send_signal(signal.SIGCONT)

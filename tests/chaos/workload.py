@@ -35,6 +35,9 @@ SRC = topology.SOURCE_SITE
 LAYOUT = lh.versioned_checkpoint_layout(small_files=40, shards=4, shard_size=MIB)
 KEEP_AT_SOURCE = 24  # steps the trainer keeps; older ones are pruned
 SETTLE_S = 900  # how long an interrupted transfer may take to end
+# After the nemesis stops, how long the workload's last transfers may take
+# to end; so long a final round may take too.
+END_WAIT_S = 300
 
 
 class Workload:
@@ -51,6 +54,7 @@ class Workload:
         self.next_step = 1
         self.serial = 0
         self.errors = []  # exceptions that ended a workload thread
+        self.deadline = None  # set once the workload is stopping: every wait ends by then
         self.watchers = [checker.WholeVersionWatcher(topo.path(site, "ckpt", "latest"), LAYOUT)
                          for site in ("site-2", "site-3")]
         ledger.watchers = self.watchers
@@ -67,6 +71,15 @@ class Workload:
 
     def daemon(self, site):
         return self.topo.daemons[site]
+
+    def timeout(self, most=600):
+        """A CLI call's timeout: `most`, cut to what is left before the deadline."""
+        if self.deadline is None:
+            return most
+        return max(5.0, min(most, self.deadline - time.time()))
+
+    def past_deadline(self):
+        return self.deadline is not None and time.time() > self.deadline
 
     def unique(self, prefix):
         with self.steps_lock:
@@ -101,7 +114,7 @@ class Workload:
         when the CLI could not)."""
         extra = ["--transport", self.transport] if self.transport else []
         proc = self.daemon(site).cli("cp", *args, *extra, "--wait", "--json",
-                                     "--request-id", request_id)
+                                     "--request-id", request_id, timeout=self.timeout())
         out = _json(proc.stdout)
         state = out.get("state") if out else None
         self.ledger.check_cli(what, proc, [state] if state else [])
@@ -120,10 +133,10 @@ class Workload:
         """The id of a transfer whose `cp --wait` ended without printing it:
         the same request id returns the same transfer (or submits it, when
         the first call never reached the daemon)."""
-        deadline = time.time() + SETTLE_S
-        while time.time() < deadline and not self.stop_event.is_set():
+        deadline = min(time.time() + SETTLE_S, self.deadline or float("inf"))
+        while time.time() < deadline:
             proc = self.daemon(site).cli("cp", *args, *extra, "--json", "--request-id", request_id,
-                                         timeout=60)
+                                         timeout=self.timeout(60))
             out = _json(proc.stdout)
             if out and out.get("id"):
                 return out["id"]
@@ -131,20 +144,24 @@ class Workload:
                                         proc.stderr + proc.stdout):
                 return None  # refused: nothing was started
             time.sleep(1)
-        self.ledger.violate("transfer ends", f"no transfer id for request {request_id} at {site} "
-                                             f"after {SETTLE_S}s; first call: {first.stderr[-300:]}")
+        if self.past_deadline():
+            return None  # stopping: the campaign lists what has not ended
+        self.ledger.violate("transfer ends", f"no transfer id for request {request_id} at {site}; "
+                                             f"first call: {first.stderr[-300:]}")
         return None
 
     def settle(self, site, tid):
         """Follows `tid` at `site` until it ends."""
-        deadline = time.time() + SETTLE_S
+        deadline = min(time.time() + SETTLE_S, self.deadline or float("inf"))
         while time.time() < deadline:
-            proc = self.daemon(site).cli("status", tid, "--json", timeout=60)
+            proc = self.daemon(site).cli("status", tid, "--json", timeout=self.timeout(60))
             out = _json(proc.stdout)
             if out and out.get("state") in checker.END_STATES:
                 return out["state"], out
             time.sleep(0.5)
-        self.ledger.violate("transfer ends", f"{tid} at {site} did not end in {SETTLE_S}s")
+        if not self.past_deadline():  # stopping: the campaign lists what has not ended
+            self.ledger.violate("transfer ends", f"{tid} at {site} did not end in {SETTLE_S}s: "
+                                                 f"{self.last_status(site, tid)}")
         return None, None
 
     def checked(self, what, tid, state, started, dests, step):
@@ -175,7 +192,7 @@ class Workload:
         started = time.time()
         extra = ["--transport", self.transport] if self.transport else []
         proc = self.daemon(SRC).cli("sync", self.run_dir, "site-2:/ckpt/run", "--keep", "2",
-                                    "--wait", "--json", *extra)
+                                    "--wait", "--json", *extra, timeout=self.timeout())
         lines = [_json(line) for line in proc.stdout.splitlines()]
         lines = [line for line in lines if line]
         self.ledger.check_cli("sync --keep", proc, [line.get("state") for line in lines])
@@ -287,6 +304,13 @@ class Workload:
         return self.round("warm-up")
 
     def round(self, label):
+        self.deadline = time.time() + END_WAIT_S
+        try:
+            return self._round(label)
+        finally:
+            self.deadline = None
+
+    def _round(self, label):
         results = {"sync --keep": self.sync_keep(), "fan-out": self.publish(),
                    "pull": self.pull(), "third-party": self.third_party()}
         if not self.no_allreduce:
@@ -319,10 +343,23 @@ class Workload:
             self.ledger.violate("workload", f"{name} stopped: {traceback.format_exc()[-800:]}")
             self.errors.append(e)
 
+    def last_status(self, site, tid):
+        proc = self.daemon(site).cli("status", tid, "--json", timeout=30)
+        out = _json(proc.stdout) or {}
+        return {k: out.get(k) for k in ("state", "bytes_done", "bytes", "error", "destinations")}
+
     def stop(self):
+        """Ends the activities: each finishes what it does, by END_WAIT_S;
+        CLI calls still waiting then are stopped."""
         self.stop_event.set()
+        self.deadline = time.time() + END_WAIT_S
         for t in self.threads:
-            t.join()
+            t.join(max(0.0, self.deadline - time.time()))
+        if any(t.is_alive() for t in self.threads):
+            self.topo.kill_clis()
+            for t in self.threads:
+                t.join()
+        self.deadline = None
 
     def stop_watchers(self):
         for w in self.watchers:
