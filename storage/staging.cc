@@ -387,9 +387,11 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
 
   // ---- 1-2: the new version, complete and durable, beside the destination.
   std::optional<FileInfo> target;
+  bool resumed = false;  // an earlier run passed the point of no return
   if (absl::StatusOr<bool> past = PastPointOfNoReturn(); !past.ok()) {
     return past.status();
   } else if (*past) {
+    resumed = true;
     const std::string desc = JoinPath(s.dir, kInstallRecord);
     absl::StatusOr<std::string> text = ReadSmallFile(fs, *s.staging, kInstallRecord);
     if (!text.ok()) return text.status();
@@ -616,7 +618,16 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
   // ---- 4: install, unless an earlier run did.
   absl::StatusOr<std::optional<FileInfo>> now = fs.Stat(**dest_parent, base);
   if (!now.ok()) return now.status();
-  const bool installed = now->has_value() && (*now)->SameObject(*target);
+  bool installed = now->has_value() && (*now)->SameObject(*target);
+  if (!installed && resumed) {
+    // What an earlier run recorded is gone from staging: it was installed,
+    // and a newer version has replaced it at the destination since (a
+    // publish whose record could not be journaled, then another publish).
+    absl::StatusOr<std::optional<FileInfo>> staged =
+        options.single_file ? fs.Stat(*s.files, "0") : fs.Stat(*s.staging, kNextDir);
+    if (!staged.ok()) return staged.status();
+    installed = !staged->has_value();
+  }
   if (!installed && options.single_file) {
     absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(*s.files, "0");
     if (!st.ok()) return st.status();

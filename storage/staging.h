@@ -127,7 +127,9 @@ class Staging {
   //     fsync'ed. Without RENAME_EXCHANGE: the old version's markers are
   //     unlinked, the old version is renamed away, next/ renamed in.
   //  5. The old version (now in next/ or old/) and f/ are removed.
-  // Re-running after a crash at any step converges to the new version.
+  // Re-running after a crash at any step converges to the new version; a
+  // re-run that finds the installed version gone from staging and replaced
+  // at the destination since (by a newer publish) returns OK and leaves it.
   // Afterwards the staging dir holds only its `installing` record: journal
   // the publish, then call Remove(); a Publish re-run in between finds the
   // version installed and returns OK.

@@ -373,6 +373,33 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
     return answer;
   }
 
+  // Past its point of no return without a PUBLISHED record: the publish ran,
+  // but its record could not be journaled (a full state disk). Its files are
+  // in the destination, not in staging, so receiving them again cannot work:
+  // finish the publish, as a restart would, and answer as published.
+  if (*existing) {
+    session->DrainDataChannels();
+    auto staging = storage::Staging::Open(fs_, *dest, open.transfer_id());
+    if (!staging.ok()) return fail(staging.status());
+    absl::StatusOr<bool> past = staging->PastPointOfNoReturn();
+    if (!past.ok()) return fail(past.status());
+    if (*past) {
+      session->record = **existing;
+      session->dest = *dest;
+      session->staging.emplace(std::move(*staging));
+      if (absl::Status s = PublishLocked(*session); !s.ok()) return fail(s);
+      for (uint32_t f : session->record.unchanged_files()) reply->add_unchanged_files(f);
+      storage::ForEachChunk(session->record.manifest(), [&](storage::ChunkId chunk, uint64_t) {
+        v1::ChunkId* id = reply->add_durable();
+        id->set_file_index(chunk.file_index);
+        id->set_chunk_index(chunk.chunk_index);
+      });
+      spdlog::info("transfer {} from {}: opened again; finished its interrupted publish at {}",
+                   open.transfer_id(), peer_site, dest->absolute);
+      return answer;
+    }
+  }
+
   if (open.skip_unchanged()) {
     // Comparing content tells the peer what the files here hold: only for
     // what it may know, and within its budget of bytes read.

@@ -16,8 +16,10 @@
 #include "daemon/wire/frames.h"
 #include "daemon/wire/messaging.h"
 #include "gtest/gtest.h"
+#include "rocksdb/env.h"
 #include "storage/chunk_io.h"
 #include "storage/staging.h"
+#include "tests/storage/fillable_file_system.h"
 #include "tests/storage/test_util.h"
 #include "tests/test_tools/fake_channel.h"
 #include "tests/test_tools/fault_injection_fs.h"
@@ -980,6 +982,9 @@ class ReceiverPiecesTest : public ReceiverAuthorizationTest {
     f->set_mtime_ns(1700000000000000000);
   }
 
+  // The journal may write through fillable_env_, which goes first.
+  void TearDown() override { journal_.reset(); }
+
   std::unique_ptr<Receiver> Start() {
     return std::make_unique<Receiver>(options_, *journal_, *pieces_fs_);
   }
@@ -1049,6 +1054,41 @@ class ReceiverPiecesTest : public ReceiverAuthorizationTest {
 
   std::string StagedPath() const { return export_ + "/.longhaul/staging/" + kId + "/f/0"; }
 
+  // Opens the transfer and has its one chunk acknowledged durable.
+  void ReceiveTheChunk(Receiver& receiver) {
+    Open(receiver);
+    Answers answers = Serve(receiver, ChunkFrame(0, kChunk));
+    ASSERT_EQ(answers.acks.size(), 1u);
+    ASSERT_EQ(answers.acks[0].result, wire::ChunkAck::Result::kDurable) << answers.acks[0].message;
+  }
+
+  // A publish that ran to its end but whose PUBLISHED record could not be
+  // journaled (a full state disk): the journal still says RECEIVING, and the
+  // staging holds only its `installing` record.
+  void PublishWithoutJournaling() {
+    storage::ResolvedDestination dest{export_, "pieces", export_ + "/pieces"};
+    auto staging = storage::Staging::Open(*pieces_fs_, dest, kId);
+    ASSERT_TRUE(staging.ok()) << staging.status();
+    ASSERT_TRUE(staging->Publish(manifest_, {}).ok());
+  }
+
+  // The journal again, on a disk the test can fill.
+  void UseFillableJournal() {
+    fillable_ = std::make_shared<storage::testing::FillableFileSystem>();
+    fillable_env_ = rocksdb::NewCompositeEnv(fillable_);
+    journal_.reset();
+    auto journal = storage::Journal::Open(state_.Sub("journal"), {.env = fillable_env_.get()});
+    ASSERT_TRUE(journal.ok()) << journal.status();
+    journal_ = std::move(*journal);
+  }
+
+  void ExpectPublishedAndStagingGone() {
+    auto record = journal_->GetIncoming(kId);
+    ASSERT_TRUE(record.ok() && record->has_value());
+    EXPECT_EQ((*record)->state(), v1::IncomingTransfer::PUBLISHED);
+    EXPECT_FALSE(std::filesystem::exists(export_ + "/.longhaul/staging/" + kId));
+  }
+
   // Cuts the stream after 2 of the chunk's 4 pieces and a bit of the third.
   void SendHalfAndCut() {
     std::unique_ptr<Receiver> receiver = Start();
@@ -1061,11 +1101,52 @@ class ReceiverPiecesTest : public ReceiverAuthorizationTest {
   }
 
   static constexpr char kId[] = "t-pieces";
+  std::shared_ptr<storage::testing::FillableFileSystem> fillable_;
+  std::unique_ptr<rocksdb::Env> fillable_env_;
   storage::FileSystem* pieces_fs_ = &storage::PosixFileSystem();
   v1::Manifest manifest_;
   std::vector<uint8_t> data_;
   storage::Xxh128 digest_;
 };
+
+TEST_F(ReceiverPiecesTest, TheSendersOpenAfterAPublishTheJournalMissedFinishesIt) {
+  UseFillableJournal();
+  std::unique_ptr<Receiver> receiver = Start();
+  ReceiveTheChunk(*receiver);
+  // The state disk fills as the commit publishes: the version is installed,
+  // its PUBLISHED record is not journaled, and the commit fails.
+  fillable_->set_full(true);
+  v1::PeerMessage commit;
+  commit.mutable_commit()->set_transfer_id(kId);
+  EXPECT_NE(Call(*receiver, "site-a", kId, commit).error(), "");
+  fillable_->set_full(false);
+  // The sender opens again once the disk has room: the publish is finished,
+  // not received again.
+  v1::OpenReply reply = Open(*receiver);
+  EXPECT_EQ(reply.durable_size(), 1);
+  ExpectPublishedAndStagingGone();
+  EXPECT_EQ(Call(*receiver, "site-a", kId, commit).error(), "");
+  EXPECT_TRUE(storage::testing::ReadFile(export_ + "/pieces/shard-0") ==
+              std::string(data_.begin(), data_.end()));
+}
+
+TEST_F(ReceiverPiecesTest, ARestartFinishesAnUnjournaledPublishThatANewerOneReplaced) {
+  {
+    std::unique_ptr<Receiver> receiver = Start();
+    ReceiveTheChunk(*receiver);
+  }
+  PublishWithoutJournaling();
+  // Another transfer publishes a newer version over the same path.
+  std::filesystem::remove_all(export_ + "/pieces");
+  storage::testing::MakeDirs(export_ + "/pieces");
+  storage::testing::WriteFile(export_ + "/pieces/newer", "newer");
+
+  std::unique_ptr<Receiver> receiver = Start();
+  receiver->FinishInterruptedPublishes();
+  ExpectPublishedAndStagingGone();
+  EXPECT_TRUE(std::filesystem::exists(export_ + "/pieces/newer"));
+  EXPECT_FALSE(std::filesystem::exists(export_ + "/pieces/shard-0"));
+}
 
 TEST_F(ReceiverPiecesTest, AChunkCutAfterTwoPiecesResumesFromItsDurablePrefix) {
   SendHalfAndCut();
