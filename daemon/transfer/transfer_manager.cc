@@ -125,12 +125,14 @@ absl::Status TransferManager::Start() {
     transfers_[t->record.id()] = std::move(t);
   }
   if (resumed > 0) spdlog::info("resuming {} unfinished transfers from the journal", resumed);
-  // A cancel may not have reached its destination before the restart: ask
-  // again while the destination may still hold the staging.
+  // A cancel's or a failure's abort may not have reached its destination
+  // before the restart: ask again while the destination may still hold the
+  // staging.
   const int64_t recent_ms =
       absl::ToUnixMillis(clock_.WallNow()) - config_.peer_limits.incoming_expiry_us / 1000;
   for (const auto& [id, t] : transfers_) {
-    if (t->record.state() == v1::CANCELLED && !IsRemote(t->record) &&
+    if ((t->record.state() == v1::CANCELLED || t->record.state() == v1::FAILED) &&
+        !IsRemote(t->record) &&
         t->record.finished_unix_ms() >= recent_ms) {
       aborts_pending_[id] = AbortedAt(t->record);
     }
@@ -469,6 +471,9 @@ void TransferManager::RunTransfer(Transfer* t) {
       t->record.set_state(v1::FAILED);
       t->record.set_error(std::string(result.message()));
       spdlog::error("transfer {} failed: {}", t->record.id(), result.message());
+      // A failed transfer is over: its staging at the destination goes, as
+      // a cancel's does (asked until the destination confirms).
+      if (!IsRemote(t->record)) aborts_pending_[t->record.id()] = AbortedAt(t->record);
     }
     if (t->record.state() == v1::PAUSED && !t->journal_error.empty()) {
       t->progress.Update([&](peer::TransferProgress::Snapshot& s) { s.error = t->journal_error; });

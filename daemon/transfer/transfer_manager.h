@@ -241,7 +241,7 @@ class TransferManager {
   static std::string DestinationOf(const v1::OutgoingTransfer& record,
                                    const std::string& transfer_id);
   // The destination transfer ids (its own, or its legs') whose staging a
-  // cancel of `record` removes.
+  // cancel or a failure of `record` removes.
   static std::vector<std::string> AbortedAt(const v1::OutgoingTransfer& record);
   // Asks every destination in aborts_pending_ again (AbortRemote), and
   // forgets those that answered. Not under mu_: a dial may take a while.
@@ -272,8 +272,8 @@ class TransferManager {
   uint64_t changes_ ABSL_GUARDED_BY(changes_mu_) = 0;
   absl::Mutex submit_mu_;  // makes request-id lookup and insert one step
   std::vector<PullGrant> pending_pulls_ ABSL_GUARDED_BY(mu_);
-  // Cancelled transfers (by id) whose destinations (transfer ids there)
-  // have not confirmed that they dropped the staging.
+  // Cancelled and failed transfers (by id) whose destinations (transfer ids
+  // there) have not confirmed that they dropped the staging.
   absl::flat_hash_map<std::string, std::vector<std::string>> aborts_pending_ ABSL_GUARDED_BY(mu_);
   // AbortRetryLoop; started by Start, joined by Shutdown.
   std::thread abort_retry_thread_;

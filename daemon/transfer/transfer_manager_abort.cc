@@ -69,14 +69,14 @@ void TransferManager::RetryPendingAborts() {
     if (!p.site.empty()) {
       absl::StatusOr<bool> published = AbortRemote(p.site, p.transfer_id);
       if (!published.ok()) {
-        spdlog::debug("transfer {}: {} has not confirmed the cancel yet: {}", p.id, p.site,
+        spdlog::debug("transfer {}: {} has not confirmed the abort yet: {}", p.id, p.site,
                       published.status().message());
         continue;
       }
       if (*published) {
-        spdlog::warn("transfer {}: {} had published it before the cancel reached it", p.id, p.site);
+        spdlog::warn("transfer {}: {} had published it before the abort reached it", p.id, p.site);
       } else {
-        spdlog::info("transfer {}: {} confirmed the cancel; its staging there is removed", p.id,
+        spdlog::info("transfer {}: {} confirmed the abort; its staging there is removed", p.id,
                      p.site);
       }
     }

@@ -441,6 +441,23 @@ class DaemonPublishFaultTest(FaultFsSitesTest):
         self.assertFalse(os.path.exists(os.path.join(
             self.sites.export("site-b"), ".longhaul", "staging", tid)), self.logs())
 
+    def test_eio_before_the_point_of_no_return_fails_and_removes_the_staging(self):
+        ckpt = self.mounts["ckpt"]
+        self.write_tree(3, 3 * MIB, seed=78)
+        # The renames into next/ stay inside staging: the destination is
+        # not committed yet, so the transfer fails with the I/O error.
+        ckpt.set_eio("rename", 1.0, path_substring="/next")
+        tid = self.sites.cli("a", "cp", self.src, "site-b:/ckpt/step", check=True).stdout.strip()
+        done = self.sites.wait_state("a", tid, {"COMPLETED", "FAILED"})
+        self.assertEqual(done["state"], "FAILED", done)
+        self.assertIn("Input/output error", done["error"])
+        ckpt.clear_eio()
+        # A failed transfer is over: its staging goes as a cancelled one's.
+        staging = os.path.join(self.sites.export("site-b"), ".longhaul", "staging", tid)
+        lh.wait_until(lambda: not os.path.exists(staging), 60,
+                      f"the failed transfer's staging {staging} to be removed", interval=0.1)
+        self.assertFalse(os.path.exists(self.dest("step")))
+
 
 if __name__ == "__main__":
     unittest.main()
