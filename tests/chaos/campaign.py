@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -198,4 +199,7 @@ def run(args):
 
 
 if __name__ == "__main__":
+    # SIGTERM (ctest's timeout, an operator) ends the run through its cleanup:
+    # daemons, emulator, mounts and the run directory.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     sys.exit(run(parse_args(sys.argv[1:])))

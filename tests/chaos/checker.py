@@ -203,7 +203,7 @@ class WholeVersionWatcher(lh.VersionWatcher):
 
     def run(self):
         while not self.stop_event.is_set():
-            self._observe()
+            self.observe_guarded()
             if self.interval:
                 self.stop_event.wait(self.interval)
 

@@ -64,6 +64,20 @@ class WholeVersionReadTest(CheckerTestCase):
         watcher = self.observe(self.path("dest"))
         self.assertEqual(list(watcher.kinds), ["files of no version"], watcher.summary())
 
+    def test_planted_reader_error_is_flagged_not_swallowed(self):
+        # Not a vanished file (ENOENT, or ESTALE on FUSE: an incomplete
+        # observation) but an error the reader cannot explain: it stops with
+        # a violation instead of a thread that dies unnoticed.
+        checker.lh.write_versioned_checkpoint(self.path("dest"), 7, LAYOUT)
+        watcher = checker.WholeVersionWatcher(self.path("dest"), LAYOUT)
+
+        def planted(key):
+            raise PermissionError(13, "planted")
+        watcher._owner = types.SimpleNamespace(get=planted)
+        watcher.observe_guarded()
+        self.assertEqual(list(watcher.kinds), ["reader failed"], watcher.summary())
+        self.assertTrue(watcher.stop_event.is_set())
+
 
 class CompletedDestinationTest(CheckerTestCase):
     def test_right_version_passes(self):

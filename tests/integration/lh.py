@@ -4,6 +4,7 @@ Every test gets its own directory and daemons (deploy/local-sites.sh) and
 tears them down in cleanup, also when it fails.
 """
 
+import errno
 import hashlib
 import json
 import os
@@ -312,7 +313,16 @@ class VersionWatcher(threading.Thread):
 
     def run(self):
         while not self.stop_event.is_set():
+            self.observe_guarded()
+
+    def observe_guarded(self):
+        """One observation; a reader that cannot go on is a violation, not a
+        thread that dies unnoticed."""
+        try:
             self._observe()
+        except Exception as e:  # noqa: BLE001 - reported as the reader's failure
+            self._violate(f"reader failed: {e!r}", "reader failed")
+            self.stop_event.set()
 
     def _violate(self, what, kind=None):
         kind = kind or what
@@ -338,16 +348,19 @@ class VersionWatcher(threading.Thread):
                     rel = os.path.normpath(os.path.join(dirpath, name))
                     try:
                         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
-                    except FileNotFoundError as e:
+                        with os.fdopen(fd, "rb") as f:
+                            files[rel] = f.read()
+                    except OSError as e:
+                        if not _gone(e):
+                            raise
                         vanished.append(e)
-                        continue
-                    with os.fdopen(fd, "rb") as f:
-                        files[rel] = f.read()
             try:
                 end = os.stat(self.dest, follow_symlinks=False)
                 if (end.st_dev, end.st_ino) != (start.st_dev, start.st_ino):
                     vanished.append("replaced")
-            except FileNotFoundError as e:
+            except OSError as e:
+                if not _gone(e):
+                    raise
                 vanished.append(e)
         finally:
             os.close(top)
@@ -374,6 +387,13 @@ class VersionWatcher(threading.Thread):
                           f"{sorted(missing)[:3]}", f"v{version} incomplete")
             return
         self.seen[version] = self.seen.get(version, 0) + 1
+
+
+def _gone(error):
+    """Whether `error` says that what a handle or name named is gone: ENOENT
+    on a local file system, ESTALE on FUSE and NFS for a directory that a
+    publish swapped out and removed while it was held open."""
+    return error.errno in (errno.ENOENT, errno.ESTALE)
 
 
 def which_version(root, versions):
