@@ -24,7 +24,6 @@
 namespace longhaul::daemon {
 namespace {
 
-
 // The resolved path of `path`, or the errno of realpath(3).
 absl::StatusOr<std::string> Resolve(const std::string& path, int* err) {
   char* resolved = realpath(path.c_str(), nullptr);

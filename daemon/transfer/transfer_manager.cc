@@ -132,8 +132,7 @@ absl::Status TransferManager::Start() {
       absl::ToUnixMillis(clock_.WallNow()) - config_.peer_limits.incoming_expiry_us / 1000;
   for (const auto& [id, t] : transfers_) {
     if ((t->record.state() == v1::CANCELLED || t->record.state() == v1::FAILED) &&
-        !IsRemote(t->record) &&
-        t->record.finished_unix_ms() >= recent_ms) {
+        !IsRemote(t->record) && t->record.finished_unix_ms() >= recent_ms) {
       aborts_pending_[id] = AbortedAt(t->record);
     }
   }
