@@ -706,12 +706,16 @@ Timestamp UdpConnection::NextWake(Timestamp now) const {
   Timestamp wake = now + TimeDelta::Seconds(1);
   if (HasStreamToSend() || probes_pending_ > 0) {
     ByteCount cwnd;
+    Bandwidth pacing_rate;
     {
       absl::MutexLock lock(params_.controller_mu.get());
       cwnd = params_.controller->cwnd();
+      pacing_rate = params_.controller->pacing_rate();
     }
+    // A pacing rate that rises while the flow waits (a sibling flow's ACKs raise the shared
+    // model's) is seen at the next pass, at most a second later.
     if (probes_pending_ > 0 || loss_.bytes_in_flight() < cwnd) {
-      wake = std::min(wake, pacer_.EarliestDeparture());
+      wake = std::min(wake, pacer_.EarliestDeparture(pacing_rate));
     }
   }
   if (ack_pending_) wake = std::min(wake, ack_deadline_);

@@ -156,13 +156,15 @@ void UdpConnection::Send(Timestamp now) {
         allow_data = true;
       } else {
         ByteCount cwnd;
+        Bandwidth pacing_rate;
         {
           absl::MutexLock lock(params_.controller_mu.get());
           cwnd = params_.controller->cwnd();
+          pacing_rate = params_.controller->pacing_rate();
         }
         // As TCP counts cwnd in packets, a packet may go while anything of cwnd is left: with
         // jumbo datagrams and a cwnd split across N flows, a flow's share is a few datagrams.
-        allow_data = loss_.bytes_in_flight() < cwnd && pacer_.CanSend(now);
+        allow_data = loss_.bytes_in_flight() < cwnd && pacer_.CanSend(now, pacing_rate);
         if (!allow_data) {
           if (loss_.bytes_in_flight() >= cwnd) {
             ++blocked_by_cwnd_;

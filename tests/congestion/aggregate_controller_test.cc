@@ -35,7 +35,7 @@ class TransportLikeFlows {
       Flow* sender = nullptr;
       for (Flow& f : flows_) {
         if (f.inflight >= f.cc->cwnd()) continue;
-        const Timestamp t = std::max(now_, f.pacer.EarliestDeparture());
+        const Timestamp t = std::max(now_, f.pacer.EarliestDeparture(f.cc->pacing_rate()));
         if (t < next_send) {
           next_send = t;
           sender = &f;

@@ -32,7 +32,7 @@ class MiniPath {
     while (true) {
       Timestamp next_send = Timestamp::Infinite();
       if (inflight_ + kDefaultMss <= cc_.cwnd())
-        next_send = std::max(now_, pacer_.EarliestDeparture());
+        next_send = std::max(now_, pacer_.EarliestDeparture(cc_.pacing_rate() * pacing_scale_));
       const Timestamp next_ack = acks_.empty() ? Timestamp::Infinite() : acks_.front().at;
       const Timestamp next = std::min(next_send, next_ack);
       if (next > until) {

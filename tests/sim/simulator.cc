@@ -148,7 +148,7 @@ Timestamp Simulator::NextAppOn(const Flow& f, Timestamp t) const {
 Timestamp Simulator::NextSendTime(const Flow& f) const {
   if (now_ < f.start) return f.start;
   if (f.inflight + mss_ > f.config.controller->cwnd()) return Timestamp::Infinite();
-  Timestamp t = std::max(now_, f.pacer.EarliestDeparture());
+  Timestamp t = std::max(now_, f.pacer.EarliestDeparture(f.config.controller->pacing_rate()));
   if (!AppHasData(f, t)) t = NextAppOn(f, t);
   return t;
 }
@@ -326,7 +326,7 @@ void Simulator::ProcessPto(Flow& f) {
 void Simulator::ProcessSend(Flow& f) {
   congestion::Controller& cc = *f.config.controller;
   if (!AppHasData(f, now_)) return;
-  while (f.inflight + mss_ <= cc.cwnd() && f.pacer.CanSend(now_)) {
+  while (f.inflight + mss_ <= cc.cwnd() && f.pacer.CanSend(now_, cc.pacing_rate())) {
     const uint64_t pn = f.next_pn++;
     const bool retx = f.retx_pending >= mss_;
     if (retx) {

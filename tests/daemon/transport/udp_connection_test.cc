@@ -42,8 +42,8 @@ constexpr uint64_t kIdA = 0xA1A1;
 constexpr uint64_t kIdB = 0xB2B2;
 constexpr size_t kMaxDatagram = 1200;
 
-// A fixed window, unpaced, that counts what the connection reports to it.
-// Thread-safe: the counts are read by the test thread.
+// A fixed window, unpaced unless a test sets a pacing rate, that counts what the connection
+// reports to it. Thread-safe: the counts are read, and the rate set, by the test thread.
 class CountingController final : public congestion::Controller {
  public:
   void OnPacketSent(Timestamp, uint64_t, ByteCount, ByteCount, bool) override {
@@ -56,9 +56,11 @@ class CountingController final : public congestion::Controller {
   }
   void OnAppLimited() override {}
   ByteCount cwnd() const override { return 1 << 20; }
-  Bandwidth pacing_rate() const override { return Bandwidth::Infinite(); }
+  Bandwidth pacing_rate() const override { return Bandwidth::BitsPerSecond(pacing_bps_.load()); }
   ByteCount send_quantum() const override { return 64 << 10; }
   congestion::ControllerState DebugState() const override { return {}; }
+
+  void set_pacing_rate(Bandwidth rate) { pacing_bps_.store(rate.ToBitsPerSecond()); }
 
   uint64_t sent() const { return sent_.load(); }
   uint64_t acked() const { return acked_.load(); }
@@ -68,6 +70,7 @@ class CountingController final : public congestion::Controller {
   std::atomic<uint64_t> sent_{0};
   std::atomic<uint64_t> acked_{0};
   std::atomic<uint64_t> lost_{0};
+  std::atomic<int64_t> pacing_bps_{Bandwidth::Infinite().ToBitsPerSecond()};
 };
 
 enum Direction { kAToB = 0, kBToA = 1 };
@@ -356,6 +359,27 @@ TEST_F(UdpConnectionStateTest, DuplicateAndStaleAcksAreIgnored) {
   const std::string next = Pattern(200, 7);
   ASSERT_TRUE(WriteString(*a, next).ok());
   EXPECT_EQ(ReadString(*b, next.size()).value_or(""), next);
+}
+
+// A controller's pacing rate may collapse for a moment (Bbr3 restarts its bandwidth estimate at
+// what a round of heavy loss delivered) and recover once its flows' ACKs bring new samples. A
+// quantum sent at the collapsed rate must not hold the flow back for the minutes that rate would
+// take: nothing is in flight then, so no timer fails the flow and no ACK wakes it.
+TEST_F(UdpConnectionStateTest, FlowResumesAtOnceWhenItsPacingRateRecovers) {
+  // The controller's quantum (64 KiB, 55 datagrams) goes out at once; at 100 bytes/s the next
+  // would be due 11 minutes later.
+  a_cc->set_pacing_rate(Bandwidth::BytesPerSecond(100));
+  const std::string data = Pattern(200 * kMaxDatagram, 11);
+  ASSERT_TRUE(WriteString(*a, data).ok());
+  ASSERT_TRUE(Eventually([&] { return a_cc->sent() >= 55; }));
+  ASSERT_LT(a_cc->sent(), 200u);
+
+  a_cc->set_pacing_rate(Bandwidth::MbitsPerSecond(100));
+  // The rest goes out within AdvanceUntil's two (fake) seconds, not 11 minutes later. The
+  // connection reports each stream packet to its controller, so this needs no read on b, which
+  // would block for good if the data never came.
+  ASSERT_TRUE(AdvanceUntil([&] { return a_cc->sent() >= 200; })) << a_cc->sent() << " sent";
+  EXPECT_EQ(ReadString(*b, data.size()).value_or(""), data);
 }
 
 TEST_F(UdpConnectionStateTest, SilentPeerIsClosedAtTheIdleTimeout) {
