@@ -24,10 +24,14 @@ import json
 import os
 import random
 import signal
+import sys
 import threading
 import time
 
 import topology
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+import lh  # noqa: E402
 
 # Weights: a stop lasts a minute, so it comes less often than the rest.
 DISRUPTIVE = {"kill": 4, "stop": 1, "dest_full": 2, "state_full": 2, "link_cut": 2,
@@ -117,26 +121,26 @@ class Nemesis:
                 d.signal(signal.SIGCONT)
 
     def fault_dest_full(self, rng, site):
-        site = topology.DEST_DISK_SITE
-        filler = self.topo.filler("dest_full")
-        with self.window("dest_full", site):
-            try:
-                topology.fill(filler)
-                self.hold(rng.uniform(5, 20))
-            finally:
-                os.unlink(filler)
+        self._hold_full(rng, "dest_full", topology.DEST_DISK_SITE)
 
     def fault_state_full(self, rng, site):
-        site = topology.STATE_DISK_SITE
-        filler = self.topo.filler("state_full")
-        with self.window("state_full", site):
+        self._hold_full(rng, "state_full", topology.STATE_DISK_SITE,
+                        # The operator's answer to "state disk full ... longhaul resume ID".
+                        after=lambda: self.resume_paused(
+                            lambda t: "state disk full" in t.get("error", "")))
+
+    def _hold_full(self, rng, kind, site, after=None):
+        """Fills the file system of `kind`'s filler at `site` for 5-20 s, then
+        frees it and runs `after`."""
+        filler = self.topo.filler(kind)
+        with self.window(kind, site):
             try:
-                topology.fill(filler)
+                lh.fill_filesystem(filler)
                 self.hold(rng.uniform(5, 20))
             finally:
                 os.unlink(filler)
-                # The operator's answer to "state disk full ... longhaul resume ID".
-                self.resume_paused(lambda t: "state disk full" in t.get("error", ""))
+                if after is not None:
+                    after()
 
     def fault_link_cut(self, rng, site):
         k = str(topology.SITES.index(site) + 1)

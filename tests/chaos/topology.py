@@ -10,7 +10,6 @@ Every daemon is a child of this process, so its exit status is known: the
 checker tells exits the nemesis caused from any other.
 """
 
-import errno
 import importlib.util
 import os
 import signal
@@ -27,25 +26,11 @@ SOURCE_SITE = "site-1"  # the trainer writes here
 STATE_DISK_SITE = "site-2"  # state directory on a small tmpfs
 DEST_DISK_SITE = "site-3"  # export on a small tmpfs (under faultfs when it is built)
 PORT = 7700
-MIB = 1 << 20
 STATE_DISK_SIZE = "64m"
 DEST_DISK_SIZE = "256m"
 FAULTFS_BIN = os.path.join(lh.BIN, "longhaul-faultfs")
 FAULTFS_PY = os.path.join(os.path.dirname(__file__), "faultfs.py")
 WANEM = os.environ.get("LONGHAUL_WANEM", os.path.join(lh.BIN, "longhaul-wanem"))
-
-
-def fill(path):
-    """Writes `path` until its file system has no byte left."""
-    with open(path, "wb", buffering=0) as f:
-        for block in (MIB, 64 << 10, 4096, 512, 1):
-            data = b"\xff" * block
-            try:
-                while True:
-                    f.write(data)
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
 
 
 def load_faultfs():

@@ -260,8 +260,8 @@ class Workload:
         self.ledger.allreduce["rounds"] += 1
         groups, error = [None] * 3, None
         try:
-            joined = _in_parallel([lambda s=s: longhaul.ExchangeGroup(
-                self.daemon(s).address, name, sites, timeout=30.0) for s in sites])
+            joined = lh.in_parallel([lambda s=s: longhaul.ExchangeGroup(
+                self.daemon(s).address, name, sites, timeout=30.0) for s in sites], timeout=None)
             for i, g in enumerate(joined):
                 if isinstance(g, BaseException):
                     error = error or g
@@ -269,8 +269,8 @@ class Workload:
                     groups[i] = g
             for r in range(rounds if error is None else 0):
                 bufs = [np.full(1 << 16, float(i + 1 + r), np.float32) for i in range(3)]
-                results = _in_parallel([lambda g=g, b=b: g.allreduce(b, timeout=30.0)
-                                        for g, b in zip(groups, bufs)])
+                results = lh.in_parallel([lambda g=g, b=b: g.allreduce(b, timeout=30.0)
+                                          for g, b in zip(groups, bufs)], timeout=None)
                 failed = [x for x in results if isinstance(x, BaseException)]
                 if failed:
                     error = failed[0]
@@ -374,20 +374,3 @@ def _json(text):
         return json.loads(text.splitlines()[-1] if "\n" in text else text)
     except json.JSONDecodeError:
         return None
-
-
-def _in_parallel(fns):
-    results = [None] * len(fns)
-
-    def run(i):
-        try:
-            results[i] = fns[i]()
-        except BaseException as e:  # noqa: B902 - handed to the caller
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results

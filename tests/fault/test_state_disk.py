@@ -6,7 +6,6 @@ Each test puts one site's state directory (DIR/SITE/state, which holds the
 journal) on a small tmpfs, starts a transfer, then fills that file system
 with a filler file so that journal writes fail with ENOSPC."""
 
-import errno
 import json
 import os
 import shutil
@@ -20,19 +19,6 @@ import lh  # noqa: E402
 
 MIB = 1 << 20
 STATE_DISK = "64m"
-
-
-def fill(path):
-    """Writes `path` until its file system has no byte left."""
-    with open(path, "wb", buffering=0) as f:
-        for block in (MIB, 64 << 10, 4096, 512, 1):
-            data = b"\xff" * block
-            try:
-                while True:
-                    f.write(data)
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
 
 
 class StateDiskTest(unittest.TestCase):
@@ -99,7 +85,7 @@ class SenderStateDiskTest(StateDiskTest):
 
     def test_full_state_disk_pauses_the_transfer_and_resume_completes_it(self):
         src, tid = self.start_transfer()
-        fill(self.filler)
+        lh.fill_filesystem(self.filler)
         status = self.wait_error(tid, "state disk full")
         deadline = time.time() + 60
         while status["state"] != "PAUSED" and time.time() < deadline:
@@ -147,7 +133,7 @@ class ReceiverStateDiskTest(StateDiskTest):
 
     def test_full_receiver_state_disk_acknowledges_nothing_and_the_transfer_waits(self):
         src, tid = self.start_transfer()
-        fill(self.filler)
+        lh.fill_filesystem(self.filler)
         status = self.wait_error(tid, "state disk full")
         self.assertIn("site-b", status["error"])
         self.assertEqual(status["state"], "RUNNING", status)  # waiting, not failed

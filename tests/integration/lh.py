@@ -459,6 +459,47 @@ def process_gone(pid):
     return True
 
 
+def fill_filesystem(path):
+    """Writes `path` until its file system has no byte left."""
+    with open(path, "wb", buffering=0) as f:
+        for block in (1 << 20, 64 << 10, 4096, 512, 1):
+            data = b"\xff" * block
+            try:
+                while True:
+                    f.write(data)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+
+
+def in_parallel(fns, timeout=120):
+    """Runs each fn on its own thread, joining each for up to `timeout`
+    seconds (None: until it returns); returns results (or the exceptions
+    raised) in order."""
+    results = [None] * len(fns)
+
+    def run(i):
+        try:
+            results[i] = fns[i]()
+        except BaseException as e:  # noqa: B902 - reported to the caller
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return results
+
+
+def raise_any(results):
+    """Raises the first exception among in_parallel's results; else returns them."""
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
 def wait_until(predicate, timeout, what, interval=0.0):
     """Polls `predicate` until it returns something true; returns that value."""
     deadline = time.time() + timeout

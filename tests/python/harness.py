@@ -2,7 +2,6 @@
 
 import os
 import sys
-import threading
 import unittest
 
 sys.path.insert(0, os.path.join(os.environ.get(
@@ -11,33 +10,11 @@ sys.path.insert(0, os.path.join(os.environ.get(
 
 from local_sites import LocalSites  # noqa: E402,F401
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "integration"))
+from lh import in_parallel, raise_any  # noqa: E402,F401
+
 import longhaul  # noqa: E402
-
-
-def in_parallel(fns):
-    """Runs each fn on its own thread; returns results (or raised exceptions) in order."""
-    results = [None] * len(fns)
-
-    def run(i):
-        try:
-            results[i] = fns[i]()
-        except BaseException as e:  # noqa: B902 - reported to the caller
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return results
-
-
-def raise_any(results):
-    """Raises the first exception among in_parallel's results; else returns them."""
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return results
 
 
 def join_all(sites, name, members):

@@ -19,7 +19,6 @@ import json
 import os
 import random
 import sys
-import threading
 import unittest
 
 import numpy as np
@@ -46,25 +45,8 @@ KINDS = {"JOIN": 1, "REDUCE_DATA": 2, "ABORT": 3, "P2P": 4, "LEAVE": 5, "DISCARD
 
 
 def in_parallel(calls):
-    """Runs each call in its own thread; returns their results, raising the
-    first exception any of them raised."""
-    results = [None] * len(calls)
-
-    def run(i):
-        try:
-            results[i] = calls[i]()
-        except BaseException as e:  # noqa: B902 - raised below
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return results
+    """lh.in_parallel, raising the first exception any call raised."""
+    return lh.raise_any(lh.in_parallel(calls))
 
 
 class ExchangeSwapTest(unittest.TestCase):
