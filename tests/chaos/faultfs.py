@@ -164,7 +164,7 @@ class FaultFs:
 
     def stats(self):
         """{ops, eio_injected, bytes_undone, files_undone, unsynced_files,
-        frozen, parked, interrupted}."""
+        frozen, parked, parked_pids, interrupted}."""
         return json.loads(self._command("stats"))
 
     def cleanup(self):

@@ -139,8 +139,13 @@ class Controller {
         << ", \"bytes_undone\": " << c.bytes_undone << ", \"files_undone\": " << c.files_undone
         << ", \"unsynced_files\": " << c.unsynced_files
         << ", \"frozen\": " << (loop_.frozen() ? "true" : "false")
-        << ", \"parked\": " << loop_.parked() << ", \"interrupted\": " << loop_.interrupted()
-        << "}";
+        << ", \"parked\": " << loop_.parked() << ", \"parked_pids\": [";
+    const char* separator = "";
+    for (uint32_t pid : loop_.parked_pids()) {
+      out << separator << pid;
+      separator = ", ";
+    }
+    out << "], \"interrupted\": " << loop_.interrupted() << "}";
     return out.str();
   }
 

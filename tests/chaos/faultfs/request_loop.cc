@@ -40,7 +40,7 @@ void RequestLoop::ReadRequests() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (frozen_ && in->opcode != FUSE_INTERRUPT) {
-        Park(in->unique, buf);
+        Park(*in, buf);
         continue;
       }
       ++handling_;
@@ -79,14 +79,14 @@ bool RequestLoop::InterruptParked(uint64_t unique) {
   return false;  // also for libfuse: the request may be one being handled
 }
 
-void RequestLoop::Park(uint64_t unique, fuse_buf& buf) {
-  auto early = std::find(early_interrupts_.begin(), early_interrupts_.end(), unique);
+void RequestLoop::Park(const fuse_in_header& in, fuse_buf& buf) {
+  auto early = std::find(early_interrupts_.begin(), early_interrupts_.end(), in.unique);
   if (early != early_interrupts_.end()) {
     early_interrupts_.erase(early);
-    AnswerInterrupted(unique);
+    AnswerInterrupted(in.unique);
     free(buf.mem);
   } else {
-    parked_.push_back({.unique = unique, .buf = buf});
+    parked_.push_back({.unique = in.unique, .pid = in.pid, .buf = buf});
   }
   std::memset(&buf, 0, sizeof(buf));  // the next request gets fresh memory
 }
@@ -122,6 +122,13 @@ bool RequestLoop::frozen() {
 uint64_t RequestLoop::parked() {
   std::lock_guard<std::mutex> lock(mu_);
   return parked_.size();
+}
+
+std::vector<uint32_t> RequestLoop::parked_pids() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint32_t> pids;
+  for (const Parked& p : parked_) pids.push_back(p.pid);
+  return pids;
 }
 
 uint64_t RequestLoop::interrupted() {

@@ -14,6 +14,7 @@
 
 #define FUSE_USE_VERSION 35
 #include <fuse_lowlevel.h>
+#include <linux/fuse.h>
 
 #include <condition_variable>
 #include <cstdint>
@@ -42,11 +43,16 @@ class RequestLoop {
 
   bool frozen();
   uint64_t parked();
+  // The task ids of the parked requests' callers (0 for the kernel's own,
+  // such as a release sent in the background), so that a test can tell its
+  // writer's request from another.
+  std::vector<uint32_t> parked_pids();
   uint64_t interrupted();  // parked requests answered EINTR
 
  private:
   struct Parked {
     uint64_t unique = 0;
+    uint32_t pid = 0;
     fuse_buf buf{};
   };
 
@@ -57,7 +63,7 @@ class RequestLoop {
   bool InterruptParked(uint64_t unique);
   // Parks a request read while frozen, or answers it EINTR at once when its
   // interrupt came first. Takes ownership of `buf`'s memory.
-  void Park(uint64_t unique, fuse_buf& buf);
+  void Park(const fuse_in_header& in, fuse_buf& buf);
   void AnswerInterrupted(uint64_t unique);  // under mu_
 
   fuse_session* const session_;
