@@ -55,11 +55,21 @@ absl::StatusOr<std::vector<std::string>> ListDirAt(int dir_fd, std::string_view 
   }
   rewinddir(d);  // the dup shares the offset of an fd that may have been read
   std::vector<std::string> names;
-  while (struct dirent* e = readdir(d)) {
+  // readdir answers NULL both at the end and on an error; only errno tells
+  // them apart. A listing cut short by an error is not the directory's
+  // contents: a caller removing it would find it "not empty", one copying it
+  // would miss files.
+  while (true) {
+    errno = 0;
+    struct dirent* e = readdir(d);
+    if (e == nullptr) break;
     std::string_view n = e->d_name;
     if (n != "." && n != "..") names.emplace_back(n);
   }
+  const int err = errno;
   closedir(d);
+  // ENOENT: the directory was removed while open; it has no entries.
+  if (err != 0 && err != ENOENT) return ErrnoError(err, "cannot list directory", desc);
   return names;
 }
 

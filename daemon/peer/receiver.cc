@@ -126,6 +126,10 @@ Receiver::~Receiver() {
 }
 
 void Receiver::Shutdown() {
+  {
+    absl::MutexLock lock(&sweep_mu_);
+    sweep_stop_ = true;
+  }
   absl::MutexLock lock(&mu_);
   shutting_down_ = true;
   channels_.Close();
@@ -447,6 +451,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
       if (!removed.ok()) {
         spdlog::warn("transfer {}: cannot remove the staging of its failed open: {}",
                      open.transfer_id(), removed.message());
+        NoteStagingLeft();
       }
     }
     return fail(s);
@@ -635,8 +640,9 @@ v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site,
   }
   // ABORTED is journaled before the staging goes, so a staging that cannot
   // be removed now (a full or failing file system, a crash) is removed by
-  // the next RemoveStrayStaging. The removal is tried whatever the journal
-  // says: on a full disk it is what frees the space.
+  // RemoveStrayStaging, soon (NoteStagingLeft) or at the next start. The
+  // removal is tried whatever the journal says: on a full disk it is what
+  // frees the space.
   absl::Status journaled = journal_.DeleteChunks(id);
   if (journaled.ok()) {
     (*record)->set_state(v1::IncomingTransfer::ABORTED);
@@ -649,6 +655,7 @@ v1::PeerMessage Receiver::HandleAbort(const std::string& peer_site,
   if (!removed.ok()) {
     spdlog::warn("transfer {} from {}: aborted ({}); its staging could not be removed yet: {}", id,
                  peer_site, request.abort().reason(), removed.message());
+    NoteStagingLeft();
     return answer;
   }
   spdlog::info("transfer {} from {}: aborted ({}); staging removed", id, peer_site,

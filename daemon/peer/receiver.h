@@ -181,7 +181,8 @@ class Receiver {
   size_t RemoveStrayStaging();
   // Starts the thread that calls ExpireAbandoned and RemoveStrayStaging at
   // once and then every ExpirySweepInterval(incoming_expiry) until
-  // Shutdown. Call once.
+  // Shutdown; after a staging could not be removed, sooner (see
+  // NoteStagingLeft). Call once.
   void StartExpirySweep();
   // A tenth of the expiry, between 100 ms and 1 h: an abandoned transfer
   // goes within 1.1 expiries, and a tiny expiry (tests) is still honoured.
@@ -332,6 +333,14 @@ class Receiver {
   transport::ChannelRegistry channels_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread sweep_thread_;
+  // The sweep's wake-ups, under a lock of their own: a leaf, taken under
+  // session locks (mu_ is taken before them). A staging left by a failing
+  // or full file system, faults that usually pass, is tried again after
+  // seconds, backing off to the sweep's interval, not an interval later.
+  void NoteStagingLeft() ABSL_LOCKS_EXCLUDED(sweep_mu_);
+  absl::Mutex sweep_mu_;
+  bool sweep_stop_ ABSL_GUARDED_BY(sweep_mu_) = false;
+  bool staging_left_ ABSL_GUARDED_BY(sweep_mu_) = false;
   ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> staged_corruptions_{0};
   std::atomic<uint64_t> bytes_read_back_receiving_{0};

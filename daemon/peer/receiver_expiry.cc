@@ -14,6 +14,10 @@ namespace longhaul::peer {
 
 namespace {
 
+// The first retry after a staging could not be removed; doubled after each
+// pass that still leaves one, up to the sweep's interval.
+constexpr absl::Duration kFirstStagingRetry = absl::Seconds(5);
+
 // When a RECEIVING record last saw activity that was persisted.
 absl::Time LastActive(const v1::IncomingTransfer& r) {
   return absl::FromUnixMillis(std::max(r.active_unix_ms(), r.created_unix_ms()));
@@ -27,14 +31,34 @@ absl::Duration Receiver::ExpirySweepInterval(absl::Duration expiry) {
 
 void Receiver::StartExpirySweep() {
   const absl::Duration interval = ExpirySweepInterval(options_.incoming_expiry);
-  sweep_thread_ = std::thread([this, interval] {
+  const absl::Duration first_retry = std::min(interval, kFirstStagingRetry);
+  sweep_thread_ = std::thread([this, interval, first_retry] {
+    absl::Duration retry = first_retry;
     while (true) {
       ExpireAbandoned();
       RemoveStrayStaging();
-      absl::MutexLock lock(&mu_);
-      if (mu_.AwaitWithTimeout(absl::Condition(&shutting_down_), interval)) return;
+      absl::MutexLock lock(&sweep_mu_);
+      if (!staging_left_) {
+        retry = first_retry;
+        auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sweep_mu_) {
+          return sweep_stop_ || staging_left_;
+        };
+        sweep_mu_.AwaitWithTimeout(absl::Condition(&woken), interval);
+        if (sweep_stop_) return;
+        if (!staging_left_) continue;  // the interval passed
+      }
+      // A staging is left: the next pass comes after `retry`, so that what
+      // made the removal fail has time to pass.
+      staging_left_ = false;
+      if (sweep_mu_.AwaitWithTimeout(absl::Condition(&sweep_stop_), retry)) return;
+      retry = std::min(retry * 2, interval);
     }
   });
+}
+
+void Receiver::NoteStagingLeft() {
+  absl::MutexLock lock(&sweep_mu_);
+  staging_left_ = true;
 }
 
 size_t Receiver::ExpireAbandoned() {
@@ -127,6 +151,7 @@ bool Receiver::ExpireIfAbandoned(const v1::IncomingTransfer& listed, absl::Time 
       }
       if (absl::Status s = session->staging->Remove(); !s.ok()) {
         spdlog::warn("transfer {}: cannot remove its staging to expire it: {}", id, s.message());
+        NoteStagingLeft();
         return false;
       }
       session->staging.reset();
@@ -271,6 +296,7 @@ bool Receiver::RemoveStagingIfStray(const std::string& export_root, const std::s
       } else {
         spdlog::warn("transfer {}: cannot remove its staging in {} ({}): {}; trying again later",
                      id, export_root, why, s.message());
+        NoteStagingLeft();
       }
     }
   }

@@ -318,6 +318,7 @@ absl::Status Receiver::PublishLocked(Session& session) {
   if (absl::Status s = session.staging->Remove(); !s.ok()) {
     spdlog::warn("transfer {}: published, but its staging {} was not removed: {}", id,
                  session.staging->dir(), s.message());
+    NoteStagingLeft();
   }
   session.staging.reset();
   authority_.Published(DestinationAuthority::Change::Of(record, session.dest.relative));
@@ -373,6 +374,7 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site,
     // A crash between journaling PUBLISHED and removing the staging left it.
     if (absl::Status s = storage::Staging::RemoveLeftover(fs_, session->dest, id); !s.ok()) {
       spdlog::warn("transfer {}: published, but its staging was not removed: {}", id, s.message());
+      NoteStagingLeft();
     }
     answer.mutable_commit_reply()->set_files_published(record.manifest().files_size() -
                                                        record.unchanged_files_size());

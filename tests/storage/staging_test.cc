@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "storage/chunk_io.h"
 #include "storage/file_system.h"
+#include "storage/posix_util.h"
 #include "tests/storage/test_util.h"
 
 namespace longhaul::storage {
@@ -642,6 +643,34 @@ TEST_F(StagingTest, RemoveLeftoverRemovesOnlyWhatIsThere) {
   ASSERT_TRUE(Staging::RemoveLeftover(PosixFileSystem(), Resolve("ckpt"), "t10").ok());
   EXPECT_FALSE(Exists(d));
   EXPECT_TRUE(Exists(dir_.Sub("export/.longhaul/staging")));
+}
+
+// A listing that fails part-way must not pass for the directory's contents:
+// RemoveTree would then leave entries it never saw and report the directory
+// "not empty" (seen with EIO from a failing disk). An O_PATH descriptor
+// opens as a directory stream but cannot be read: readdir fails at once.
+TEST(ListDirAtTest, AReadErrorIsAnErrorNotAnEmptyDirectory) {
+  TempDir dir;
+  WriteFile(dir.Sub("entry"), "x");
+  const int fd = open(dir.path().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  absl::StatusOr<std::vector<std::string>> listed = internal::ListDirAt(fd, dir.path());
+  close(fd);
+  ASSERT_FALSE(listed.ok()) << "listed " << listed->size() << " entries";
+  EXPECT_NE(listed.status().message().find("cannot list directory"), std::string::npos)
+      << listed.status();
+}
+
+TEST(ListDirAtTest, ADirectoryRemovedWhileOpenListsEmpty) {
+  TempDir dir;
+  ASSERT_EQ(mkdir(dir.Sub("gone").c_str(), 0755), 0);
+  const int fd = open(dir.Sub("gone").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(rmdir(dir.Sub("gone").c_str()), 0);
+  absl::StatusOr<std::vector<std::string>> listed = internal::ListDirAt(fd, "gone");
+  close(fd);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_TRUE(listed->empty());
 }
 
 TEST(StoredMtimeMatchesTest, ToleratesCoarseGranularityOnly) {

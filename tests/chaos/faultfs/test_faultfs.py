@@ -354,6 +354,33 @@ class DaemonEioTest(FaultFsSitesTest):
         self.assertEqual(read(self.dest("next")), read(os.path.join(self.src, ".metadata")))
 
 
+    def test_a_staging_the_cancel_could_not_remove_goes_once_the_disk_recovers(self):
+        self.write_tree(2, 8 * MIB)
+        ckpt = self.mounts["ckpt"]
+        # Nothing under staging can be written, listed or removed: the
+        # transfer keeps retrying, and its cancel cannot remove the staging.
+        ckpt.set_eio("write,read,unlink", 1.0, path_substring="/.longhaul/staging/")
+        tid = self.sites.cli("a", "cp", self.src, "site-b:/ckpt/step", check=True).stdout.strip()
+        staging = os.path.join(self.sites.export("site-b"), ".longhaul", "staging", tid)
+        lh.wait_until(lambda: "Input/output error" in self.sites.status("a", tid).get("error", ""),
+                      60, "the I/O error in the status", interval=0.1)
+        self.sites.cli("a", "cancel", tid, check=True)
+        self.assertEqual(self.sites.wait_state("a", tid, {"CANCELLED", "FAILED"})["state"],
+                         "CANCELLED")
+        lh.wait_until(lambda: "its staging could not be removed yet" in self.sites.log("site-b"),
+                      60, "site-b's abort to fail to remove the staging", interval=0.1)
+        # The listing failed; it was not taken for an empty directory.
+        self.assertIn("cannot list directory", self.sites.log("site-b"))
+        self.assertTrue(os.path.isdir(staging))
+        # The disk recovers: the receiver retries within seconds, not at its
+        # next expiry sweep (hourly with the default incoming_expiry).
+        ckpt.clear_eio()
+        lh.wait_until(lambda: not os.path.exists(staging), 30,
+                      f"the cancelled transfer's staging {staging} to be removed", interval=0.1)
+        self.assertFalse(os.path.exists(self.dest("step")))
+        self.assertTrue(lh.process_alive(self.sites.pid("site-b")), self.logs())
+
+
 class DaemonPowerLossTest(FaultFsSitesTest):
     def test_power_losses_mid_transfer_end_in_a_whole_identical_tree(self):
         self.write_tree(4, 24 * MIB)
