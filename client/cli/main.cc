@@ -2,6 +2,7 @@
 // socket. Exit codes: 0 ok, 1 transfer failed (or verify found a mismatch),
 // 2 usage error or a refused request, 3 daemon unreachable.
 
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -16,13 +17,16 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/cli/lookup.h"
 #include "client/cli/output.h"
+#include "client/cli/quantities.h"
 #include "client/deadline.h"
 #include "common/checkpoints.h"
 #include "common/units_parse.h"
@@ -35,11 +39,15 @@ constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitUnreachable = 3;
+// Ctrl-C while following a transfer: the CLI stops, the transfer goes on.
+constexpr int kExitInterrupted = 130;
 
 struct Globals {
   std::string daemon;
   std::string token_file;
   bool json = false;
+  bool quiet = false;    // -q: errors and the transfer id only (cron)
+  bool verbose = false;  // -v: where the daemon is, what is submitted, every update
   // How long `--wait` and `status --watch` keep reconnecting to a daemon
   // that went away (a restart, a crash) before they give up with exit 3.
   absl::Duration reconnect_timeout = absl::Minutes(2);
@@ -60,13 +68,7 @@ int Report(const absl::Status& status) {
       status.message().find("cannot reach longhauld") != absl::string_view::npos) {
     return kExitUnreachable;
   }
-  // A request the daemon refuses outright (a bad argument, a source the
-  // caller may not send, a call its token's role does not allow) is the
-  // caller's to fix, like a usage error.
-  return status.code() == absl::StatusCode::kInvalidArgument ||
-                 status.code() == absl::StatusCode::kPermissionDenied
-             ? kExitUsage
-             : kExitFailed;
+  return IsRefusal(status) ? kExitUsage : kExitFailed;
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Connect(const Globals& g) {
@@ -75,6 +77,10 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const Globals& g) {
     const char* env = std::getenv("LONGHAUL_DAEMON");
     address = env ? env : "unix:/var/lib/longhaul/control.sock";
   }
+  auto resolved = ControlAddress(address);
+  if (!resolved.ok()) return resolved.status();
+  address = *resolved;
+  if (g.verbose) std::fprintf(stderr, "longhaul: daemon at %s\n", address.c_str());
   Client::Options options;
   std::string token_file = g.token_file;
   if (token_file.empty()) {
@@ -91,10 +97,43 @@ absl::StatusOr<std::unique_ptr<Client>> Connect(const Globals& g) {
   return Client::Connect(address, options);
 }
 
+// The width of the terminal on stdout, read again for each update so that
+// a resized window is followed; $COLUMNS when the tty does not say; else 80.
 int TerminalWidth() {
   struct winsize w;
-  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 20) return w.ws_col;
-  return 100;
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 0) return w.ws_col;
+  if (const char* columns = std::getenv("COLUMNS"); columns != nullptr && std::atoi(columns) > 0) {
+    return std::atoi(columns);
+  }
+  return 80;
+}
+
+// What Ctrl-C prints while a transfer is followed, formatted beforehand:
+// the handler may only write(2) and _exit(2).
+char interrupt_message[1024];
+size_t interrupt_message_size = 0;
+
+void OnInterrupt(int) {
+  ssize_t ignored = write(STDERR_FILENO, interrupt_message, interrupt_message_size);
+  (void)ignored;
+  _exit(kExitInterrupted);
+}
+
+// From here until the process ends, Ctrl-C (or SIGTERM) says that transfer
+// `id` goes on at the daemon and how to follow or cancel it.
+void ExplainInterruptFor(const std::string& id, const Globals& g) {
+  const std::string cli =
+      g.daemon.empty() ? "longhaul" : absl::StrCat("longhaul --daemon ", g.daemon);
+  const std::string message = absl::StrCat(
+      "\nlonghaul: stopped waiting; transfer ", id, " goes on at the daemon. Follow it: ", cli,
+      " status --watch ", id, "; cancel it: ", cli, " cancel ", id, "\n");
+  interrupt_message_size = std::min(message.size(), sizeof(interrupt_message));
+  std::copy_n(message.data(), interrupt_message_size, interrupt_message);
+  struct sigaction action {};
+  action.sa_handler = OnInterrupt;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
 }
 
 int ExitFor(const v1::TransferStatus& s) { return s.state() == v1::COMPLETED ? kExitOk : kExitFailed; }
@@ -105,7 +144,8 @@ int ExitFor(const v1::TransferStatus& s) { return s.state() == v1::COMPLETED ? k
 // transfer's. Only a daemon that stays away for g.reconnect_timeout gives
 // kExitUnreachable; the transfer may still be running then.
 int Follow(Client& client, const std::string& id, const Globals& g, bool json_lines) {
-  const bool tty = isatty(STDOUT_FILENO) && !g.json;
+  const bool tty = isatty(STDOUT_FILENO) && !g.json && !g.quiet;
+  ExplainInterruptFor(id, g);
   std::string last_line;
   bool lost = false;     // the daemon went away and has not answered since
   bool updated = false;  // the current Watch delivered an update
@@ -120,9 +160,9 @@ int Follow(Client& client, const std::string& id, const Globals& g, bool json_li
       std::cout << TransferJson(s).str() << std::endl;
     } else if (tty) {
       std::cout << "\r" << ProgressBar(s, TerminalWidth()) << "\x1b[K" << std::flush;
-    } else if (!g.json) {
+    } else if (!g.json && !g.quiet) {
       std::string line = ProgressLine(s);
-      if (line != last_line) std::cout << line << std::endl;
+      if (line != last_line || g.verbose) std::cout << line << std::endl;
       last_line = line;
     }
   };
@@ -166,8 +206,10 @@ int Follow(Client& client, const std::string& id, const Globals& g, bool json_li
   if (tty) std::cout << std::endl;
   if (g.json && !json_lines) {
     std::cout << TransferJson(*final_status).str() << std::endl;
+  } else if (g.quiet) {
+    if (ExitFor(*final_status) != kExitOk) std::cerr << Summary(*final_status) << std::endl;
   } else if (!json_lines) {
-    std::cout << Summary(*final_status) << std::endl;
+    std::cout << (g.verbose ? DetailText(*final_status) : Summary(*final_status)) << std::endl;
   }
   return ExitFor(*final_status);
 }
@@ -247,16 +289,46 @@ std::string DestinationMarker(const std::vector<Checkpoint>& complete, const Che
   return newest.markers.front();
 }
 
+// A submit the daemon refused. Copying to the site itself reads as an
+// unknown peer to the daemon; the operator is told it is the local site.
+int ReportRefusedSubmit(Client& client, const v1::TransferSpec& spec, const absl::Status& status) {
+  if (absl::StrContains(status.message(), "unknown peer site")) {
+    auto peers = client.Peers(/*probe=*/false);
+    if (peers.ok() && peers->site() == spec.dest_site()) {
+      std::fprintf(stderr,
+                   "longhaul: %s is the local site (the daemon this CLI talks to), not a peer; "
+                   "copy to a peer site, or use cp(1) within the site\n",
+                   spec.dest_site().c_str());
+      return kExitUsage;
+    }
+  }
+  // Whatever error the daemon answers to a submit is a refusal: nothing
+  // started, and the request is the caller's to change.
+  std::fprintf(stderr, "longhaul: %s\n", std::string(status.message()).c_str());
+  return kExitUsage;
+}
+
 // Submits every spec, then prints their ids or (with --wait) follows them in
-// turn. Returns the worst exit code.
-int SubmitAll(const std::vector<v1::TransferSpec>& specs, const std::vector<std::string>& request_ids,
-              bool wait, const Globals& g) {
+// turn. `labels[i]`, when given, names what spec i sends (a checkpoint) on
+// each output line. Returns the worst exit code.
+int SubmitAll(const std::vector<v1::TransferSpec>& specs,
+              const std::vector<std::string>& request_ids, bool wait, const Globals& g,
+              const std::vector<std::string>& labels = {}) {
   auto client = Connect(g);
   if (!client.ok()) return Report(client.status());
   std::vector<std::string> ids;
+  const bool tty = isatty(STDOUT_FILENO) && !g.json;
   for (size_t i = 0; i < specs.size(); ++i) {
+    const std::string label = i < labels.size() ? absl::StrCat("  ", labels[i]) : "";
+    if (g.verbose) {
+      std::fprintf(stderr, "longhaul: submitting%s: %s\n", label.c_str(),
+                   SpecText(specs[i]).c_str());
+    }
     auto submitted = (*client)->Submit(specs[i], request_ids[i]);
-    if (!submitted.ok()) return Report(submitted.status());
+    if (!submitted.ok()) {
+      if (absl::IsUnavailable(submitted.status())) return Report(submitted.status());
+      return ReportRefusedSubmit(**client, specs[i], submitted.status());
+    }
     ids.push_back(submitted->id());
     if (specs[i].checksum() && !submitted->spec().checksum()) {
       std::fprintf(stderr,
@@ -264,7 +336,17 @@ int SubmitAll(const std::vector<v1::TransferSpec>& specs, const std::vector<std:
                    "run again once it has ended to compare checksums\n",
                    submitted->id().c_str());
     }
-    if (!wait) std::cout << (g.json ? TransferJson(*submitted).str() : submitted->id()) << std::endl;
+    if (g.json) {
+      if (!wait) std::cout << TransferJson(*submitted).str() << std::endl;
+    } else if (!wait || g.quiet) {
+      std::cout << submitted->id() << (g.quiet ? "" : label) << std::endl;
+    } else if (tty) {
+      // Known before the bar starts, so that a closed terminal loses nothing.
+      std::cout << "transfer " << submitted->id() << label
+                << " submitted (Ctrl-C stops waiting; the copy goes on)" << std::endl;
+    } else if (!label.empty()) {
+      std::cout << submitted->id() << label << std::endl;
+    }
   }
   int worst = kExitOk;
   if (wait) {
@@ -351,8 +433,10 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
   }
   spec.set_streams(o.streams);
   if (!o.chunk_size.empty()) {
-    auto size = ParseByteSize(o.chunk_size);
-    if (!size.ok()) return Report(absl::InvalidArgumentError(absl::StrCat("--chunk-size: ", size.status().message())));
+    // The daemon's transfer.max_chunk_size may allow less than the top.
+    auto size =
+        ParseSize(o.chunk_size, "--chunk-size", {.min_bytes = 64 << 10, .max_bytes = 1 << 30});
+    if (!size.ok()) return Report(size.status());
     spec.set_chunk_size(*size);
   }
   for (const std::string& glob : o.commit_last) spec.add_commit_last(glob);
@@ -400,7 +484,7 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
     return kExitUsage;
   }
   for (const Checkpoint& c : all) {
-    if (c.markers.empty()) {
+    if (c.markers.empty() && !g.quiet) {
       std::fprintf(stderr, "longhaul: skipping %s: no %s yet (still being written?)\n",
                    c.name.c_str(), marker_desc.c_str());
     }
@@ -415,7 +499,9 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
   const std::string dest_marker = DestinationMarker(complete, complete.back());
   std::vector<v1::TransferSpec> specs;
   std::vector<std::string> request_ids;
+  std::vector<std::string> labels;
   for (const Checkpoint& c : selected) {
+    labels.push_back(c.name);
     v1::TransferSpec one = spec;
     one.set_sources(0, absl::StrCat(spec.sources(0), "/", c.name));
     one.set_dest_path(absl::StrCat(spec.dest_path(), "/", c.name));
@@ -427,28 +513,40 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
     specs.push_back(std::move(one));
     request_ids.push_back(absl::StrCat(request_id, "/", c.name));
   }
-  return SubmitAll(specs, request_ids, o.wait, g);
+  return SubmitAll(specs, request_ids, o.wait, g, labels);
 }
 
-int Status(const std::string& id, bool watch, const Globals& g) {
+int Status(const std::string& id_or_prefix, bool watch, const Globals& g) {
   auto client = Connect(g);
   if (!client.ok()) return Report(client.status());
-  if (watch) return Follow(**client, id, g, /*json_lines=*/g.json);
-  auto status = (*client)->Get(id);
+  auto id = ResolveId(**client, id_or_prefix);
+  if (!id.ok()) return Report(id.status());
+  if (watch) return Follow(**client, *id, g, /*json_lines=*/g.json);
+  auto status = (*client)->Get(*id);
   if (!status.ok()) return Report(status.status());
   std::cout << (g.json ? TransferJson(*status).str() : StatusText(*status)) << std::endl;
   return kExitOk;
 }
 
-int ListTransfers(bool all, const Globals& g) {
+int ListTransfers(const ListFilter& filter, const Globals& g) {
   auto client = Connect(g);
   if (!client.ok()) return Report(client.status());
-  auto list = (*client)->List(all);
-  if (!list.ok()) return Report(list.status());
+  auto listed = (*client)->List(/*all=*/true);
+  if (!listed.ok()) return Report(listed.status());
+  std::vector<v1::TransferStatus> shown;
+  const absl::Time now = absl::Now();
+  for (v1::TransferStatus& s : *listed) {
+    if (Listed(s, filter, now)) shown.push_back(std::move(s));
+  }
+  const std::vector<v1::TransferStatus>* list = &shown;
   if (g.json) {
     std::vector<std::string> items;
     for (const auto& s : *list) items.push_back(TransferJson(s).str());
     std::cout << JsonObject().AddRaw("transfers", JsonArray(items)).str() << std::endl;
+    return kExitOk;
+  }
+  if (g.quiet) {
+    for (const auto& s : *list) std::cout << s.id() << "\n";
     return kExitOk;
   }
   std::cout << absl::StrFormat("%-20s %-10s %7s  %s\n", "ID", "STATE", "DONE", "DESTINATION");
@@ -467,24 +565,30 @@ int ListTransfers(bool all, const Globals& g) {
     std::cout << absl::StrFormat("%-20s %-10s %6.1f%%  %s:/%s/%s%s\n", s.id(), StateName(s.state()),
                                  pct, s.spec().dest_site(), s.spec().dest_export(),
                                  s.spec().dest_path(), from);
+    if (g.verbose && !s.error().empty()) std::cout << "    error: " << s.error() << "\n";
   }
   return kExitOk;
 }
 
-int Control(const std::string& verb, const std::string& id, const Globals& g) {
+int Control(const std::string& verb, const std::string& id_or_prefix, const Globals& g) {
   auto client = Connect(g);
   if (!client.ok()) return Report(client.status());
-  absl::StatusOr<v1::TransferStatus> status = verb == "cancel" ? (*client)->Cancel(id)
-                                              : verb == "pause"  ? (*client)->Pause(id)
-                                                                 : (*client)->Resume(id);
+  auto id = ResolveId(**client, id_or_prefix);
+  if (!id.ok()) return Report(id.status());
+  absl::StatusOr<v1::TransferStatus> status = verb == "cancel"  ? (*client)->Cancel(*id)
+                                              : verb == "pause" ? (*client)->Pause(*id)
+                                                                : (*client)->Resume(*id);
   if (!status.ok()) return Report(status.status());
   std::cout << (g.json ? TransferJson(*status).str() : ProgressLine(*status)) << std::endl;
   return kExitOk;
 }
 
-int Verify(const std::string& id, const Globals& g) {
+int Verify(const std::string& id_or_prefix, const Globals& g) {
   auto client = Connect(g);
   if (!client.ok()) return Report(client.status());
+  auto resolved = ResolveId(**client, id_or_prefix);
+  if (!resolved.ok()) return Report(resolved.status());
+  const std::string& id = *resolved;
   auto result = (*client)->Verify(id);
   if (!result.ok()) return Report(result.status());
   if (g.json) {
@@ -573,8 +677,9 @@ int Limit(const std::string& peer, const std::string& cls, const std::string& ra
                                                : v1::CHECKPOINT);
     }
     if (rate != "off" && rate != "0") {
-      auto bps = ParseBitRate(rate);
-      if (!bps.ok()) return Report(absl::InvalidArgumentError(absl::StrCat("RATE: ", bps.status().message())));
+      auto bps = ParseRate(
+          rate, "RATE", {.min_bits_per_second = 64'000, .max_bits_per_second = 10'000'000'000'000});
+      if (!bps.ok()) return Report(bps.status());
       limit.set_bits_per_second(*bps);
     }
     limits = (*client)->SetLimit(limit);
@@ -612,6 +717,11 @@ int Main(int argc, char** argv) {
   app.add_option("--token-file", g.token_file,
                  "bearer token for a TCP control address (default $LONGHAUL_TOKEN_FILE)");
   app.add_flag("--json", g.json, "print JSON");
+  app.add_flag("-q,--quiet", g.quiet, "print only errors and transfer ids (for cron)");
+  app.add_flag("-v,--verbose", g.verbose,
+               "print detail: the daemon, what is submitted, every update");
+  // -q, -v, --daemon... may follow the command too.
+  app.fallthrough();
   std::string reconnect_timeout;
   app.add_option("--reconnect-timeout", reconnect_timeout,
                  "how long --wait and status --watch wait for a daemon that went away (restart, "
@@ -629,7 +739,11 @@ int Main(int argc, char** argv) {
     cmd->add_option("--priority", copy.priority, "exchange|checkpoint|background")
         ->check(CLI::IsMember({"exchange", "checkpoint", "background"}));
     cmd->add_option("--request-id", copy.request_id, "idempotency key: resubmitting returns the same transfer");
-    cmd->add_option("--commit-last", copy.commit_last, "glob of commit markers to publish last (repeatable)");
+    // Repeatable options take one value per flag: the positionals after
+    // them stay positionals.
+    cmd->add_option("--commit-last", copy.commit_last,
+                    "glob of commit markers to publish last (repeatable)")
+        ->allow_extra_args(false);
     cmd->add_option("--symlinks", copy.symlinks,
                     "keep (in-tree relative links stay links), follow (send targets inside a "
                     "readable export) or refuse; what is not sent is listed as skipped")
@@ -639,10 +753,13 @@ int Main(int argc, char** argv) {
                   "sent once");
     cmd->add_option("--also", copy.also,
                     "another destination SITE:/EXPORT/PATH (repeatable): the source sends the "
-                    "bytes once, each destination relays them to the next");
+                    "bytes once, each destination relays them to the next")
+        ->allow_extra_args(false);
     if (with_tuning) {
       cmd->add_option("--streams", copy.streams, "parallel streams")->check(CLI::Range(1, 64));
-      cmd->add_option("--chunk-size", copy.chunk_size, "chunk size, e.g. 16MiB");
+      cmd->add_option(
+          "--chunk-size", copy.chunk_size,
+          "chunk size, e.g. 16MiB or 4MB (k, M, G: powers of 1000; Ki, Mi, Gi: of 1024)");
     }
   };
   CLI::App* cp =
@@ -663,23 +780,28 @@ int Main(int argc, char** argv) {
                    "published last");
 
   std::string id;
-  bool watch = false, all = false;
+  bool watch = false;
+  ListFilter list_filter;
+  std::string since;
   CLI::App* status = app.add_subcommand("status", "show one transfer");
-  status->add_option("id", id)->required();
+  status->add_option("id", id, "a transfer id, or a prefix that names one")->required();
   status->add_flag("--watch", watch, "follow until it ends");
   status->add_flag("--json", g.json, "print JSON (one object per line with --watch)");
   CLI::App* ls = app.add_subcommand("ls", "list transfers");
-  ls->add_flag("--all", all, "include ended transfers");
+  ls->add_flag("--all", list_filter.all, "include every ended transfer the daemon remembers");
+  ls->add_flag("--failed", list_filter.failed, "only FAILED transfers");
+  ls->add_option("--since", since,
+                 "include transfers that ended within this age, e.g. 30m, 12h, 7d (default 1d)");
   ls->add_flag("--json", g.json, "print JSON");
   std::vector<CLI::App*> verbs;
   for (const char* verb : {"cancel", "pause", "resume"}) {
     CLI::App* cmd = app.add_subcommand(verb, absl::StrCat(verb, " a transfer"));
-    cmd->add_option("id", id)->required();
+    cmd->add_option("id", id, "a transfer id, or a prefix that names one")->required();
     cmd->add_flag("--json", g.json, "print JSON");
     verbs.push_back(cmd);
   }
   CLI::App* verify = app.add_subcommand("verify", "re-read the destination and compare digests");
-  verify->add_option("id", id)->required();
+  verify->add_option("id", id, "a transfer id, or a prefix that names one")->required();
   verify->add_flag("--json", g.json, "print JSON");
   CLI::App* peers = app.add_subcommand("peers", "show peer sites and their links");
   peers->add_flag("--json", g.json, "print JSON");
@@ -687,7 +809,8 @@ int Main(int argc, char** argv) {
   std::string limit_peer, limit_class, limit_rate;
   CLI::App* limit = app.add_subcommand(
       "limit", "cap the sending rate to a peer or of a class at run time (no RATE: list caps)");
-  limit->add_option("rate", limit_rate, "e.g. 500Mbit, 2Gbit, or off");
+  limit->add_option("rate", limit_rate,
+                    "e.g. 500Mbit, 2Gbps (bits) or 100MB/s, 50MiB/s (bytes), or off");
   limit->add_option("--peer", limit_peer, "the peer site to cap");
   limit->add_option("--class", limit_class, "the priority class to cap")
       ->check(CLI::IsMember({"exchange", "checkpoint", "background"}));
@@ -695,9 +818,25 @@ int Main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RequiredError& e) {
+    app.exit(e);
+    // A positional is missing: an option before it may have taken it.
+    std::fprintf(stderr,
+                 "longhaul: an option given a value may have taken the argument (e.g. "
+                 "`--also X` takes only X); check that every option has its value\n");
+    return kExitUsage;
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? kExitOk : kExitUsage;
+  }
+  if (g.quiet && g.verbose) {
+    std::fprintf(stderr, "longhaul: -q and -v exclude each other\n");
+    return kExitUsage;
+  }
+  if (!since.empty()) {
+    auto age = ParseAge(since, "--since");
+    if (!age.ok()) return Report(age.status());
+    list_filter.since = *age;
   }
   if (!reconnect_timeout.empty() &&
       (!absl::ParseDuration(reconnect_timeout, &g.reconnect_timeout) ||
@@ -711,7 +850,7 @@ int Main(int argc, char** argv) {
   if (cp->parsed()) return Copy(copy, g, false);
   if (sync->parsed()) return Copy(copy, g, true);
   if (status->parsed()) return Status(id, watch, g);
-  if (ls->parsed()) return ListTransfers(all, g);
+  if (ls->parsed()) return ListTransfers(list_filter, g);
   for (CLI::App* cmd : verbs) {
     if (cmd->parsed()) return Control(cmd->get_name(), id, g);
   }

@@ -16,12 +16,34 @@ namespace {
 
 std::string Rate(double bytes_per_sec) { return absl::StrFormat("%.0f Mbit/s", bytes_per_sec * 8 / 1e6); }
 
+// The recent rate counts only while chunks move: a paused, queued or ended
+// transfer keeps the last sample the daemon took, which says nothing now.
+bool Moving(const v1::TransferStatus& s) {
+  return s.state() == v1::RUNNING && s.rate_bytes_per_sec() > 0 && s.bytes_done() < s.bytes_total();
+}
+
 std::string Eta(const v1::TransferStatus& s) {
-  if (s.rate_bytes_per_sec() <= 0 || s.bytes_done() >= s.bytes_total()) return "--";
+  if (!Moving(s)) return "--";
   double seconds = (s.bytes_total() - s.bytes_done()) / s.rate_bytes_per_sec();
   if (seconds >= 3600) return absl::StrFormat("%.0fh%02.0fm", std::floor(seconds / 3600), std::fmod(seconds / 60, 60));
   if (seconds >= 60) return absl::StrFormat("%.0fm%02.0fs", std::floor(seconds / 60), std::fmod(seconds, 60));
   return absl::StrFormat("%.0fs", seconds);
+}
+
+// Terminal columns of UTF-8 `s` (one per code point).
+size_t Columns(absl::string_view s) {
+  return std::count_if(s.begin(), s.end(),
+                       [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+// The first `columns` columns of UTF-8 `s`, not splitting a code point.
+std::string FirstColumns(absl::string_view s, size_t columns) {
+  size_t seen = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80 && seen++ == columns)
+      return std::string(s.substr(0, i));
+  }
+  return std::string(s);
 }
 
 double Fraction(const v1::TransferStatus& s) {
@@ -92,8 +114,14 @@ std::string StateName(v1::TransferState state) { return v1::TransferState_Name(s
 
 JsonObject TransferJson(const v1::TransferStatus& s) {
   JsonObject o;
-  double goodput = s.seconds() > 0 ? s.bytes_total() * 8 / 1e6 / s.seconds() : 0;
-  if (!IsEndState(s.state())) goodput = s.rate_bytes_per_sec() * 8 / 1e6;
+  // Live: the recent rate while chunks move. Ended: the average over the
+  // time it ran, of the bytes that arrived.
+  double goodput = 0;
+  if (Moving(s)) {
+    goodput = s.rate_bytes_per_sec() * 8 / 1e6;
+  } else if (IsEndState(s.state()) && s.seconds() > 0) {
+    goodput = s.bytes_done() * 8 / 1e6 / s.seconds();
+  }
   o.Add("id", s.id())
       .Add("state", StateName(s.state()))
       .Add("bytes", s.bytes_total())
@@ -168,27 +196,119 @@ std::string SkippedLines(const v1::TransferStatus& s) {
   return out;
 }
 
+std::string RateText(const v1::TransferStatus& s) {
+  if (Moving(s)) return Rate(s.rate_bytes_per_sec());
+  if (IsEndState(s.state()) && s.bytes_done() > 0 && s.seconds() > 0) {
+    return absl::StrCat("avg ", Rate(s.bytes_done() / s.seconds()));
+  }
+  return "";
+}
+
 std::string ProgressBar(const v1::TransferStatus& s, int width) {
-  std::string stats = absl::StrFormat(" %5.1f%%  %s / %s  %s  ETA %s  %u streams", Fraction(s) * 100,
-                                      FormatBytes(s.bytes_done()), FormatBytes(s.bytes_total()),
-                                      Rate(s.rate_bytes_per_sec()), Eta(s), s.active_streams());
-  if (!s.error().empty()) stats += "  (retrying: " + s.error().substr(0, 40) + ")";
-  int bar = std::max(10, width - static_cast<int>(stats.size()) - 3);
-  int filled = static_cast<int>(std::round(Fraction(s) * bar));
+  // One column stays free: a line that fills the last column leaves the
+  // cursor pending a wrap, and some terminals then scroll on the next "\r".
+  const size_t room = static_cast<size_t>(std::max(width, 20) - 1);
+  constexpr size_t kMinBar = 10;
+  // Fields by importance; the last ones are dropped first when they do not fit.
+  std::vector<std::string> fields = {absl::StrFormat("%.1f%%", Fraction(s) * 100)};
+  if (s.state() != v1::RUNNING) fields.push_back(StateName(s.state()));
+  if (const std::string rate = RateText(s); !rate.empty()) fields.push_back(rate);
+  fields.push_back(absl::StrCat(FormatBytes(s.bytes_done()), " / ", FormatBytes(s.bytes_total())));
+  if (Moving(s)) fields.push_back(absl::StrCat("ETA ", Eta(s)));
+  if (s.active_streams() > 0) fields.push_back(absl::StrCat(s.active_streams(), " streams"));
+  auto stats_width = [&](size_t n) {
+    size_t w = 0;
+    for (size_t i = 0; i < n; ++i) w += 2 + Columns(fields[i]);
+    return w;
+  };
+  // An error outranks every field but the percentage: it keeps room for
+  // its label, a readable start and where the whole text is, when it can.
+  const std::string where = absl::StrCat(" (longhaul status ", s.id(), ")");
+  const std::string label = IsEndState(s.state()) ? "  error: " : "  retrying: ";
+  const size_t error_room = s.error().empty() ? 0 : Columns(label) + 12 + Columns(where);
+  auto fit = [&](size_t reserve) {
+    size_t kept = fields.size();
+    while (kept > 1 && kMinBar + 2 + stats_width(kept) + reserve > room) --kept;
+    return kept;
+  };
+  size_t kept = fit(error_room);
+  if (kMinBar + 2 + stats_width(kept) + error_room > room) kept = fit(0);
+  fields.resize(kept);
+  std::string stats;
+  for (const std::string& f : fields) absl::StrAppend(&stats, "  ", f);
+  if (!s.error().empty()) {
+    // The error is cut to what fits; the whole text is one command away.
+    const size_t used = kMinBar + 2 + Columns(stats) + Columns(label) + Columns(where);
+    if (used + 12 <= room) {
+      const size_t budget = room - used;
+      std::string error = s.error();
+      if (Columns(error) > budget) error = FirstColumns(error, budget - 3) + "...";
+      absl::StrAppend(&stats, label, error, where);
+    } else if (kMinBar + 2 + Columns(stats) + Columns(label) <= room) {
+      absl::StrAppend(&stats, IsEndState(s.state()) ? "  error" : "  retrying");
+    }
+  }
+  const size_t bar = std::max(kMinBar, room - 2 - Columns(stats));
+  const size_t filled = static_cast<size_t>(std::round(Fraction(s) * bar));
   return absl::StrCat("[", std::string(filled, '#'), std::string(bar - filled, '.'), "]", stats);
 }
 
 std::string ProgressLine(const v1::TransferStatus& s) {
-  std::string line = absl::StrFormat("%s %s %.1f%% %s/%s %s streams=%u", s.id(), StateName(s.state()),
-                                     Fraction(s) * 100, FormatBytes(s.bytes_done()), FormatBytes(s.bytes_total()),
-                                     Rate(s.rate_bytes_per_sec()), s.active_streams());
+  std::string line =
+      absl::StrFormat("%s %s %.1f%% %s/%s", s.id(), StateName(s.state()), Fraction(s) * 100,
+                      FormatBytes(s.bytes_done()), FormatBytes(s.bytes_total()));
+  if (const std::string rate = RateText(s); !rate.empty()) absl::StrAppend(&line, " ", rate);
+  absl::StrAppend(&line, " streams=", s.active_streams());
   if (s.skipped_size() > 0) absl::StrAppend(&line, " skipped=", s.skipped_size());
   if (!s.error().empty()) absl::StrAppend(&line, " error=\"", s.error(), "\"");
   return line;
 }
 
+namespace {
+
+std::string SourceText(const v1::TransferSpec& spec) {
+  if (!spec.source_site().empty()) {
+    return absl::StrCat(spec.source_site(), ":/", spec.source_export(), "/", spec.source_path());
+  }
+  return absl::StrJoin(spec.sources(), " ");
+}
+
+std::string RouteLines(const v1::TransferStatus& s) {
+  std::string out = absl::StrCat("\n  source:      ", SourceText(s.spec()));
+  if (!s.spec().requested_by().empty())
+    absl::StrAppend(&out, " (requested by ", s.spec().requested_by(), ")");
+  absl::StrAppend(&out, "\n  destination: ", s.spec().dest_site(), ":/", s.spec().dest_export(),
+                  "/", s.spec().dest_path());
+  for (const v1::Destination& d : s.spec().also())
+    absl::StrAppend(&out, "\n  also:        ", DestinationText(d));
+  return out;
+}
+
+}  // namespace
+
+std::string SpecText(const v1::TransferSpec& spec) {
+  std::string out = absl::StrCat(SourceText(spec), " -> ", spec.dest_site(), ":/",
+                                 spec.dest_export(), "/", spec.dest_path());
+  for (const v1::Destination& d : spec.also()) absl::StrAppend(&out, " + ", DestinationText(d));
+  return out;
+}
+
 std::string StatusText(const v1::TransferStatus& s) {
-  return absl::StrCat(ProgressLine(s), DestinationLines(s), SkippedLines(s));
+  std::string out =
+      absl::StrFormat("%s %s %.1f%% %s/%s", s.id(), StateName(s.state()), Fraction(s) * 100,
+                      FormatBytes(s.bytes_done()), FormatBytes(s.bytes_total()));
+  if (const std::string rate = RateText(s); !rate.empty()) absl::StrAppend(&out, " ", rate);
+  if (s.active_streams() > 0) absl::StrAppend(&out, " streams=", s.active_streams());
+  absl::StrAppend(&out, RouteLines(s));
+  if (!s.error().empty()) {
+    absl::StrAppend(&out,
+                    IsEndState(s.state()) ? "\n  error:       " : "\n  last error:  ", s.error());
+  }
+  return absl::StrCat(out, DestinationLines(s), SkippedLines(s));
+}
+
+std::string DetailText(const v1::TransferStatus& s) {
+  return absl::StrCat(Summary(s), RouteLines(s));
 }
 
 std::string Summary(const v1::TransferStatus& s) {

@@ -41,13 +41,21 @@ JsonObject TransferJson(const v1::TransferStatus& status);
 // "RUNNING", "COMPLETED"...
 std::string StateName(v1::TransferState state);
 
-// One line of a live progress bar (no newline), sized for `width` columns.
+// The rate to show: the recent one while chunks move, "avg R" (over the
+// time it ran) for an ended transfer that moved bytes, else "".
+std::string RateText(const v1::TransferStatus& status);
+// One line of a live progress bar (no newline) that fits in `width` columns
+// (at most width - 1 used, for width >= 20): the least important fields go
+// first, and an error is cut to fit, naming `longhaul status ID`.
 std::string ProgressBar(const v1::TransferStatus& status, int width);
 // A plain progress line for logs.
 std::string ProgressLine(const v1::TransferStatus& status);
-// The progress line, then one line per destination of a fan-out and one
-// per entry the transfer skipped (`longhaul status`).
+// The progress line, then where the bytes come from and go to, the last
+// error, one line per destination of a fan-out and one per entry the
+// transfer skipped (`longhaul status`).
 std::string StatusText(const v1::TransferStatus& status);
+// "SRC... -> SITE:/EXPORT/PATH (+ --also ...)": what a spec copies where.
+std::string SpecText(const v1::TransferSpec& spec);
 // "\n  skipped PATH: WHY" for each entry the transfer skipped.
 std::string SkippedLines(const v1::TransferStatus& status);
 // "SITE:/EXPORT/PATH".
@@ -57,6 +65,8 @@ std::string DestinationText(const v1::Destination& destination);
 std::string DestinationLines(const v1::TransferStatus& status);
 // The closing summary of a transfer.
 std::string Summary(const v1::TransferStatus& status);
+// The summary with the source and destination lines (-v).
+std::string DetailText(const v1::TransferStatus& status);
 
 }  // namespace longhaul::cli
 
