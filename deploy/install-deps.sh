@@ -30,6 +30,8 @@ PACKAGES=(
   iputils-ping libwrap0
   # tests: loop-mounted ext4 exports (mkfs.ext4, losetup, mount)
   e2fsprogs mount
+  # tests: the CLI drawn on a real terminal (tests/integration/test_cli.py)
+  tmux
   # tests: longhaul-faultfs, the chaos campaign's FUSE file system (tests/chaos/faultfs)
   libfuse3-dev fuse3
 )

@@ -56,10 +56,9 @@ absl::StatusOr<std::string> ResolveId(Client& client, const std::string& text) {
   if (candidates.empty()) return exact.status();
   if (candidates.size() > 1) {
     std::sort(candidates.begin(), candidates.end());
-    return absl::InvalidArgumentError(absl::StrCat("id prefix '", text, "' matches ",
-                                                   candidates.size(), " transfers: ",
-                                                   absl::StrJoin(candidates, ", "),
-                                                   "; give more of the id"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("id prefix '", text, "' matches ", candidates.size(),
+                     " transfers: ", absl::StrJoin(candidates, ", "), "; give more of the id"));
   }
   return candidates.front();
 }

@@ -209,7 +209,8 @@ int Follow(Client& client, const std::string& id, const Globals& g, bool json_li
   } else if (g.quiet) {
     if (ExitFor(*final_status) != kExitOk) std::cerr << Summary(*final_status) << std::endl;
   } else if (!json_lines) {
-    std::cout << (g.verbose ? DetailText(*final_status) : Summary(*final_status)) << std::endl;
+    const std::string summary = g.verbose ? DetailText(*final_status) : Summary(*final_status);
+    std::cout << (tty ? Fold(summary, TerminalWidth()) : summary) << std::endl;
   }
   return ExitFor(*final_status);
 }
@@ -342,8 +343,7 @@ int SubmitAll(const std::vector<v1::TransferSpec>& specs,
       std::cout << submitted->id() << (g.quiet ? "" : label) << std::endl;
     } else if (tty) {
       // Known before the bar starts, so that a closed terminal loses nothing.
-      std::cout << "transfer " << submitted->id() << label
-                << " submitted (Ctrl-C stops waiting; the copy goes on)" << std::endl;
+      std::cout << "transfer " << submitted->id() << label << " submitted" << std::endl;
     } else if (!label.empty()) {
       std::cout << submitted->id() << label << std::endl;
     }

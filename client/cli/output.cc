@@ -1,4 +1,3 @@
-#include "absl/strings/string_view.h"
 #include "client/cli/output.h"
 
 #include <algorithm>
@@ -7,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/units_parse.h"
 #include "longhaul/client.h"
 
@@ -305,6 +306,35 @@ std::string StatusText(const v1::TransferStatus& s) {
                     IsEndState(s.state()) ? "\n  error:       " : "\n  last error:  ", s.error());
   }
   return absl::StrCat(out, DestinationLines(s), SkippedLines(s));
+}
+
+std::string Fold(absl::string_view text, int width) {
+  const size_t room = static_cast<size_t>(std::max(width, 20) - 1);
+  constexpr absl::string_view kIndent = "    ";
+  std::vector<std::string> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    std::string current;
+    bool first_word = true;
+    for (absl::string_view word : absl::StrSplit(line, ' ')) {
+      if (first_word) {
+        current = std::string(word);
+        first_word = false;
+      } else if (Columns(current) + 1 + Columns(word) <= room) {
+        absl::StrAppend(&current, " ", word);
+      } else {
+        out.push_back(std::move(current));
+        current = absl::StrCat(kIndent, word);
+      }
+      // A word wider than a line (a long path) is cut where the line ends.
+      while (Columns(current) > room) {
+        std::string head = FirstColumns(current, room);
+        current = absl::StrCat(kIndent, current.substr(head.size()));
+        out.push_back(std::move(head));
+      }
+    }
+    out.push_back(std::move(current));
+  }
+  return absl::StrJoin(out, "\n");
 }
 
 std::string DetailText(const v1::TransferStatus& s) {

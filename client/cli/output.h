@@ -65,6 +65,10 @@ std::string DestinationText(const v1::Destination& destination);
 std::string DestinationLines(const v1::TransferStatus& status);
 // The closing summary of a transfer.
 std::string Summary(const v1::TransferStatus& status);
+// `text` with each line wider than `width` - 1 columns broken between words
+// (continuations indented), and a word wider than a line cut, so that a
+// terminal never wraps it (width >= 20).
+std::string Fold(absl::string_view text, int width);
 // The summary with the source and destination lines (-v).
 std::string DetailText(const v1::TransferStatus& status);
 

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "absl/strings/str_split.h"
 #include "client/cli/output.h"
 
 namespace longhaul::cli {
@@ -96,6 +97,24 @@ TEST(StatusTextTest, NamesSourceDestinationAndLastError) {
   EXPECT_THAT(text, HasSubstr("source:      /data/ckpt/step-100"));
   EXPECT_THAT(text, HasSubstr("destination: site-b:/ckpt/step-100"));
   EXPECT_THAT(text, HasSubstr("last error:  peer site-b unreachable"));
+}
+
+TEST(FoldTest, BreaksLongLinesAfterSeparators) {
+  const std::string summary =
+      "t-0123456789abcdef completed: 3.0 MiB in 1 files, 0.12 s, 213 Mbit/s, resent 0 B\n  skipped "
+      "x: y";
+  for (int width : {40, 80}) {
+    const std::string folded = Fold(summary, width);
+    for (absl::string_view line : absl::StrSplit(folded, '\n')) {
+      EXPECT_LT(line.size(), static_cast<size_t>(width)) << line;
+    }
+  }
+  EXPECT_EQ(Fold(summary, 40),
+            "t-0123456789abcdef completed: 3.0 MiB\n    in 1 files, 0.12 s, 213 Mbit/s,\n    "
+            "resent 0 B\n  skipped x: y");
+  const std::string path(100, 'p');
+  for (absl::string_view line : absl::StrSplit(Fold(path, 40), '\n')) EXPECT_LT(line.size(), 40u);
+  EXPECT_EQ(Fold(summary, 200), summary);
 }
 
 }  // namespace
