@@ -15,7 +15,6 @@ bool IsRefusal(const absl::Status& status) {
     case absl::StatusCode::kNotFound:
     case absl::StatusCode::kAlreadyExists:
     case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kUnauthenticated:
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kOutOfRange:
       return true;

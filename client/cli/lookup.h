@@ -16,7 +16,9 @@ namespace longhaul::cli {
 // A request the daemon refuses outright (a bad argument, an unknown peer or
 // transfer, a source the caller may not send, a transfer in a state that
 // does not allow the call, a call its token's role does not allow) is the
-// caller's to fix, like a usage error: exit 2.
+// caller's to fix, like a usage error: exit 2. A missing or wrong token
+// (Unauthenticated) is not: the caller's credentials are, like any other
+// error the daemon reports, exit 1.
 bool IsRefusal(const absl::Status& status);
 
 // The gRPC address of `address` as typed: a plain path ("/run/x.sock",

@@ -1,6 +1,7 @@
 // longhaul: the operator's CLI. Talks to the local longhauld over its control
-// socket. Exit codes: 0 ok, 1 transfer failed (or verify found a mismatch),
-// 2 usage error or a refused request, 3 daemon unreachable.
+// socket. Exit codes (README's table): 0 ok, 1 transfer failed (or verify
+// found a mismatch), 2 usage error or a refused request, 3 daemon
+// unreachable, 130 Ctrl-C while waiting (the transfer goes on).
 
 #include <signal.h>
 #include <sys/ioctl.h>
@@ -290,8 +291,9 @@ std::string DestinationMarker(const std::vector<Checkpoint>& complete, const Che
   return newest.markers.front();
 }
 
-// A submit the daemon refused. Copying to the site itself reads as an
-// unknown peer to the daemon; the operator is told it is the local site.
+// Reports a failed submit; returns the exit code. Copying to the site
+// itself reads as an unknown peer to the daemon: the operator is told it is
+// the local site.
 int ReportRefusedSubmit(Client& client, const v1::TransferSpec& spec, const absl::Status& status) {
   if (absl::StrContains(status.message(), "unknown peer site")) {
     auto peers = client.Peers(/*probe=*/false);
@@ -303,10 +305,7 @@ int ReportRefusedSubmit(Client& client, const v1::TransferSpec& spec, const absl
       return kExitUsage;
     }
   }
-  // Whatever error the daemon answers to a submit is a refusal: nothing
-  // started, and the request is the caller's to change.
-  std::fprintf(stderr, "longhaul: %s\n", std::string(status.message()).c_str());
-  return kExitUsage;
+  return Report(status);
 }
 
 // Submits every spec, then prints their ids or (with --wait) follows them in
@@ -327,7 +326,6 @@ int SubmitAll(const std::vector<v1::TransferSpec>& specs,
     }
     auto submitted = (*client)->Submit(specs[i], request_ids[i]);
     if (!submitted.ok()) {
-      if (absl::IsUnavailable(submitted.status())) return Report(submitted.status());
       return ReportRefusedSubmit(**client, specs[i], submitted.status());
     }
     ids.push_back(submitted->id());
