@@ -819,9 +819,11 @@ int Main(int argc, char** argv) {
   } catch (const CLI::RequiredError& e) {
     app.exit(e);
     // A positional is missing: an option before it may have taken it.
-    std::fprintf(stderr,
-                 "longhaul: an option given a value may have taken the argument (e.g. "
-                 "`--also X` takes only X); check that every option has its value\n");
+    if (std::string_view(e.what()).find("subcommand") == std::string_view::npos) {
+      std::fprintf(stderr,
+                   "longhaul: an option given a value may have taken the argument (e.g. "
+                   "`--also X` takes only X); check that every option has its value\n");
+    }
     return kExitUsage;
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
