@@ -26,7 +26,6 @@
 namespace longhaul::peer {
 namespace {
 
-constexpr absl::Duration kMinBackoff = absl::Milliseconds(500);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
 // Per stream, the most bytes sent and not yet acknowledged, in chunk sizes,
 // to a destination that acknowledges whole chunks only (see StreamLoop).
@@ -137,13 +136,18 @@ v1::OutgoingTransfer TransferSender::record() const {
 
 void TransferSender::Drain() {
   drain_.store(true);
-  if (!wake_.HasBeenNotified()) wake_.Notify();
+  RetryNow();
 }
 
 void TransferSender::Stop() {
   stop_.store(true);
-  if (!wake_.HasBeenNotified()) wake_.Notify();
+  RetryNow();
   AbortChannels();
+}
+
+void TransferSender::RetryNow() {
+  absl::MutexLock lock(&wake_mu_);
+  woken_ = true;
 }
 
 void TransferSender::AbortChannels() { channels_.AbortAll(); }
@@ -229,11 +233,15 @@ absl::Status TransferSender::Run() {
           "no progress for ", absl::FormatDuration(absl::Nanoseconds(stalled.ToNanoseconds())),
           "; last error: ", status.message()));
     }
-    absl::Duration backoff = std::min(kMaxBackoff, kMinBackoff * (1 << std::min(failures, 6)));
+    const absl::Duration first = absl::Nanoseconds(options_.first_retry_backoff.ToNanoseconds());
+    const absl::Duration backoff =
+        std::min(std::max(kMaxBackoff, first), first * (1 << std::min(failures, 6)));
     ++failures;
     spdlog::warn("transfer {}: {}; retrying in {}", record().id(), status.message(),
                  absl::FormatDuration(backoff));
-    wake_.WaitForNotificationWithTimeout(backoff);
+    absl::MutexLock lock(&wake_mu_);
+    wake_mu_.AwaitWithTimeout(absl::Condition(&woken_), backoff);
+    woken_ = stopping();  // a stop stays; a retry request is spent
   }
 }
 

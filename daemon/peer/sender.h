@@ -141,6 +141,9 @@ struct SenderOptions {
   uint32_t default_streams = 8;
   // A transfer without progress for this long fails; zero or less: never.
   TimeDelta give_up_after = TimeDelta::Seconds(3600);
+  // The first wait before trying again after a retryable error; each
+  // further failure doubles it, up to 30 s (or this, when longer).
+  TimeDelta first_retry_backoff = TimeDelta::Milliseconds(500);
   // The configured link's rate, which the streams pace just below.
   Bandwidth link_bandwidth = Bandwidth::GbitsPerSecond(10);
   // Times give_up_after and the digest pass (not owned, outlives the
@@ -188,6 +191,9 @@ class OutgoingRun {
   virtual void Drain() = 0;
   // Stop now, abandoning chunks in flight.
   virtual void Stop() = 0;
+  // An operator's resume of a transfer waiting to try again: try at once.
+  // A run that does not wait between attempts ignores it.
+  virtual void RetryNow() {}
   // The record as last journaled (the manifest may have new generations).
   virtual v1::OutgoingTransfer record() const = 0;
   // Fan-out: every destination's state and progress now (empty otherwise).
@@ -232,6 +238,7 @@ class TransferSender : public OutgoingRun {
   absl::Status Run() override;
   void Drain() override;
   void Stop() override;
+  void RetryNow() override;
   // Fan-out: a relayed leg stops waiting for its relay and sends the chunks
   // itself. No effect on a leg sent directly.
   void BypassRelay();
@@ -332,7 +339,9 @@ class TransferSender : public OutgoingRun {
   std::atomic<bool> drain_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> bypass_relay_{false};
-  absl::Notification wake_;  // cuts a backoff short on Drain/Stop
+  // Cut a retry backoff short: Drain/Stop (stopping()) and RetryNow.
+  absl::Mutex wake_mu_;
+  bool woken_ ABSL_GUARDED_BY(wake_mu_) = false;
 };
 
 }  // namespace longhaul::peer

@@ -773,6 +773,9 @@ absl::StatusOr<v1::TransferStatus> TransferManager::Resume(const std::string& id
       return absl::Status(s.code(), t.journal_error);
     }
     ScheduleLocked();
+  } else if (t.record.state() == v1::RUNNING && t.sender) {
+    // Waiting to try again after an error: the operator says now.
+    t.sender->RetryNow();
   } else if (t.record.state() == v1::COMPLETED || t.record.state() == v1::CANCELLED) {
     return absl::FailedPreconditionError(absl::StrCat(
         "transfer ", id, " has ended (", v1::TransferState_Name(t.record.state()), ")"));

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -76,6 +77,45 @@ TEST(TransferSenderTest, DialsTheDataChannelsWhileTheSessionOpens) {
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
     EXPECT_EQ(control.dials(), 1);
     EXPECT_EQ(seen_at_open.load(), 4) << "data channels dialed before the Open was answered";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// An operator's resume of a transfer waiting to try again after an error
+// (`longhaul resume ID`) tries at once, not when the backoff (here an hour)
+// ends; a stop ends the wait too.
+TEST(TransferSenderTest, RetryNowCutsTheBackoffShort) {
+  std::string dir = ::testing::TempDir() + "sender_test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  {
+    auto journal = storage::Journal::Open(dir + "/journal");
+    ASSERT_TRUE(journal.ok()) << journal.status();
+    SenderOptions options;
+    options.local_site = "site-a";
+    options.destination = SenderOptions::Destination{"site-b", "198.18.0.2:7700"};
+    options.default_streams = 1;
+    options.first_retry_backoff = TimeDelta::Seconds(3600);
+    v1::OutgoingTransfer record;
+    record.set_id("t-1");
+    record.mutable_spec()->set_dest_site("site-b");
+    record.mutable_manifest()->set_chunk_size(1 << 20);
+    record.mutable_manifest()->add_files()->set_size(1 << 20);
+    // Nothing listens: every dial is refused, a retryable error.
+    FakeTransport control("site-a");
+    FakeTransport data("site-a");
+    PriorityGate gate;
+    TransferProgress progress;
+    TransferSender sender(options, control, data, gate, **journal, record, progress, nullptr);
+    absl::Status status;
+    std::thread run([&] { status = sender.Run(); });
+
+    ASSERT_TRUE(control.WaitForDials(1, absl::Seconds(60)));
+    sender.RetryNow();
+    EXPECT_TRUE(control.WaitForDials(2, absl::Seconds(60)))
+        << "the second attempt waited for the backoff";
+    sender.Stop();
+    run.join();
+    EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
   }
   std::filesystem::remove_all(dir);
 }
