@@ -65,5 +65,72 @@ class ClientTest(unittest.TestCase):
                 c.wait(st["id"], timeout=60, progress=boom)
 
 
+class ClientOperationsTest(unittest.TestCase):
+    """Every operation of the CLI, from Python: list, pause, resume, verify,
+    peers and limit, and a relative source taken from the working directory."""
+
+    def write(self, path, size):
+        with open(path, "wb") as f:
+            f.write(os.urandom(size))
+        return path
+
+    def test_list_pause_resume_verify(self):
+        with LocalSites() as sites, tempfile.TemporaryDirectory(dir=sites.source_dir()) as src:
+            path = self.write(os.path.join(src, "blob.bin"), 8 << 20)
+            c = longhaul.Client(sites.address("site-a"))
+            # 8 Mbit/s = 1 MB/s: the transfer is still running when paused.
+            c.limit("8Mbit", peer="site-b")
+            st = c.submit([path], "site-b:/ckpt/ops/blob.bin", chunk_size=1 << 20)
+            self.assertIn(st["id"], [t["id"] for t in c.list()])
+            paused = c.pause(st["id"])
+            self.assertEqual(paused["state"], "PAUSED", paused.get("error"))
+            self.assertEqual(c.get(st["id"])["state"], "PAUSED")
+            c.limit("off", peer="site-b")
+            self.assertNotEqual(c.resume(st["id"])["state"], "PAUSED")
+            final = c.wait(st["id"], timeout=120)
+            self.assertEqual(final["state"], "COMPLETED", final.get("error"))
+            self.assertNotIn(st["id"], [t["id"] for t in c.list()])
+            self.assertIn(st["id"], [t["id"] for t in c.list(all=True)])
+            verified = c.verify(st["id"])
+            self.assertTrue(verified["ok"], verified)
+            self.assertEqual(int(verified["files_checked"]), 1)
+
+    def test_peers_and_limits(self):
+        with LocalSites() as sites:
+            c = longhaul.Client(sites.address("site-a"))
+            self.assertEqual([p["site"] for p in c.peers()["peers"]], ["site-b"])
+            self.assertEqual(c.limit(), [])
+            self.assertEqual(c.limit("16Mbit", peer="site-b"),
+                             [{"peer": "site-b", "bits_per_second": 16000000}])
+            self.assertEqual(c.limit(500_000_000, priority="background"),
+                             [{"peer": "site-b", "bits_per_second": 16000000},
+                              {"class": "background", "bits_per_second": 500000000}])
+            self.assertEqual(c.limit(0, peer="site-b"),
+                             [{"class": "background", "bits_per_second": 500000000}])
+            self.assertEqual(c.limit("off", priority="background"), [])
+            for bad in (dict(rate="1Gbit"), dict(rate="1Gbit", peer="site-b", priority="exchange"),
+                        dict(rate="fast", peer="site-b"), dict(peer="site-b")):
+                with self.assertRaises(ValueError, msg=str(bad)):
+                    c.limit(**bad)
+            with self.assertRaises(longhaul.Error):
+                c.limit("1Gbit", peer="no-such-site")
+
+    def test_a_relative_source_is_taken_from_the_working_directory(self):
+        with LocalSites() as sites, tempfile.TemporaryDirectory(dir=sites.source_dir()) as src:
+            path = self.write(os.path.join(src, "rel.bin"), 1 << 20)
+            c = longhaul.Client(sites.address("site-a"))
+            cwd = os.getcwd()
+            os.chdir(src)
+            try:
+                st = c.submit(["rel.bin"], "site-b:/ckpt/rel/rel.bin")
+            finally:
+                os.chdir(cwd)
+            final = c.wait(st["id"], timeout=60)
+            self.assertEqual(final["state"], "COMPLETED", final.get("error"))
+            with open(os.path.join(sites.export_dir("site-b"), "rel", "rel.bin"), "rb") as f, \
+                    open(path, "rb") as g:
+                self.assertEqual(f.read(), g.read())
+
+
 if __name__ == "__main__":
     unittest.main()
