@@ -95,8 +95,8 @@ class LocalCallerTest(lh.SitesTestCase):
     def test_the_pki_directory_is_refused_for_root(self):
         # deploy/local-sites.sh's `local` export is the whole test directory,
         # PKI included: the CA's key and the other sites' keys stay home.
-        for src in (self.sites.path("pki"), self.sites.path("pki", "ca.key"),
-                    self.sites.path("pki", "site-b.key")):
+        for src in (self.sites.path("pki", "ca.key"), self.sites.path("pki", "site-b.key"),
+                    self.sites.path("pki")):
             proc = self.cp(src, "site-b:/ckpt/loot")
             self.assert_refused(proc, src, "this site's PKI directory")
 
