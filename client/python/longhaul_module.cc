@@ -345,10 +345,25 @@ class PyClient {
   py::object Submit(std::vector<std::string> sources, const std::string& dest,
                     const std::string& request_id, bool sync, const std::string& priority,
                     uint32_t streams, uint64_t chunk_size, const std::string& transport,
-                    const std::vector<std::string>& also) {
+                    const std::vector<std::string>& also,
+                    const std::vector<std::string>& commit_last, bool checksum,
+                    const std::string& symlinks, bool hard_links) {
     Destination d = Unwrap(ParseDestination(dest));
     v1::TransferSpec spec;
-    for (auto& s : sources) spec.add_sources(s);
+    // A pull or third-party copy, as `longhaul cp SITE:/EXPORT/PATH DEST`:
+    // its one source is remote.
+    if (sources.size() == 1 && IsRemoteLocation(sources[0])) {
+      Destination source = Unwrap(ParseDestination(sources[0]));
+      spec.set_source_site(source.site);
+      spec.set_source_export(source.export_name);
+      spec.set_source_path(source.path);
+    } else {
+      for (auto& s : sources) spec.add_sources(s);
+    }
+    for (const std::string& glob : commit_last) spec.add_commit_last(glob);
+    spec.set_checksum(checksum);
+    spec.set_symlinks(symlinks);
+    spec.set_hard_links(hard_links);
     spec.set_dest_site(d.site);
     spec.set_dest_export(d.export_name);
     spec.set_dest_path(d.path);
@@ -562,8 +577,14 @@ PYBIND11_MODULE(_longhaul, m) {      // re-exported by longhaul/__init__.py
            py::arg("request_id") = "", py::arg("sync") = false, py::arg("priority") = "checkpoint",
            py::arg("streams") = 0, py::arg("chunk_size") = 0, py::arg("transport") = "",
            py::arg("also") = std::vector<std::string>(),
-           "Submits a transfer of `sources` (absolute paths) to 'SITE:/EXPORT/PATH'; "
-           "`also`: more destinations of a fan-out. Returns its status dict.")
+           py::arg("commit_last") = std::vector<std::string>(), py::arg("checksum") = false,
+           py::arg("symlinks") = "", py::arg("hard_links") = false,
+           "Submits a transfer of `sources` (local paths; a relative one is taken from the "
+           "working directory) to 'SITE:/EXPORT/PATH', as `longhaul cp` (`sync=True`: "
+           "`longhaul sync`). One source 'SITE:/EXPORT/PATH' pulls it, or copies it between "
+           "two other sites. `also`: more destinations of a fan-out; `commit_last`: globs "
+           "published last; `checksum`: sync compares content; `symlinks`: 'keep', 'follow' "
+           "or 'refuse'; `hard_links`: keep hard links. Returns its status dict.")
       .def("get", &PyClient::Get, py::arg("id"))
       .def("list", &PyClient::List, py::arg("all") = false,
            "The transfers this site knows (all=True: ended ones too), as status dicts.")

@@ -115,6 +115,34 @@ class ClientOperationsTest(unittest.TestCase):
             with self.assertRaises(longhaul.Error):
                 c.limit("1Gbit", peer="no-such-site")
 
+    def test_sync_options_and_a_pull(self):
+        with LocalSites() as sites, tempfile.TemporaryDirectory(dir=sites.source_dir()) as src:
+            self.write(os.path.join(src, "a.bin"), 1 << 16)
+            self.write(os.path.join(src, "DONE"), 16)
+            os.symlink("a.bin", os.path.join(src, "link"))
+            os.link(os.path.join(src, "a.bin"), os.path.join(src, "hard.bin"))
+            a = longhaul.Client(sites.address("site-a"))
+            st = a.submit([src], "site-b:/ckpt/opts", sync=True, checksum=True,
+                          commit_last=["DONE"], symlinks="keep", hard_links=True)
+            final = a.wait(st["id"], timeout=60)
+            self.assertEqual(final["state"], "COMPLETED", final.get("error"))
+            dest = os.path.join(sites.export_dir("site-b"), "opts")
+            self.assertEqual(os.readlink(os.path.join(dest, "link")), "a.bin")
+            self.assertEqual(os.stat(os.path.join(dest, "a.bin")).st_ino,
+                             os.stat(os.path.join(dest, "hard.bin")).st_ino)
+            # The same sync again, by content: nothing to send.
+            again = a.wait(a.submit([src], "site-b:/ckpt/opts", sync=True, checksum=True)["id"],
+                           timeout=60)
+            self.assertEqual(again["state"], "COMPLETED", again.get("error"))
+            self.assertEqual(int(again.get("bytes_sent", 0)), 0, again)
+            # site-a pulls it back from site-b's export.
+            pulled = a.wait(a.submit(["site-b:/ckpt/opts/a.bin"], "site-a:/ckpt/back.bin")["id"],
+                            timeout=60)
+            self.assertEqual(pulled["state"], "COMPLETED", pulled.get("error"))
+            with open(os.path.join(sites.export_dir("site-a"), "back.bin"), "rb") as f, \
+                    open(os.path.join(src, "a.bin"), "rb") as g:
+                self.assertEqual(f.read(), g.read())
+
     def test_a_relative_source_is_taken_from_the_working_directory(self):
         with LocalSites() as sites, tempfile.TemporaryDirectory(dir=sites.source_dir()) as src:
             path = self.write(os.path.join(src, "rel.bin"), 1 << 20)
