@@ -58,7 +58,12 @@ int Run(const std::string& config_path, const std::string& log_level_override,
 
   auto daemon = Daemon::Start({.config = *std::move(config), .config_path = config_path});
   if (!daemon.ok()) {
-    spdlog::critical("{}", daemon.status().message());
+    // Most start failures are the configuration's files (certificates,
+    // directories, addresses): point a new operator at what explains them.
+    spdlog::critical(
+        "{} (configuration {}: `man longhauld` and /usr/share/doc/longhaul/CONFIG.md describe "
+        "it; `longhaul-pki DIR SITE...` makes the tls files)",
+        daemon.status().message(), config_path);
     return 1;
   }
   int received = 0;

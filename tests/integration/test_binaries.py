@@ -56,6 +56,20 @@ class BinaryFlagsTest(unittest.TestCase):
             self.assertIn("man longhauld", output)
             self.assertIn("/usr/share/doc/longhaul/CONFIG.md", output)
 
+    def test_a_start_failure_names_the_documentation_and_longhaul_pki(self):
+        with tempfile.TemporaryDirectory(prefix="lh-bin-") as tmp:
+            config = os.path.join(tmp, "longhauld.yaml")
+            with open(config, "w") as f:
+                f.write(f"site: site-a\nlisten: 127.0.0.1:0\nstate_dir: {tmp}/state\n"
+                        f"tls: {{ca: {tmp}/tls/ca.pem, cert: {tmp}/tls/site-a.pem, "
+                        f"key: {tmp}/tls/site-a.key}}\nmetrics: {{listen: \"\"}}\n")
+            proc = run("longhauld", "--config", config)
+            self.assertEqual(proc.returncode, 1, proc.stderr)
+            output = proc.stdout + proc.stderr
+            self.assertIn(f"{tmp}/tls/ca.pem", output)
+            self.assertIn("man longhauld", output)
+            self.assertIn("longhaul-pki", output)
+
 
 if __name__ == "__main__":
     unittest.main()
