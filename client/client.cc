@@ -2,6 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <filesystem>
+#include <system_error>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "client/deadline.h"
@@ -111,6 +114,20 @@ absl::StatusOr<v1::TransferStatus> Client::Submit(const v1::TransferSpec& spec,
   v1::SubmitRequest request;
   request.set_request_id(request_id);
   *request.mutable_spec() = spec;
+  // The daemon cannot know this process's working directory: local sources
+  // go as absolute, normalized paths without trailing slashes, as the CLI
+  // sends them.
+  for (std::string& source : *request.mutable_spec()->mutable_sources()) {
+    if (source.empty()) continue;  // the daemon names what is wrong with it
+    std::error_code ec;
+    std::filesystem::path absolute = std::filesystem::absolute(source, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot resolve source ", source, ": ", ec.message()));
+    }
+    source = absolute.lexically_normal().string();
+    while (source.size() > 1 && source.back() == '/') source.pop_back();
+  }
   auto r = impl_->Unary<v1::SubmitRequest, v1::SubmitResponse>(&v1::Control::Stub::Submit, request);
   if (!r.ok()) return r.status();
   return r->status();

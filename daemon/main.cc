@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fmt_absl.h"
+#include "common/version.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "spdlog/spdlog.h"
@@ -44,7 +45,10 @@ int Run(const std::string& config_path, const std::string& log_level_override,
         const sigset_t& signals) {
   auto config = LoadConfig(config_path);
   if (!config.ok()) {
-    spdlog::critical("bad configuration: {}", config.status().message());
+    spdlog::critical(
+        "bad configuration in {}: {} (`man longhauld` and /usr/share/doc/longhaul/CONFIG.md "
+        "describe every key; /etc/longhaul/longhauld.yaml.example is a commented example)",
+        config_path, config.status().message());
     return 1;
   }
   spdlog::set_level(spdlog::level::from_str(log_level_override.empty() ? config->log_level
@@ -54,7 +58,12 @@ int Run(const std::string& config_path, const std::string& log_level_override,
 
   auto daemon = Daemon::Start({.config = *std::move(config), .config_path = config_path});
   if (!daemon.ok()) {
-    spdlog::critical("{}", daemon.status().message());
+    // Most start failures are the configuration's files (certificates,
+    // directories, addresses): point a new operator at what explains them.
+    spdlog::critical(
+        "{} (configuration {}: `man longhauld` and /usr/share/doc/longhaul/CONFIG.md describe "
+        "it; `longhaul-pki DIR SITE...` makes the tls files)",
+        daemon.status().message(), config_path);
     return 1;
   }
   int received = 0;
@@ -75,7 +84,14 @@ int main(int argc, char** argv) {
   std::string log_level;
   app.add_option("--config", config_path, "YAML configuration file")->required();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (overrides the config)");
-  CLI11_PARSE(app, argc, argv);
+  app.set_version_flag("--version", std::string(longhaul::Version()));
+  // CLI11 exits with its own codes (106 for a missing option); a usage error
+  // is 2 here, as for the CLI and most Unix tools.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   // Signals are taken by sigwait in Run; every thread started later inherits
   // the mask. A peer that hangs up must be an error value, not SIGPIPE.

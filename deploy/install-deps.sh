@@ -34,6 +34,9 @@ PACKAGES=(
   tmux
   # tests: longhaul-faultfs, the chaos campaign's FUSE file system (tests/chaos/faultfs)
   libfuse3-dev fuse3
+  # tests: the install test renders the man pages (man -l) and reads the
+  # packaged binaries' sections (readelf, binutils)
+  man-db binutils
 )
 
 missing=()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Two longhaul sites on this machine, for the demo, the tests and trying things.
 #   deploy/local-sites.sh up DIR     start site-a and site-b (whichever is not running)
-#   deploy/local-sites.sh down DIR   stop both (SIGTERM, then SIGKILL after 30 s)
+#   deploy/local-sites.sh down DIR   stop every site running under DIR, whatever
+#                                    LONGHAUL_LOCAL_SITES says (SIGTERM, then
+#                                    SIGKILL after 30 s)
 # `up` prints, and only prints, the two lines
 #   export LONGHAUL_SITE_A=unix:DIR/site-a/control.sock
 #   export LONGHAUL_SITE_B=unix:DIR/site-b/control.sock
@@ -9,8 +11,8 @@
 # state under DIR/SITE/state, its log in DIR/SITE/longhauld.log, an export
 # named `ckpt` at DIR/SITE/ckpt, and one named `local` at DIR itself, so that
 # anything under DIR can be sent (sources must lie inside an export; the
-# site's key and state are refused all the same). Certificates are made on
-# first run in DIR/pki (`deploy/pki.sh revoke DIR/pki SITE`, then SIGHUP the
+# site's state and DIR/pki, the directory of its key and of the CA's key, are
+# refused all the same). Certificates are made on first run in DIR/pki (`deploy/pki.sh revoke DIR/pki SITE`, then SIGHUP the
 # daemons, revokes one).
 # Environment: LONGHAUL_BIN (default build/bin), LONGHAUL_LOCAL_EXTRA (YAML
 # appended to both configs), LONGHAUL_LOCAL_SITES (default "site-a site-b":
@@ -172,6 +174,13 @@ case $cmd in
     done
     ;;
   down)
+    # Every site that `up` started here, also those a LONGHAUL_LOCAL_SITES
+    # given to `up` but not to `down` named.
+    for pidfile in "$dir"/*/longhauld.pid; do
+      [ -f "$pidfile" ] || continue
+      s=$(basename "$(dirname "$pidfile")")
+      [[ " ${sites[*]} " == *" $s "* ]] || sites+=("$s")
+    done
     for s in "${sites[@]}"; do
       running "$s" && kill -TERM "$(cat "$dir/$s/longhauld.pid")" 2>/dev/null || true
     done

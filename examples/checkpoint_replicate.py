@@ -11,10 +11,18 @@ site-b; site-b loads it back and every tensor must be equal.
 
 (torch.distributed.checkpoint is not usable with Debian's torch 1.13 under
 Python 3.11, hence plain torch.save shards and an index.)
-Starts two local daemons with deploy/local-sites.sh unless
-LONGHAUL_SITE_A / LONGHAUL_SITE_B are set (then pass --dest-dir: where
-site-b's `ckpt` export is on this host, and --source-dir: a directory inside
-one of site-a's exports, since longhauld sends only from its exports).
+Environment:
+  LONGHAUL_SITE_A, LONGHAUL_SITE_B  control addresses of running daemons
+      (e.g. unix:/run/longhaul/control.sock) to use instead of starting two
+      local ones with deploy/local-sites.sh. Sites that
+      `eval "$(deploy/local-sites.sh up DIR)"` exported need nothing more;
+      for other daemons pass --source-dir (a directory inside one of site-a's
+      exports: longhauld sends only from its exports) and --dest-dir (where
+      site-b's `ckpt` export is on this host).
+  PYTHONPATH            where `import longhaul` is (e.g. build/python).
+  LONGHAUL_BIN          the longhauld that deploy/local-sites.sh starts
+                        (default build/bin).
+  LONGHAUL_SOURCE_DIR   the repository (default: this file's).
 """
 
 import argparse
@@ -90,8 +98,18 @@ def main():
         loss.backward()
         optimizer.step()
 
-    with LocalSites() as sites, tempfile.TemporaryDirectory(
-            prefix="ckpt-src-", dir=args.source_dir or sites.source_dir()) as src:
+    with LocalSites() as sites:
+        try:
+            source_parent = args.source_dir or sites.source_dir()
+            dest_export = args.dest_dir or sites.export_dir("site-b")
+        except RuntimeError as e:
+            print("checkpoint_replicate: %s" % e, file=sys.stderr)
+            return 2
+        return replicate(args, torch, longhaul, model, optimizer, sites, source_parent, dest_export)
+
+
+def replicate(args, torch, longhaul, model, optimizer, sites, source_parent, dest_export):
+    with tempfile.TemporaryDirectory(prefix="ckpt-src-", dir=source_parent) as src:
         step_dir = os.path.join(src, "step-3")
         saved = save_sharded(torch, model, optimizer, step_dir, args.shards)
         client = longhaul.Client(sites.address("site-a"))
@@ -103,7 +121,7 @@ def main():
         if final["state"] != "COMPLETED":
             print("replication failed: %s" % final.get("error"), file=sys.stderr)
             return 1
-        dest_root = os.path.join(args.dest_dir or sites.export_dir("site-b"), run)
+        dest_root = os.path.join(dest_export, run)
         where = find_index(dest_root)
         if where is None:
             print("no model.index.json under %s" % dest_root, file=sys.stderr)

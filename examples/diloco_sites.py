@@ -20,8 +20,13 @@ exits 1 otherwise.
     /usr/bin/python3 examples/diloco_sites.py [--outer-steps 6] [--inner-steps 8]
 
 Starts the daemons with deploy/local-sites.sh in a temporary directory and
-stops them, the workers and the directory on every exit. Needs
+stops them, the workers and the directory on every exit (it kills and
+restarts a site, so it never uses daemons named by LONGHAUL_SITE_*). Needs
 `import longhaul` (build/python on PYTHONPATH) and torch.
+
+Environment: PYTHONPATH (where `import longhaul` is, e.g. build/python);
+LONGHAUL_BIN (the longhauld that deploy/local-sites.sh starts, default
+build/bin); LONGHAUL_SOURCE_DIR (the repository, default this file's).
 """
 
 import argparse
@@ -179,7 +184,7 @@ def main():
     # SIGTERM unwinds like Ctrl-C, so the cleanup below runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     procs = []
-    with tempfile.TemporaryDirectory(prefix="diloco-sites-") as tmp, LocalSites(SITES) as sites:
+    with tempfile.TemporaryDirectory(prefix="diloco-sites-") as tmp, LocalSites(SITES, use_environment=False) as sites:
 
         def spawn(site, rejoin=False):
             cmd = [sys.executable, os.path.abspath(__file__), "--site", site,

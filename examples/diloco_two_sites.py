@@ -14,6 +14,12 @@ Starts two local daemons with deploy/local-sites.sh (or uses
 LONGHAUL_SITE_A / LONGHAUL_SITE_B if set), runs one worker process per site,
 and checks that both end with identical parameters. Needs `import longhaul`
 (build/python on PYTHONPATH) and torch.
+
+Environment: LONGHAUL_SITE_A / LONGHAUL_SITE_B (control addresses, e.g.
+unix:/run/longhaul/control.sock, of running daemons to use instead of
+starting two; one per site of --sites); PYTHONPATH (where `import longhaul`
+is); LONGHAUL_BIN (the longhauld to start, default build/bin);
+LONGHAUL_SOURCE_DIR (the repository, default this file's).
 """
 
 import argparse

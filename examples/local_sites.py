@@ -4,8 +4,12 @@ temporary directory, always stopped on exit.
     with LocalSites(["site-a", "site-b"]) as sites:
         sites.address("site-a")   # "unix:/tmp/.../site-a/control.sock"
 
-If LONGHAUL_SITE_A / LONGHAUL_SITE_B are already set (daemons someone else
-runs), they are used as they are and nothing is started or stopped.
+If LONGHAUL_SITE_A / LONGHAUL_SITE_B (one variable per site) are already set
+(daemons someone else runs), they are used as they are and nothing is started
+or stopped; `use_environment=False` always starts sites of its own. Given
+sites started by `deploy/local-sites.sh up DIR` (addresses
+unix:DIR/SITE/control.sock) keep source_dir() and export_dir() working; for
+other daemons they raise, naming what to pass instead.
 """
 
 import os
@@ -22,18 +26,35 @@ def _var(site):
     return "LONGHAUL_SITE_" + site.replace("site-", "").upper().replace("-", "_")
 
 
+def _local_sites_dir(addresses):
+    """DIR when every address is unix:DIR/SITE/control.sock of a site that
+    deploy/local-sites.sh set up in DIR (its config is there), else None."""
+    dirs = set()
+    for site, address in addresses.items():
+        path = address[len("unix:"):] if address.startswith("unix:") else ""
+        site_dir = os.path.dirname(path)
+        if (not path or os.path.basename(path) != "control.sock"
+                or os.path.basename(site_dir) != site
+                or not os.path.isfile(os.path.join(site_dir, "longhauld.yaml"))):
+            return None
+        dirs.add(os.path.dirname(site_dir))
+    return dirs.pop() if len(dirs) == 1 else None
+
+
 class LocalSites:
-    def __init__(self, sites=("site-a", "site-b"), keep=False):
+    def __init__(self, sites=("site-a", "site-b"), keep=False, use_environment=True):
         self.sites = list(sites)
         self.keep = keep
+        self.use_environment = use_environment
         self.dir = None
         self.addresses = {}
         self.started = False
 
     def __enter__(self):
         given = {s: os.environ.get(_var(s)) for s in self.sites}
-        if all(given.values()):
+        if self.use_environment and all(given.values()):
             self.addresses = given
+            self.dir = _local_sites_dir(given)
             return self
         self.dir = tempfile.mkdtemp(prefix="longhaul-sites-")
         env = dict(os.environ, LONGHAUL_LOCAL_SITES=" ".join(self.sites))
@@ -54,13 +75,23 @@ class LocalSites:
     def address(self, site):
         return self.addresses[site]
 
+    def _require_dir(self, what, instead):
+        if self.dir is None:
+            raise RuntimeError(
+                "%s is not known: %s name daemons that deploy/local-sites.sh did not start; "
+                "%s" % (what, " / ".join(_var(s) for s in self.sites), instead))
+
     def export_dir(self, site):
+        self._require_dir("the directory of %s's ckpt export" % site,
+                          "pass where it is on this host (e.g. --dest-dir)")
         return os.path.join(self.dir, site, "ckpt")
 
     def source_dir(self):
         """A directory whose files any of the sites may send: a transfer's
         sources must lie inside one of the site's exports, and each site
         exports the sites' directory as `local` (send-only)."""
+        self._require_dir("a directory the sites may send from",
+                          "pass one inside an export of the sending site (e.g. --source-dir)")
         d = os.path.join(self.dir, "src")
         os.makedirs(d, exist_ok=True)
         return d

@@ -31,6 +31,7 @@
 #include "client/deadline.h"
 #include "common/checkpoints.h"
 #include "common/units_parse.h"
+#include "common/version.h"
 #include "longhaul/client.h"
 
 namespace longhaul::cli {
@@ -709,6 +710,7 @@ int Limit(const std::string& peer, const std::string& cls, const std::string& ra
 int Main(int argc, char** argv) {
   CLI::App app{"longhaul: replicate checkpoints and data between sites through longhauld"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(Version()));
   Globals g;
   app.add_option("--daemon", g.daemon,
                  "control address of longhauld: unix:PATH or HOST:PORT (default $LONGHAUL_DAEMON)");

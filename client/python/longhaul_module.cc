@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/units_parse.h"
 #include "google/protobuf/util/json_util.h"
 #include "longhaul/client.h"
 #include "longhaul/exchange.h"
@@ -302,6 +303,34 @@ class PyGroup {
   std::unique_ptr<ExchangeGroup> group_;
 };
 
+v1::PriorityClass ParsePriority(const std::string& priority) {
+  if (priority == "exchange") return v1::EXCHANGE;
+  if (priority == "checkpoint") return v1::CHECKPOINT;
+  if (priority == "background") return v1::BACKGROUND;
+  throw py::value_error("priority must be 'exchange', 'checkpoint' or 'background'");
+}
+
+const char* PriorityName(v1::PriorityClass priority) {
+  if (priority == v1::EXCHANGE) return "exchange";
+  if (priority == v1::BACKGROUND) return "background";
+  return "checkpoint";
+}
+
+// A rate as `longhaul limit` takes it: bits per second as an int, or text
+// such as "500Mbit" or "2Gbit"; 0, "0" and "off" mean no cap.
+uint64_t BitsPerSecond(py::object rate) {
+  if (py::isinstance<py::int_>(rate)) {
+    const long long bps = rate.cast<long long>();
+    if (bps < 0) throw py::value_error("rate must not be negative");
+    return static_cast<uint64_t>(bps);
+  }
+  const std::string text = py::str(rate).cast<std::string>();
+  if (text == "off" || text == "0") return 0;
+  absl::StatusOr<uint64_t> bps = ParseBitRate(text);
+  if (!bps.ok()) throw py::value_error(absl::StrCat("rate: ", bps.status().message()));
+  return *bps;
+}
+
 class PyClient {
  public:
   explicit PyClient(const std::string& address, double timeout) {
@@ -316,10 +345,25 @@ class PyClient {
   py::object Submit(std::vector<std::string> sources, const std::string& dest,
                     const std::string& request_id, bool sync, const std::string& priority,
                     uint32_t streams, uint64_t chunk_size, const std::string& transport,
-                    const std::vector<std::string>& also) {
+                    const std::vector<std::string>& also,
+                    const std::vector<std::string>& commit_last, bool checksum,
+                    const std::string& symlinks, bool hard_links) {
     Destination d = Unwrap(ParseDestination(dest));
     v1::TransferSpec spec;
-    for (auto& s : sources) spec.add_sources(s);
+    // A pull or third-party copy, as `longhaul cp SITE:/EXPORT/PATH DEST`:
+    // its one source is remote.
+    if (sources.size() == 1 && IsRemoteLocation(sources[0])) {
+      Destination source = Unwrap(ParseDestination(sources[0]));
+      spec.set_source_site(source.site);
+      spec.set_source_export(source.export_name);
+      spec.set_source_path(source.path);
+    } else {
+      for (auto& s : sources) spec.add_sources(s);
+    }
+    for (const std::string& glob : commit_last) spec.add_commit_last(glob);
+    spec.set_checksum(checksum);
+    spec.set_symlinks(symlinks);
+    spec.set_hard_links(hard_links);
     spec.set_dest_site(d.site);
     spec.set_dest_export(d.export_name);
     spec.set_dest_path(d.path);
@@ -334,15 +378,7 @@ class PyClient {
     spec.set_streams(streams);
     spec.set_chunk_size(chunk_size);
     spec.set_transport(transport);
-    if (priority == "exchange") {
-      spec.set_priority(v1::EXCHANGE);
-    } else if (priority == "background") {
-      spec.set_priority(v1::BACKGROUND);
-    } else if (priority == "checkpoint" || priority.empty()) {
-      spec.set_priority(v1::CHECKPOINT);
-    } else {
-      throw py::value_error("priority must be 'exchange', 'checkpoint' or 'background'");
-    }
+    spec.set_priority(ParsePriority(priority.empty() ? "checkpoint" : priority));
     absl::StatusOr<v1::TransferStatus> st;
     {
       py::gil_scoped_release release;
@@ -353,6 +389,80 @@ class PyClient {
 
   py::object Get(const std::string& id) { return Call([&] { return client_->Get(id); }); }
   py::object Cancel(const std::string& id) { return Call([&] { return client_->Cancel(id); }); }
+  py::object Pause(const std::string& id) {
+    return Call([&] { return client_->Pause(id); });
+  }
+  py::object Resume(const std::string& id) {
+    return Call([&] { return client_->Resume(id); });
+  }
+
+  py::list List(bool all) {
+    absl::StatusOr<std::vector<v1::TransferStatus>> transfers;
+    {
+      py::gil_scoped_release release;
+      transfers = client_->List(all);
+    }
+    py::list out;
+    for (const v1::TransferStatus& t : Unwrap(std::move(transfers))) out.append(ToDict(t));
+    return out;
+  }
+
+  py::object Verify(const std::string& id) {
+    absl::StatusOr<v1::VerifyResponse> result;
+    {
+      py::gil_scoped_release release;
+      result = client_->Verify(id);
+    }
+    return ToDict(Unwrap(std::move(result)));
+  }
+
+  py::object Peers(bool probe) {
+    absl::StatusOr<v1::PeersResponse> peers;
+    {
+      py::gil_scoped_release release;
+      peers = client_->Peers(probe);
+    }
+    return ToDict(Unwrap(std::move(peers)));
+  }
+
+  // `longhaul limit`: with no rate, the caps in force; with one, sets the cap
+  // of exactly one of `peer` or `priority` (0, "0" or "off" removes it).
+  // Returns every cap now in force, as dicts like the CLI's --json.
+  py::list Limit(py::object rate, const std::string& peer, const std::string& priority) {
+    absl::StatusOr<std::vector<v1::RateLimit>> limits;
+    if (rate.is_none()) {
+      if (!peer.empty() || !priority.empty()) {
+        throw py::value_error("limit: give a rate with peer= or priority=");
+      }
+      py::gil_scoped_release release;
+      limits = client_->GetLimits();
+    } else {
+      if (peer.empty() == priority.empty()) {
+        throw py::value_error("limit: name exactly one of peer= or priority=");
+      }
+      v1::RateLimit limit;
+      if (!peer.empty()) {
+        limit.set_peer(peer);
+      } else {
+        limit.set_priority(ParsePriority(priority));
+      }
+      limit.set_bits_per_second(BitsPerSecond(rate));
+      py::gil_scoped_release release;
+      limits = client_->SetLimit(limit);
+    }
+    py::list out;
+    for (const v1::RateLimit& l : Unwrap(std::move(limits))) {
+      py::dict d;
+      if (l.scope_case() == v1::RateLimit::kPeer) {
+        d["peer"] = l.peer();
+      } else {
+        d["class"] = PriorityName(l.priority());
+      }
+      d["bits_per_second"] = l.bits_per_second();
+      out.append(d);
+    }
+    return out;
+  }
 
   py::object Wait(const std::string& id, std::optional<double> timeout, py::object progress) {
     return Call([&] {
@@ -467,10 +577,31 @@ PYBIND11_MODULE(_longhaul, m) {      // re-exported by longhaul/__init__.py
            py::arg("request_id") = "", py::arg("sync") = false, py::arg("priority") = "checkpoint",
            py::arg("streams") = 0, py::arg("chunk_size") = 0, py::arg("transport") = "",
            py::arg("also") = std::vector<std::string>(),
-           "Submits a transfer of `sources` (absolute paths) to 'SITE:/EXPORT/PATH'; "
-           "`also`: more destinations of a fan-out. Returns its status dict.")
+           py::arg("commit_last") = std::vector<std::string>(), py::arg("checksum") = false,
+           py::arg("symlinks") = "", py::arg("hard_links") = false,
+           "Submits a transfer of `sources` (local paths; a relative one is taken from the "
+           "working directory) to 'SITE:/EXPORT/PATH', as `longhaul cp` (`sync=True`: "
+           "`longhaul sync`). One source 'SITE:/EXPORT/PATH' pulls it, or copies it between "
+           "two other sites. `also`: more destinations of a fan-out; `commit_last`: globs "
+           "published last; `checksum`: sync compares content; `symlinks`: 'keep', 'follow' "
+           "or 'refuse'; `hard_links`: keep hard links. Returns its status dict.")
       .def("get", &PyClient::Get, py::arg("id"))
+      .def("list", &PyClient::List, py::arg("all") = false,
+           "The transfers this site knows (all=True: ended ones too), as status dicts.")
       .def("cancel", &PyClient::Cancel, py::arg("id"))
+      .def("pause", &PyClient::Pause, py::arg("id"), "Pauses a transfer; returns its status.")
+      .def("resume", &PyClient::Resume, py::arg("id"), "Resumes a paused transfer.")
+      .def("verify", &PyClient::Verify, py::arg("id"),
+           "Re-reads a completed transfer's destination and compares digests; returns the "
+           "result dict (its `ok` says whether every file matched).")
+      .def("peers", &PyClient::Peers, py::arg("probe") = true,
+           "Peer sites and their links, as `longhaul peers --json`.")
+      .def("limit", &PyClient::Limit, py::arg("rate") = py::none(), py::arg("peer") = "",
+           py::arg("priority") = "",
+           "Without a rate: the rate caps in force. With one (bits per second, or text such "
+           "as '500Mbit'; 0 or 'off' removes the cap): caps `peer` or the class `priority` at "
+           "run time. Returns every cap now in force: [{'peer' or 'class', "
+           "'bits_per_second'}].")
       .def("wait", &PyClient::Wait, py::arg("id"), py::arg("timeout") = py::none(),
            py::arg("progress") = py::none(),
            "Waits for the transfer to end; calls progress(status) as it goes.")

@@ -55,7 +55,7 @@ void CollectTransfers(daemon::TransferManager* manager, Families& out) {
   auto peer_rtt = FamilyBuilder::Gauge("longhaul_peer_rtt_seconds",
                                        "Smoothed round-trip time to a peer.", {"peer"});
   auto peer_bw =
-      FamilyBuilder::Gauge("longhaul_peer_bandwidth_estimate_bits_per_second",
+      FamilyBuilder::Gauge("longhaul_peer_bandwidth_estimate_bytes_per_second",
                            "Delivery rate the congestion controller measured to a peer.", {"peer"});
   auto peer_retrans = FamilyBuilder::Gauge("longhaul_peer_retransmits",
                                            "Segments or packets retransmitted on the most recently "
@@ -101,7 +101,8 @@ void CollectTransfers(daemon::TransferManager* manager, Families& out) {
     for (const v1::PeerStatus& p : peers.peers()) {
       peer_up.Set({p.site(), p.transport()}, 1);
       peer_rtt.Set({p.site()}, p.rtt_ms() * 1e-3);
-      peer_bw.Set({p.site()}, p.delivery_rate_mbit() * 1e6);
+      // Prometheus' base unit is bytes (promtool lints "bits").
+      peer_bw.Set({p.site()}, p.delivery_rate_mbit() * 1e6 / 8);
       peer_retrans.Set({p.site()}, static_cast<double>(p.retransmits()));
       peer_sockbuf.Set({p.site()}, static_cast<double>(p.socket_buffer_bytes()));
       peer_streams.Set({p.site()}, p.active_streams());
@@ -173,7 +174,7 @@ void CollectJournal(const storage::Journal* journal, Families& out) {
 
 void CollectLimiter(const peer::RateLimiter* limiter, Families& out) {
   auto limits =
-      FamilyBuilder::Gauge("longhaul_rate_limit_bits_per_second",
+      FamilyBuilder::Gauge("longhaul_rate_limit_bytes_per_second",
                            "Operators' rate caps in force (longhaul limit).", {"scope", "name"});
   auto capped = FamilyBuilder::Counter("longhaul_rate_capped_bytes_total",
                                        "Bytes sent under an operator's cap, charged to it "
@@ -183,9 +184,9 @@ void CollectLimiter(const peer::RateLimiter* limiter, Families& out) {
     for (const peer::RateLimiter::Limit& l : limiter->Limits()) {
       if (l.peer.empty()) {
         limits.Set({"class", peer::PriorityClassName(l.priority)},
-                   static_cast<double>(l.rate.ToBitsPerSecond()));
+                   static_cast<double>(l.rate.ToBitsPerSecond()) / 8);
       } else {
-        limits.Set({"peer", l.peer}, static_cast<double>(l.rate.ToBitsPerSecond()));
+        limits.Set({"peer", l.peer}, static_cast<double>(l.rate.ToBitsPerSecond()) / 8);
       }
     }
     for (v1::PriorityClass p : {v1::EXCHANGE, v1::CHECKPOINT, v1::BACKGROUND}) {

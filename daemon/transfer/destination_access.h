@@ -50,8 +50,9 @@ absl::Status JudgeWrite(WriteJudge judge, const UserCredentials& user, const std
 
 // Decides which destinations a pull may write for its caller, at submit and
 // again whenever its source opens or commits there:
-//  - never the daemon's own secrets (DaemonSecrets: TLS key, state_dir,
-//    control tokens), nor a directory holding one, whoever asks;
+//  - never the daemon's own secrets (DaemonSecrets: TLS key and the
+//    directories of the TLS files, state_dir, control tokens), nor a
+//    directory holding one, whoever asks;
 //  - a local user (root included): what that user could write itself
 //    (JudgeWrite by its uid, the gid from SO_PEERCRED and its groups in the
 //    group database), asking the kernel when this daemon may take the

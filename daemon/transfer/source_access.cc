@@ -97,10 +97,23 @@ std::optional<Caller> Caller::FromRequesterKey(absl::string_view key, gid_t gid)
 }
 
 std::vector<SourceAccessForbidden> DaemonSecrets(const DaemonConfig& config) {
+  // The directories of the TLS files hold more than they name:
+  // deploy/pki.sh (longhaul-pki) keeps the CA's private key next to ca.pem
+  // and every site's key next to this one, and no export should ship them.
+  auto directory_of = [](const std::string& file) {
+    std::string::size_type slash = file.rfind('/');
+    return slash == std::string::npos || slash == 0 ? std::string() : file.substr(0, slash);
+  };
   std::vector<SourceAccessForbidden> secrets = {
       {config.tls.key, "this site's TLS private key"},
       {config.state_dir, "this daemon's state_dir"},
   };
+  std::vector<std::string> pki_dirs = {directory_of(config.tls.key)};
+  if (pki_dirs[0] != directory_of(config.tls.ca)) pki_dirs.push_back(directory_of(config.tls.ca));
+  for (const std::string& dir : pki_dirs) {
+    if (dir.empty()) continue;
+    secrets.push_back({dir, "this site's PKI directory (that of tls.key or tls.ca)"});
+  }
   for (const ControlToken& t : config.control_tokens) {
     secrets.push_back({t.file, "a control token"});
   }

@@ -60,7 +60,8 @@ struct SourceAccessForbidden {
 };
 
 // What no caller may have this daemon send, whatever the exports say: its
-// TLS key, its state_dir and its control tokens.
+// TLS key and the directories of tls.key and tls.ca (where a CA's key is
+// kept), its state_dir and its control tokens.
 std::vector<SourceAccessForbidden> DaemonSecrets(const DaemonConfig& config);
 
 // Decides which local files a caller may have this daemon send.

@@ -6,9 +6,13 @@
 #     installed CLI, tests/install/consumer builds with find_package(longhaul)
 #     and passes its checks against that daemon, and Debian's /usr/bin/python3
 #     imports the module from P with PYTHONPATH.
-#  2. `cpack -G DEB`: longhaul and longhaul-dev hold what they should, declare
-#     their Depends, carry the maintainer scripts; the unpacked dev package
-#     builds the consumer too. The maintainer scripts run against stub
+#  2. `cpack -G DEB`: longhaul and longhaul-dev hold what they should (the
+#     binaries stripped, their debug info in -dbgsym packages; the example
+#     configuration, longhaul-pki, docs, man pages that render without a
+#     warning, bash completion), declare their Depends, carry the maintainer
+#     scripts; the unpacked dev package builds the consumer too; the packaged
+#     longhauld starts from the packaged example configuration once
+#     longhaul-pki made its certificates. The maintainer scripts run against stub
 #     commands on PATH: postinst creates the `longhaul` user once and never
 #     enables or starts the service.
 # Nothing is installed on the machine: every file goes to a temporary
@@ -19,6 +23,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/lh-install.XXXXXX")
 daemon_pid=
+dbgsym_files=()
 cleanup() {
   if [ -n "$daemon_pid" ]; then
     kill "$daemon_pid" 2>/dev/null || true
@@ -48,7 +53,10 @@ prefix=$tmp/prefix
 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log"
 for f in bin/longhauld bin/longhaul include/longhaul/client.h include/longhaul/exchange.h \
   include/longhaul/v1/control.pb.h lib/cmake/longhaul/longhaulConfig.cmake \
-  lib/systemd/system/longhauld.service; do
+  lib/systemd/system/longhauld.service bin/longhaul-pki etc/longhaul/longhauld.yaml.example \
+  share/doc/longhaul/README.md share/doc/longhaul/SECURITY.md share/doc/longhaul/CONFIG.md \
+  share/doc/longhaul/examples/longhauld.yaml.example share/man/man1/longhaul.1.gz \
+  share/man/man8/longhauld.8.gz share/bash-completion/completions/longhaul; do
   expect_file "$prefix/$f"
 done
 pydir=$prefix/lib/python3/dist-packages
@@ -137,7 +145,12 @@ dev=$(ls "$tmp"/deb/longhaul-dev_*.deb 2>/dev/null | head -1)
 version=$(dpkg-deb -f "$deb" Version)
 
 dpkg-deb -c "$deb" | awk '{print $6}' >"$tmp/deb.list"
-for f in ./usr/bin/longhauld ./usr/bin/longhaul ./usr/lib/systemd/system/longhauld.service; do
+for f in ./usr/bin/longhauld ./usr/bin/longhaul ./usr/lib/systemd/system/longhauld.service \
+  ./usr/bin/longhaul-pki ./etc/longhaul/longhauld.yaml.example \
+  ./usr/share/doc/longhaul/README.md ./usr/share/doc/longhaul/SECURITY.md \
+  ./usr/share/doc/longhaul/CONFIG.md ./usr/share/doc/longhaul/examples/longhauld.yaml.example \
+  ./usr/share/man/man1/longhaul.1.gz ./usr/share/man/man8/longhauld.8.gz \
+  ./usr/share/bash-completion/completions/longhaul; do
   grep -qx "$f" "$tmp/deb.list" || fail "longhaul.deb lacks $f"
 done
 grep -qE '^\./usr/lib/python3/dist-packages/longhaul/_longhaul\.cpython-.*\.so$' "$tmp/deb.list" ||
@@ -145,8 +158,10 @@ grep -qE '^\./usr/lib/python3/dist-packages/longhaul/_longhaul\.cpython-.*\.so$'
 for f in __init__.py torch.py; do
   grep -qx "./usr/lib/python3/dist-packages/longhaul/$f" "$tmp/deb.list" || fail "longhaul.deb lacks longhaul/$f"
 done
-outside=$(grep -vE '^\./(usr/(lib/)?)?$|^\./usr/(bin|lib/python3|lib/systemd)/' "$tmp/deb.list" || true)
-[ -z "$outside" ] || fail "longhaul.deb installs outside /usr/bin, /usr/lib/python3, /usr/lib/systemd: $outside"
+outside=$(grep -vE '^\./((usr/((lib|share)/)?)|etc/)?$|^\./usr/(bin|lib/python3|lib/systemd)/|^\./etc/longhaul/|^\./usr/share/((doc|man|bash-completion)/|doc/longhaul/|bash-completion/completions/)' "$tmp/deb.list" || true)
+[ -z "$outside" ] || fail "longhaul.deb installs outside /usr/bin, /usr/lib/python3, /usr/lib/systemd, /usr/share/{doc,man,bash-completion}, /etc/longhaul: $outside"
+grep -qx '/etc/longhaul/longhauld.yaml.example' <(dpkg-deb -I "$deb" conffiles 2>/dev/null) ||
+  fail "longhaul.deb does not mark /etc/longhaul/longhauld.yaml.example as a conffile"
 [ "$(dpkg-deb -f "$deb" Package)" = longhaul ] || fail "the runtime package is not named longhaul"
 depends=$(dpkg-deb -f "$deb" Depends)
 for d in adduser libgrpc++ libprotobuf librocksdb libssl3 liburing libabsl; do
@@ -162,9 +177,76 @@ dpkg-deb -x "$deb" "$tmp/root"
 dpkg-deb -x "$dev" "$tmp/root"
 grep -qx 'ExecStart=/usr/bin/longhauld --config /etc/longhaul/longhauld.yaml' \
   "$tmp/root/usr/lib/systemd/system/longhauld.service" || fail "the packaged unit does not run /usr/bin/longhauld"
+project_version=$(sed -nE 's/^project\(longhaul VERSION ([0-9.]+).*/\1/p' "$root/CMakeLists.txt")
 for bin in longhauld longhaul; do
   "$tmp/root/usr/bin/$bin" --help >/dev/null || fail "the packaged $bin does not run"
+  v=$("$tmp/root/usr/bin/$bin" --version) || fail "the packaged $bin --version exited $?"
+  [[ "$v" == "$project_version"* ]] || fail "the packaged $bin --version printed '$v', not $project_version"
+  status=0
+  "$tmp/root/usr/bin/$bin" --no-such-flag >/dev/null 2>&1 || status=$?
+  [ "$status" -eq 2 ] || fail "the packaged $bin exits $status, not 2, on a usage error"
+  # Stripped: no symbol table, no DWARF; the debug info is in the -dbgsym package.
+  sections=$(readelf -SW "$tmp/root/usr/bin/$bin")
+  if grep -qE ' \.(symtab|debug_info) ' <<<"$sections"; then fail "the packaged $bin is not stripped"; fi
+  build_id=$(readelf -nW "$tmp/root/usr/bin/$bin" | sed -nE 's/.*Build ID: ([0-9a-f]+).*/\1/p')
+  [ -n "$build_id" ] || fail "the packaged $bin has no build id"
+  dbgsym_files+=("./usr/lib/debug/.build-id/${build_id:0:2}/${build_id:2}.debug")
 done
+dbgsym=$(ls "$tmp"/deb/longhaul-dbgsym_*.*deb 2>/dev/null | head -1 || true)
+if [ -z "$dbgsym" ]; then
+  fail "cpack made no longhaul-dbgsym package: $(ls "$tmp/deb")"
+else
+  dpkg-deb -c "$dbgsym" | awk '{print $6}' >"$tmp/dbgsym.list"
+  for f in "${dbgsym_files[@]}"; do
+    grep -qx "$f" "$tmp/dbgsym.list" || fail "$(basename "$dbgsym") lacks $f"
+  done
+fi
+
+# Man pages render without a warning; the example configuration lists every
+# key of deploy/CONFIG.md (the last lower-case part of its name).
+for page in "$tmp"/root/usr/share/man/man*/*.gz; do
+  warnings=$(MANWIDTH=80 man --warnings -l "$page" 2>&1 >/dev/null)
+  [ -z "$warnings" ] || fail "man -l ${page#"$tmp"/root} warns: $warnings"
+done
+example=$tmp/root/etc/longhaul/longhauld.yaml.example
+for key in $(grep -oE '^\| `[a-z_]+(\[\])?(\.[a-z_A-Z]+(\[\])?)*`' "$root/deploy/CONFIG.md" |
+  tr -d '|` ' | grep -v '^longhaul_' | sort -u); do
+  leaf=$(tr '.' '\n' <<<"${key//\[\]/}" | grep -E '^[a-z_]+$' | tail -1)
+  grep -qE "(^[# ]*(- )?|[{ ,])$leaf:" "$example" || fail "the example configuration lacks $key"
+done
+bash -n "$tmp/root/usr/share/bash-completion/completions/longhaul" ||
+  fail "the bash completion does not parse"
+
+# The packaged daemon from the packaged example, its paths moved under $tmp:
+# it starts (control socket, a first log line) once longhaul-pki made the
+# certificates, with a bad key its first error names the documentation.
+if [ -f "$example" ]; then
+  etc=$tmp/etc-longhaul
+  mkdir -p "$etc"
+  "$tmp/root/usr/bin/longhaul-pki" "$etc/tls" site-a >"$tmp/pki.log" 2>&1 ||
+    fail "longhaul-pki failed: $(tail -3 "$tmp/pki.log")"
+  sed -e "s|/etc/longhaul/|$etc/|g" -e "s|/var/lib/longhaul|$tmp/var|g" \
+    -e 's|^listen: 0\.0\.0\.0:7700|listen: 127.0.0.1:0|' "$example" >"$etc/longhauld.yaml"
+  printf 'metrics:\n  listen: ""\n' >>"$etc/longhauld.yaml"
+  "$tmp/root/usr/bin/longhauld" --config "$etc/longhauld.yaml" >"$tmp/example.log" 2>&1 </dev/null &
+  daemon_pid=$!
+  for _ in $(seq 100); do
+    [ -S "$tmp/var/control.sock" ] && break
+    kill -0 "$daemon_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -S "$tmp/var/control.sock" ] && [ -s "$tmp/example.log" ] ||
+    fail "longhauld did not start from the example configuration: $(tail -3 "$tmp/example.log")"
+  kill "$daemon_pid" && wait "$daemon_pid" 2>/dev/null || true
+  daemon_pid=
+  echo "no_such_key: 1" >>"$etc/longhauld.yaml"
+  status=0
+  "$tmp/root/usr/bin/longhauld" --config "$etc/longhauld.yaml" >"$tmp/bad.log" 2>&1 </dev/null || status=$?
+  [ "$status" -eq 1 ] && grep -q 'man longhauld' "$tmp/bad.log" ||
+    fail "longhauld on a bad key exits $status and does not name its documentation: $(cat "$tmp/bad.log")"
+else
+  fail "longhaul.deb has no example configuration to start longhauld from"
+fi
 [ "$(dpkg-deb -f "$dev" Package)" = longhaul-dev ] || fail "the dev package is not named longhaul-dev"
 if consumer_build "$tmp/root/usr" "$tmp/consumer-deb"; then
   "$tmp/consumer-deb/consumer" "unix:$tmp/no-daemon.sock" || fail "the consumer's checks against longhaul-dev"

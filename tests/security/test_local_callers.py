@@ -92,6 +92,14 @@ class LocalCallerTest(lh.SitesTestCase):
         proc = self.cp(key, "site-b:/ckpt/loot.key")
         self.assert_refused(proc, key)
 
+    def test_the_pki_directory_is_refused_for_root(self):
+        # deploy/local-sites.sh's `local` export is the whole test directory,
+        # PKI included: the CA's key and the other sites' keys stay home.
+        for src in (self.sites.path("pki", "ca.key"), self.sites.path("pki", "site-b.key"),
+                    self.sites.path("pki")):
+            proc = self.cp(src, "site-b:/ckpt/loot")
+            self.assert_refused(proc, src, "this site's PKI directory")
+
     def test_symlink_inside_an_export_pointing_outside_is_refused(self):
         target = self.write(os.path.join(self.outside, "public.bin"), 4096, seed=2)
         os.makedirs(os.path.join(self.outside, "dir"))

@@ -56,7 +56,9 @@ class Client {
   }
   ~Client();
 
-  // Idempotent by `request_id` (empty: a fresh transfer every call).
+  // Idempotent by `request_id` (empty: a fresh transfer every call). A
+  // relative local source is taken from this process's working directory,
+  // as the CLI takes it.
   absl::StatusOr<v1::TransferStatus> Submit(const v1::TransferSpec& spec,
                                             const std::string& request_id = "");
   absl::StatusOr<v1::TransferStatus> Get(const std::string& id);

@@ -206,6 +206,24 @@ TEST(DeployExamplesTest, EveryExampleConfigParses) {
   }
 }
 
+// The commented example the package installs as
+// /etc/longhaul/longhauld.yaml.example starts a site as it is (the install
+// test starts longhauld from it), with the documented defaults.
+TEST(DeployExamplesTest, PackagedExampleConfigParsesWithTheDefaults) {
+  const std::filesystem::path path =
+      std::filesystem::path(LONGHAUL_DEPLOY_DIR) / "longhauld.yaml.example";
+  auto c = LoadConfig(path.string());
+  ASSERT_TRUE(c.ok()) << path << ": " << c.status();
+  auto defaults = ParseConfig("site: site-a\n");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(c->site, "site-a");
+  EXPECT_EQ(c->state_dir, defaults->state_dir);
+  EXPECT_EQ(c->tls.ca, defaults->tls.ca);
+  EXPECT_EQ(c->tls.cert, defaults->tls.cert);
+  EXPECT_EQ(c->tls.key, defaults->tls.key);
+  EXPECT_EQ(c->log_level, defaults->log_level);
+}
+
 // The configs embedded in the Kubernetes ConfigMaps must load too.
 TEST(DeployExamplesTest, EveryKubernetesConfigMapConfigParses) {
   const std::filesystem::path dir = std::filesystem::path(LONGHAUL_DEPLOY_DIR) / "k8s";

@@ -61,12 +61,12 @@ TEST_F(DaemonMetricsTest, RateCapsFollowTheLimiter) {
   limiter.SetClassLimit(v1::BACKGROUND, Bandwidth::MbitsPerSecond(100));
   std::string text = RenderText(metrics);
   EXPECT_NE(
-      text.find("longhaul_rate_limit_bits_per_second{scope=\"peer\",name=\"site-b\"} 500000000\n"),
+      text.find("longhaul_rate_limit_bytes_per_second{scope=\"peer\",name=\"site-b\"} 62500000\n"),
       std::string::npos)
       << text;
   EXPECT_NE(
       text.find(
-          "longhaul_rate_limit_bits_per_second{scope=\"class\",name=\"background\"} 100000000\n"),
+          "longhaul_rate_limit_bytes_per_second{scope=\"class\",name=\"background\"} 12500000\n"),
       std::string::npos);
   limiter.SetPeerLimit("site-b", Bandwidth::Zero());  // off
   EXPECT_EQ(RenderText(metrics).find("name=\"site-b\""), std::string::npos);
@@ -127,7 +127,7 @@ TEST(DaemonCollectorTest, EveryFamilyIsPresentOnceWithoutSources) {
   for (const char* name :
        {"longhaul_build_info", "longhaul_transfers", "longhaul_bytes_sent_total",
         "longhaul_peer_rtt_seconds", "longhaul_chunks_durable_total",
-        "longhaul_journal_write_seconds", "longhaul_rate_limit_bits_per_second",
+        "longhaul_journal_write_seconds", "longhaul_rate_limit_bytes_per_second",
         "longhaul_peer_handshakes_refused_total", "longhaul_peer_handshakes_pending"}) {
     EXPECT_EQ(names.count(name), 1u) << name;
   }

@@ -51,9 +51,9 @@ TEST(ExpositionTest, SamplesAreSortedByLabelValues) {
 // labels as they were declared, not alphabetically.
 TEST(ExpositionTest, LabelsKeepTheirDeclaredOrder) {
   std::string text = RenderOne(
-      FamilyBuilder::Gauge("longhaul_rate_limit_bits_per_second", "Caps.", {"scope", "name"})
+      FamilyBuilder::Gauge("longhaul_rate_limit_bytes_per_second", "Caps.", {"scope", "name"})
           .Set({"peer", "site-b"}, 5e8));
-  EXPECT_NE(text.find("longhaul_rate_limit_bits_per_second{scope=\"peer\",name=\"site-b\"} "
+  EXPECT_NE(text.find("longhaul_rate_limit_bytes_per_second{scope=\"peer\",name=\"site-b\"} "
                       "500000000\n"),
             std::string::npos)
       << text;

@@ -3,7 +3,10 @@
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import unittest
 import urllib.error
@@ -17,6 +20,29 @@ import lh  # noqa: E402
 def get(port, path):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
         return r.status, r.headers.get("Content-Type"), r.read().decode()
+
+
+def promtool():
+    """Debian's promtool, unpacked from the `prometheus` package into
+    BUILD/test-deps (downloaded once; `dpkg-deb -x` only: installing the
+    package would start a Prometheus service). None, with the reason, when it
+    cannot be had."""
+    root = os.path.join(os.path.dirname(lh.BIN), "test-deps", "prometheus")
+    tool = os.path.join(root, "usr", "bin", "promtool")
+    if os.access(tool, os.X_OK):
+        return tool, None
+    with tempfile.TemporaryDirectory(prefix="lh-promtool-") as tmp:
+        proc = subprocess.run(["apt-get", "download", "prometheus"], cwd=tmp,
+                              capture_output=True, text=True)
+        debs = [f for f in os.listdir(tmp) if f.endswith(".deb")]
+        if proc.returncode != 0 or not debs:
+            return None, f"apt-get download prometheus failed: {proc.stderr.strip()[-300:]}"
+        unpacked = os.path.join(tmp, "root")
+        subprocess.run(["dpkg-deb", "-x", os.path.join(tmp, debs[0]), unpacked], check=True)
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.move(unpacked, root)
+    return tool, None
 
 
 def sample(text, name, labels=""):
@@ -42,7 +68,7 @@ class OpsTest(lh.SitesTestCase):
         self.assertEqual(ctype, "text/plain; version=0.0.4; charset=utf-8")
         for family in ["longhaul_bytes_sent_total", "longhaul_chunks_durable_total",
                        "longhaul_transfers", "longhaul_journal_write_seconds",
-                       "longhaul_peer_rtt_seconds", "longhaul_peer_bandwidth_estimate_bits_per_second",
+                       "longhaul_peer_rtt_seconds", "longhaul_peer_bandwidth_estimate_bytes_per_second",
                        "longhaul_peer_congestion_control_info"]:
             self.assertIn(f"# TYPE {family} ", text)
         self.assertEqual(sample(text, "longhaul_transfers", '{state="queued"}'), 0)
@@ -59,8 +85,8 @@ class OpsTest(lh.SitesTestCase):
         self.assertEqual(json.loads(out), {"limits": [{"peer": "site-b", "bits_per_second": 16000000}]})
         port_a, port_b = self.metrics_port("site-a"), self.metrics_port("site-b")
         text = get(port_a, "/metrics")[2]
-        self.assertEqual(sample(text, "longhaul_rate_limit_bits_per_second",
-                                '{scope="peer",name="site-b"}'), 16e6)
+        self.assertEqual(sample(text, "longhaul_rate_limit_bytes_per_second",
+                                '{scope="peer",name="site-b"}'), 2e6)
 
         start = time.monotonic()
         proc, status = s.cp(src, "site-b:/ckpt/blob.bin", "--chunk-size", "1MiB", "--streams", "2",
@@ -100,6 +126,26 @@ class OpsTest(lh.SitesTestCase):
         proc, st = s.cp(s.path("src", "blob2.bin"), "site-b:/ckpt/blob2.bin", "--chunk-size", "1MiB")
         self.assertEqual(st["state"], "COMPLETED", proc.stderr)
         self.assertLess(time.monotonic() - start, elapsed)
+
+    def test_promtool_finds_no_lint(self):
+        tool, why = promtool()
+        if tool is None:
+            self.skipTest(why)
+        # Every family with a sample: a cap in force, a peer that carried data.
+        self.sites.cli("a", "limit", "--peer", "site-b", "1Gbit", check=True)
+        self.sites.cli("a", "limit", "--class", "background", "1Gbit", check=True)
+        src = self.sites.path("src", "blob.bin")
+        lh.write_random(src, 4 << 20, seed=9)
+        proc, _ = self.sites.cp(src, "site-b:/ckpt/blob.bin", "--chunk-size", "1MiB")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        for site in ("site-a", "site-b"):
+            text = get(self.metrics_port(site), "/metrics")[2]
+            if site == "site-a":
+                self.assertIn("longhaul_rate_limit_", text)
+            check = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True,
+                                   text=True)
+            self.assertEqual((check.returncode, check.stdout + check.stderr), (0, ""),
+                             f"promtool on {site}'s /metrics")
 
     def test_limit_refuses_unknown_peer_and_bad_rate(self):
         proc = self.sites.cli("a", "limit", "--peer", "site-z", "1Gbit")
