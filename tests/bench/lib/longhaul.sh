@@ -157,7 +157,7 @@ longhaul_resume_row() {
   rx0=$(proc_cpu_threads "$LH_PID_site_b")
   t0=$(date +%s%N)
   lh_cli site-a cp "$SRC" "site-b:/ckpt/$name" --wait --json \
-    --streams "$streams" --chunk-size "$chunk" "$@" \
+    --streams "$streams" --chunk-size "${chunk}B" "$@" \
     >"$WORK/lh-resume.out" 2>"$WORK/lh-resume.err" &
   local cp=$!
   local killed=0 durable
