@@ -57,6 +57,8 @@ std::string DestinationText(const v1::Destination& destination);
 std::string DestinationLines(const v1::TransferStatus& status);
 // The closing summary of a transfer.
 std::string Summary(const v1::TransferStatus& status);
+// A --dry-run's answer: what would be sent, replaced, deleted and pruned.
+std::string DryRunText(const v1::TransferStatus& status);
 
 }  // namespace longhaul::cli
 
