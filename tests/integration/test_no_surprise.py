@@ -45,16 +45,18 @@ class CpRefusalTest(NoSurpriseCase):
     def test_cp_onto_another_tree_is_refused_before_submit(self):
         self.run_ok("cp", self.version(1), "ck")
         before = lh.tree_digest(self.dest("ck"))
+        listed_before = [self.sites.cli(site, "ls", "--all", "--json", check=True).stdout
+                         for site in ("a", "b")]
         proc = self.sites.cli("a", "cp", self.version(2), "site-b:/ckpt/ck", "--wait")
         self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
         self.assertIn("exists and it holds another tree", proc.stderr)
         self.assertIn("cp --replace", proc.stderr)
         self.assertIn("sync", proc.stderr)
         self.assertEqual(lh.tree_digest(self.dest("ck")), before)
-        # Refused before an id: only the first cp is known at either site.
-        for site in ("a", "b"):
-            listed = json.loads(self.sites.cli(site, "ls", "--all", "--json", check=True).stdout)
-            self.assertEqual(len(listed["transfers"]), 1, listed)
+        # Refused before an id: neither site knows a transfer more.
+        self.assertEqual([self.sites.cli(site, "ls", "--all", "--json", check=True).stdout
+                          for site in ("a", "b")], listed_before)
+        self.assertEqual(len(json.loads(listed_before[0])["transfers"]), 1)
 
     def test_cp_of_a_file_onto_another_file_is_refused(self):
         one, two = self.sites.path("one.bin"), self.sites.path("two.bin")
