@@ -19,7 +19,9 @@ absl::StatusOr<v1::OpenReply> TransferManager::CheckWithDestination(
   hello.set_role(v1::Hello::CONTROL);
   hello.set_transfer_id(record.id());
   auto channel = peer::DialSession(control_transport_, peer->site, peer->address, hello);
-  if (!channel.ok()) return channel.status();
+  // Not a decision of the destination (down, or TLS refused either way):
+  // the transfer's own open meets it again, and reports it, as before.
+  if (!channel.ok()) return absl::UnavailableError(channel.status().message());
   v1::PeerMessage request;
   v1::OpenRequest* open = request.mutable_open();
   open->set_transfer_id(record.id());
