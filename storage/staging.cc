@@ -226,34 +226,16 @@ absl::Status KeepDestinationOnly(FileSystem& fs, const v1::Manifest& manifest,
   return absl::OkStatus();
 }
 
-// Adds to options.report what replacing `old_name` in `staging` (the old
-// version, moved aside) changed and deleted; at most kReportListed paths of
-// each are named.
-constexpr size_t kReportListed = 1000;
+// Adds to options.report what replacing the old version `old_name` (moved
+// aside in `staging`) with `manifest` changed and deleted.
 absl::Status ReportReplaced(FileSystem& fs, const v1::Manifest& manifest,
                             const PublishOptions& options, Directory& staging,
                             const std::string& old_name) {
-  v1::PublishReport& report = *options.report;
-  report.set_replaced(true);
   absl::StatusOr<std::vector<std::string>> there = ListVersion(fs, staging, old_name);
   if (!there.ok()) return there.status();
-  std::sort(there->begin(), there->end());
-  absl::flat_hash_set<std::string> changed;
-  for (int i = 0; i < manifest.files_size(); ++i) {
-    if (!options.skip_files.contains(static_cast<uint32_t>(i))) {
-      changed.insert(options.single_file ? "" : manifest.files(i).path());
-    }
-  }
-  const absl::flat_hash_set<std::string> named = ManifestPaths(manifest);
-  for (const std::string& rel : *there) {
-    if (changed.contains(rel)) {
-      report.set_changed_count(report.changed_count() + 1);
-      if (static_cast<size_t>(report.changed_size()) < kReportListed) report.add_changed(rel);
-    } else if (!options.single_file && !named.contains(rel) && !options.keep_deleted) {
-      report.set_deleted_count(report.deleted_count() + 1);
-      if (static_cast<size_t>(report.deleted_size()) < kReportListed) report.add_deleted(rel);
-    }
-  }
+  options.report->set_replaced(true);
+  CompareVersions(std::move(*there), manifest, options.single_file, options.skip_files,
+                  options.keep_deleted, *options.report);
   return absl::OkStatus();
 }
 

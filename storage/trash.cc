@@ -94,11 +94,32 @@ absl::StatusOr<std::vector<std::string>> ListVersion(FileSystem& fs, Directory& 
   return out;
 }
 
+void CompareVersions(std::vector<std::string> there, const v1::Manifest& manifest, bool single_file,
+                     const absl::flat_hash_set<uint32_t>& skip_files, bool keep_deleted,
+                     v1::PublishReport& report) {
+  std::sort(there.begin(), there.end());
+  absl::flat_hash_set<std::string> named, changed;
+  for (int i = 0; i < manifest.files_size(); ++i) {
+    const std::string path = single_file ? "" : manifest.files(i).path();
+    named.insert(path);
+    if (!skip_files.contains(static_cast<uint32_t>(i))) changed.insert(path);
+  }
+  for (const v1::ManifestSymlink& l : manifest.symlinks()) named.insert(l.path());
+  for (const std::string& rel : there) {
+    if (changed.contains(rel)) {
+      report.set_changed_count(report.changed_count() + 1);
+      if (report.changed_size() < kReportListed) report.add_changed(rel);
+    } else if (!named.contains(rel) && !keep_deleted) {
+      report.set_deleted_count(report.deleted_count() + 1);
+      if (report.deleted_size() < kReportListed) report.add_deleted(rel);
+    }
+  }
+}
+
 absl::StatusOr<v1::PublishReport> WouldReplace(FileSystem& fs, const ResolvedDestination& dest,
                                                bool single_file, const v1::Manifest& manifest,
                                                const absl::flat_hash_set<uint32_t>& skip_files,
                                                bool keep_deleted) {
-  constexpr int kListed = 1000;
   v1::PublishReport report;
   const size_t slash = dest.relative.rfind('/');
   const std::string parent_rel = slash == std::string::npos ? "" : dest.relative.substr(0, slash);
@@ -110,28 +131,13 @@ absl::StatusOr<v1::PublishReport> WouldReplace(FileSystem& fs, const ResolvedDes
       OpenDirBeneath(fs, **root, parent_rel, /*create=*/false);
   if (absl::IsNotFound(parent.status())) return report;
   if (!parent.ok()) return parent.status();
-  absl::StatusOr<std::vector<std::string>> there = ListVersion(fs, **parent, base);
-  if (!there.ok()) return there.status();
   absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(**parent, base);
   if (!st.ok()) return st.status();
-  report.set_replaced(st->has_value());
-  std::sort(there->begin(), there->end());
-  absl::flat_hash_set<std::string> named, changed;
-  for (int i = 0; i < manifest.files_size(); ++i) {
-    const std::string path = single_file ? "" : manifest.files(i).path();
-    named.insert(path);
-    if (!skip_files.contains(static_cast<uint32_t>(i))) changed.insert(path);
-  }
-  for (const v1::ManifestSymlink& l : manifest.symlinks()) named.insert(l.path());
-  for (const std::string& rel : *there) {
-    if (changed.contains(rel)) {
-      report.set_changed_count(report.changed_count() + 1);
-      if (report.changed_size() < kListed) report.add_changed(rel);
-    } else if (!named.contains(rel) && !keep_deleted) {
-      report.set_deleted_count(report.deleted_count() + 1);
-      if (report.deleted_size() < kListed) report.add_deleted(rel);
-    }
-  }
+  if (!st->has_value()) return report;
+  absl::StatusOr<std::vector<std::string>> there = ListVersion(fs, **parent, base);
+  if (!there.ok()) return there.status();
+  report.set_replaced(true);
+  CompareVersions(std::move(*there), manifest, single_file, skip_files, keep_deleted, report);
   return report;
 }
 

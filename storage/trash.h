@@ -57,6 +57,16 @@ absl::StatusOr<std::vector<std::string>> ExpireTrash(FileSystem& fs, const std::
 absl::StatusOr<std::vector<std::string>> ListVersion(FileSystem& fs, Directory& dir,
                                                      const std::string& name);
 
+// What replacing a version holding `there` (ListVersion's paths) with
+// `manifest` changes: `changed`, the manifest's files there that are not in
+// `skip_files` (the destination itself, "", for a single file); `deleted`,
+// the paths there that the manifest does not name (none with keep_deleted).
+// Lists hold at most kReportListed paths, sorted; the counts count all.
+inline constexpr int kReportListed = 1000;
+void CompareVersions(std::vector<std::string> there, const v1::Manifest& manifest, bool single_file,
+                     const absl::flat_hash_set<uint32_t>& skip_files, bool keep_deleted,
+                     v1::PublishReport& report);
+
 // What publishing `manifest` at `dest` would replace and delete now (a dry
 // run): `replaced` when the destination exists; `changed`, the manifest's
 // files there that are not in `skip_files`; `deleted`, the files and
