@@ -122,6 +122,21 @@ class TrashTest(NoSurpriseCase):
         self.assertFalse(os.path.exists(self.dest("ck", "sub", "b.bin")))
 
 
+class PruneReportTest(NoSurpriseCase):
+
+    def test_sync_keep_reports_the_checkpoints_it_pruned(self):
+        run = self.sites.path("run")
+        lh.write_versioned_checkpoint(os.path.join(run, "step-1"), 1, LAYOUT)
+        args = ("sync", run, "site-b:/ckpt/run", "--keep", "1", "--only-complete", ".metadata",
+                "--wait")
+        self.assertEqual(self.sites.cli("a", *args).returncode, 0)
+        lh.write_versioned_checkpoint(os.path.join(run, "step-2"), 2, LAYOUT)
+        proc = self.sites.cli("a", *args)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("\n  pruned step-1", proc.stdout)
+        self.assertEqual(sorted(os.listdir(self.dest("run"))), ["step-2"])
+
+
 class TrashExpiryTest(NoSurpriseCase):
     extra_config = "transfer:\n  trash_retention: 1s\n"
 
