@@ -72,6 +72,14 @@ v1::PeerMessage Receiver::CheckOpen(const v1::PeerMessage& request,
                                     const storage::ResolvedDestination& dest) {
   const v1::OpenRequest& open = request.open();
   auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
+  // A check stands for a submit: of a transfer not opened here yet. One of
+  // a known id says nothing more, and is nobody's way into that transfer.
+  auto known = journal_.GetIncoming(open.transfer_id());
+  if (!known.ok()) return fail(known.status());
+  if (*known) {
+    return fail(absl::PermissionDeniedError(absl::StrCat(
+        "transfer ", open.transfer_id(), " is known here already; a check is for a new one")));
+  }
   if (absl::Status s = RefuseDifferent(open, change.source, dest); !s.ok()) return fail(s);
   absl::flat_hash_set<uint32_t> unchanged;
   v1::PeerMessage answer;
