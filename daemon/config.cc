@@ -216,10 +216,10 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
   }
 
   if (YAML::Node t = root["transfer"]) {
-    LH_RETURN_IF_ERROR(CheckKeys(t, "transfer",
-                                 {"chunk_size", "streams", "commit_last", "max_active",
-                                  "give_up_after", "max_chunk_size",
-                                  "read_back_while_receiving"}));
+    LH_RETURN_IF_ERROR(
+        CheckKeys(t, "transfer",
+                  {"chunk_size", "streams", "commit_last", "max_active", "give_up_after",
+                   "max_chunk_size", "read_back_while_receiving", "trash_retention"}));
     LH_RETURN_IF_ERROR(ReadSize(t, "chunk_size", "transfer", &c.transfer.chunk_size));
     LH_RETURN_IF_ERROR(ReadSize(t, "max_chunk_size", "transfer", &c.transfer.max_chunk_size));
     LH_RETURN_IF_ERROR(Read(t, "streams", &c.transfer.streams));
@@ -227,6 +227,13 @@ absl::StatusOr<DaemonConfig> ParseNode(const YAML::Node& root) {
     LH_RETURN_IF_ERROR(
         Read(t, "read_back_while_receiving", &c.transfer.read_back_while_receiving));
     LH_RETURN_IF_ERROR(ReadDuration(t, "give_up_after", "transfer", &c.transfer.give_up_after_us));
+    LH_RETURN_IF_ERROR(
+        ReadDuration(t, "trash_retention", "transfer", &c.transfer.trash_retention_us));
+    if (c.transfer.trash_retention_us <= 0) {
+      return absl::InvalidArgumentError(
+          "transfer.trash_retention must be positive (what a publish replaced stays in each "
+          "export's .longhaul/trash this long)");
+    }
     if (t["commit_last"]) c.transfer.commit_last = t["commit_last"].as<std::vector<std::string>>();
   }
   if (c.transfer.chunk_size < (64u << 10) || c.transfer.chunk_size > c.transfer.max_chunk_size) {

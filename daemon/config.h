@@ -94,6 +94,9 @@ struct DaemonConfig {
     // Staged chunks are read back against their digests soon after they
     // become durable (true), or all of them right before publish (false).
     bool read_back_while_receiving = true;
+    // What a publish here replaced or deleted stays recoverable in the
+    // export's .longhaul/trash this long, then the daemon removes it.
+    int64_t trash_retention_us = 24ll * 3600 * 1000000;
   } transfer;
 
   // What any one peer, authenticated or not, can make this daemon hold:

@@ -14,7 +14,9 @@ using internal::JoinPath;
 
 namespace {
 
-constexpr char kTrashRel[] = ".longhaul/trash";
+// The prune's own work directory in the trash: what it moves there is
+// deleted at once. Publish's trash entries beside it are never touched.
+constexpr char kPruningRel[] = ".longhaul/trash/pruning";
 
 absl::StatusOr<bool> IsCheckpoint(FileSystem& fs, Directory& parent, const std::string& name,
                                   const RetentionPolicy& policy) {
@@ -67,10 +69,11 @@ absl::StatusOr<std::vector<std::string>> PruneCheckpoints(FileSystem& fs,
       OpenDirBeneath(fs, **root, parent_relative, /*create=*/false);
   if (!parent.ok()) return parent.status();
   absl::StatusOr<std::unique_ptr<Directory>> trash =
-      OpenDirBeneath(fs, **root, kTrashRel, /*create=*/true);
+      OpenDirBeneath(fs, **root, kPruningRel, /*create=*/true);
   if (!trash.ok()) return trash.status();
 
-  // Finish what a crash interrupted: everything in the trash goes.
+  // Finish what a crash interrupted: everything in the prune's work
+  // directory goes.
   absl::StatusOr<std::vector<std::string>> leftovers = fs.List(**trash);
   if (!leftovers.ok()) return leftovers.status();
   for (const std::string& n : *leftovers) {

@@ -41,10 +41,10 @@ struct RetentionPolicy {
 // with '.', and hold their marker (complete_marker, else one matching
 // marker_globs). All but the newest `policy.keep` (by NaturalLess of their
 // names) are removed: each is first renamed into
-// <export_root>/.longhaul/trash (so it disappears at once and never shows
-// half-deleted), then deleted. Leftovers of an earlier crash in the trash
-// are deleted too. Returns the names removed, oldest first. Never follows a
-// symlink.
+// <export_root>/.longhaul/trash/pruning (so it disappears at once and never
+// shows half-deleted), then deleted. Leftovers of an earlier crash there are
+// deleted too; the rest of the trash (storage/trash.h) is not touched. Returns the names removed,
+// oldest first. Never follows a symlink.
 absl::StatusOr<std::vector<std::string>> PruneCheckpoints(FileSystem& fs,
                                                           const std::string& export_root,
                                                           std::string_view parent_relative,

@@ -18,6 +18,7 @@
 #include "storage/chunk_plan.h"
 #include "storage/content_check.h"
 #include "storage/posix_util.h"
+#include "storage/trash.h"
 
 namespace longhaul::storage {
 
@@ -177,6 +178,65 @@ absl::Status UnlinkMarkers(FileSystem& fs, Directory& dir, const std::string& re
     }
   }
   return removed ? fs.SyncDir(dir) : absl::OkStatus();
+}
+
+// The manifest's entries (files and symlinks) by relative path.
+absl::flat_hash_set<std::string> ManifestPaths(const v1::Manifest& manifest) {
+  absl::flat_hash_set<std::string> paths;
+  for (const v1::ManifestFile& f : manifest.files()) paths.insert(f.path());
+  for (const v1::ManifestSymlink& l : manifest.symlinks()) paths.insert(l.path());
+  return paths;
+}
+
+// sync --no-delete: hard-links each file of the current destination `base`
+// (in `dest_parent`) that the manifest does not name into next/, and makes
+// each such symlink again, at the same relative path. An entry whose place
+// the new version already takes (a manifest entry there, or a file where it
+// needs a directory) is left out, and so goes to the trash.
+absl::Status KeepDestinationOnly(FileSystem& fs, const v1::Manifest& manifest,
+                                 Directory& dest_parent, const std::string& base,
+                                 DirCache& dest_dirs, DirCache& next_dirs) {
+  absl::StatusOr<std::vector<std::string>> there = ListVersion(fs, dest_parent, base);
+  if (!there.ok()) return there.status();
+  const absl::flat_hash_set<std::string> named = ManifestPaths(manifest);
+  for (const std::string& rel : *there) {
+    if (named.contains(rel)) continue;
+    auto [prel, name_sv] = SplitParent(rel);
+    const std::string name(name_sv);
+    absl::StatusOr<Directory*> to = next_dirs.Get(prel, /*create=*/true);
+    if (absl::IsFailedPrecondition(to.status()) || absl::IsAlreadyExists(to.status())) continue;
+    if (!to.ok()) return to.status();
+    absl::StatusOr<Directory*> from = dest_dirs.Get(prel, /*create=*/false);
+    if (!from.ok()) return from.status();
+    absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(**from, name);
+    if (!st.ok()) return st.status();
+    if (!st->has_value()) continue;  // gone meanwhile
+    absl::Status made;
+    if ((*st)->type == FileInfo::Type::kSymlink) {
+      absl::StatusOr<std::string> target = fs.ReadLink(**from, name);
+      if (!target.ok()) return target.status();
+      made = fs.Symlink(*target, **to, name);
+    } else if ((*st)->is_regular()) {
+      made = fs.Link(**from, name, **to, name);
+    } else {
+      continue;  // neither file nor symlink: not carried over
+    }
+    if (!made.ok() && !absl::IsAlreadyExists(made)) return made;
+  }
+  return absl::OkStatus();
+}
+
+// Adds to options.report what replacing the old version `old_name` (moved
+// aside in `staging`) with `manifest` changed and deleted.
+absl::Status ReportReplaced(FileSystem& fs, const v1::Manifest& manifest,
+                            const PublishOptions& options, Directory& staging,
+                            const std::string& old_name) {
+  absl::StatusOr<std::vector<std::string>> there = ListVersion(fs, staging, old_name);
+  if (!there.ok()) return there.status();
+  options.report->set_replaced(true);
+  CompareVersions(std::move(*there), manifest, options.single_file, options.skip_files,
+                  options.keep_deleted, *options.report);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -588,6 +648,13 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
       }
       if (absl::Status st = fs.Symlink(l.target(), **dir, lname); !st.ok()) return st;
     }
+    // sync --no-delete: what only the destination holds joins the new
+    // version, unless an entry of the manifest takes its place.
+    if (options.keep_deleted && dest_dirs && lost.empty()) {
+      absl::Status kept =
+          KeepDestinationOnly(fs, manifest, **dest_parent, base, *dest_dirs, next_dirs);
+      if (!kept.ok()) return kept;
+    }
     if (lost.empty()) {
       if (absl::Status st = next_dirs.SyncAll(); !st.ok()) return st;
       if (absl::Status st = fs.SyncDir(*s.staging); !st.ok()) return st;
@@ -634,6 +701,14 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
     if (!st->has_value() || !(*st)->SameObject(*target)) {
       return absl::DataLossError(absl::StrCat("staged file ", s.dir, "/f/0 changed under publish"));
     }
+    // The rename drops the old file's name: another name keeps it for the trash.
+    if (!options.trash_entry.empty() && now->has_value() && (*now)->is_regular()) {
+      if (absl::Status st2 = RemoveTree(fs, *s.staging, kOldDir); !st2.ok()) return st2;
+      if (absl::Status st2 = fs.Link(**dest_parent, base, *s.staging, kOldDir); !st2.ok()) {
+        return st2;
+      }
+      if (absl::Status st2 = fs.SyncDir(*s.staging); !st2.ok()) return st2;
+    }
     if (absl::Status st2 = fs.Rename(*s.files, "0", **dest_parent, base, RenameMode::kReplace);
         !st2.ok()) {
       return st2;
@@ -674,14 +749,40 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
   if (absl::Status st = fs.SyncDir(**dest_parent); !st.ok()) return st;
   if (absl::Status st = fs.SyncDir(*s.staging); !st.ok()) return st;
 
-  // ---- 5: the old version goes. next/ is the old version after an
-  // exchange; it is never removed while it is the installed one.
+  // ---- 5: the old version goes to the trash, or is removed. next/ is the
+  // old version after an exchange; it is never moved while it is the
+  // installed one.
   absl::StatusOr<std::optional<FileInfo>> leftover = fs.Stat(*s.staging, kNextDir);
   if (!leftover.ok()) return leftover.status();
-  if (leftover->has_value() && !(*leftover)->SameObject(*target)) {
-    if (absl::Status st = RemoveTree(fs, *s.staging, kNextDir); !st.ok()) return st;
+  for (const char* old_name : {kNextDir, kOldDir}) {
+    if (old_name == kNextDir && (!leftover->has_value() || (*leftover)->SameObject(*target))) {
+      continue;
+    }
+    absl::StatusOr<std::optional<FileInfo>> old_st = fs.Stat(*s.staging, old_name);
+    if (!old_st.ok()) return old_st.status();
+    if (!old_st->has_value()) continue;
+    if (options.report != nullptr) {
+      if (absl::Status st = ReportReplaced(fs, manifest, options, *s.staging, old_name); !st.ok()) {
+        return st;
+      }
+    }
+    if (options.trash_entry.empty()) {
+      if (absl::Status st = RemoveTree(fs, *s.staging, old_name); !st.ok()) return st;
+      continue;
+    }
+    absl::StatusOr<std::unique_ptr<Directory>> entry =
+        OpenTrashEntry(fs, *s.root, options.trash_entry, s.dest.relative);
+    if (!entry.ok()) return entry.status();
+    if (absl::Status st =
+            fs.Rename(*s.staging, old_name, **entry, kTrashVersion, RenameMode::kNoReplace);
+        !st.ok()) {
+      return st;
+    }
+    if (absl::Status st = fs.SyncDir(**entry); !st.ok()) return st;
+    if (options.report != nullptr) {
+      options.report->set_trash(absl::StrCat(kTrashRel, "/", options.trash_entry));
+    }
   }
-  if (absl::Status st = RemoveTree(fs, *s.staging, kOldDir); !st.ok()) return st;
   {
     absl::MutexLock lock(&s.mu);
     s.open_files.clear();
@@ -712,6 +813,59 @@ absl::StatusOr<bool> PublishedFileMatches(FileSystem& fs, const ResolvedDestinat
   if (!st.ok()) return st.status();
   return st->has_value() && (*st)->is_regular() && (*st)->size == file.size() &&
          StoredMtimeMatches((*st)->mtime_ns, file.mtime_ns());
+}
+
+absl::StatusOr<std::optional<std::string>> DestinationDiffers(FileSystem& fs,
+                                                              const ResolvedDestination& dest,
+                                                              bool single_file,
+                                                              const v1::Manifest& manifest) {
+  auto [parent_rel, base_sv] = SplitParent(dest.relative);
+  const std::string base(base_sv);
+  absl::StatusOr<std::unique_ptr<Directory>> root = fs.OpenRoot(dest.export_root);
+  if (!root.ok()) return root.status();
+  absl::StatusOr<std::unique_ptr<Directory>> parent =
+      OpenDirBeneath(fs, **root, parent_rel, /*create=*/false);
+  if (absl::IsNotFound(parent.status())) return std::nullopt;
+  if (!parent.ok()) return parent.status();
+  absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(**parent, base);
+  if (!st.ok()) return st.status();
+  if (!st->has_value()) return std::nullopt;
+  if (single_file) {
+    if (!(*st)->is_regular()) return std::string("it exists and is not a file");
+    absl::StatusOr<bool> same = PublishedFileMatches(fs, dest, true, manifest.files(0));
+    if (!same.ok()) return same.status();
+    if (!*same) return std::string("it holds another file");
+    return std::nullopt;
+  }
+  if (!(*st)->is_directory()) return std::string("it exists and is not a directory");
+  absl::StatusOr<std::vector<std::string>> there = ListVersion(fs, **parent, base);
+  if (!there.ok()) return there.status();
+  absl::flat_hash_map<std::string, int> files;
+  for (int i = 0; i < manifest.files_size(); ++i) files[manifest.files(i).path()] = i;
+  absl::flat_hash_map<std::string, std::string> links;
+  for (const v1::ManifestSymlink& l : manifest.symlinks()) links[l.path()] = l.target();
+  const std::string other = "it holds another tree";
+  if (there->size() != files.size() + links.size()) return other;
+  absl::StatusOr<std::unique_ptr<Directory>> top =
+      fs.OpenDir(**parent, base, /*create=*/false, kDirMode);
+  if (!top.ok()) return top.status();
+  for (const std::string& rel : *there) {
+    if (auto l = links.find(rel); l != links.end()) {
+      auto [prel, name] = SplitParent(rel);
+      absl::StatusOr<std::unique_ptr<Directory>> dir =
+          OpenDirBeneath(fs, **top, prel, /*create=*/false);
+      if (!dir.ok()) return dir.status();
+      absl::StatusOr<std::string> target = fs.ReadLink(**dir, std::string(name));
+      if (!target.ok() || *target != l->second) return other;
+      continue;
+    }
+    auto f = files.find(rel);
+    if (f == files.end()) return other;
+    absl::StatusOr<bool> same = PublishedFileMatches(fs, dest, false, manifest.files(f->second));
+    if (!same.ok()) return same.status();
+    if (!*same) return other;
+  }
+  return std::nullopt;
 }
 
 }  // namespace longhaul::storage

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,18 @@ struct PublishOptions {
   // mode_mask): the export's 0777 & ~umask. Bits above 0777 (setuid, setgid,
   // sticky) are never kept, whatever this says.
   uint32_t mode_mask = 0755;
+  // sync --no-delete: files and symlinks of the current destination that the
+  // manifest does not name are hard-linked (symlinks made again) into the
+  // new version, where no manifest entry takes their place.
+  bool keep_deleted = false;
+  // The trash entry (storage/trash.h, TrashEntryName) that keeps the version
+  // this publish replaces, recoverable; empty: the replaced version is
+  // deleted. A re-run after a crash may name another entry: the replaced
+  // version goes to whichever run moves it.
+  std::string trash_entry;
+  // When set, filled with what the publish replaced and deleted (left empty
+  // by a re-run that finds the replaced version moved away already).
+  v1::PublishReport* report = nullptr;
   // Test hook: called once the new version is complete and durable beside
   // the destination, right before the point of no return.
   std::function<void()> before_install;
@@ -126,7 +139,9 @@ class Staging {
   //     renameat2(RENAME_EXCHANGE) of next/ with the destination; parents
   //     fsync'ed. Without RENAME_EXCHANGE: the old version's markers are
   //     unlinked, the old version is renamed away, next/ renamed in.
-  //  5. The old version (now in next/ or old/) and f/ are removed.
+  //  5. The old version (now in next/ or old/) moves to the trash entry
+  //     (options.trash_entry; for a single file, old/ is a hard link of it
+  //     made before the rename), or is removed; f/ is removed.
   // Re-running after a crash at any step converges to the new version; a
   // re-run that finds the installed version gone from staging and replaced
   // at the destination since (by a newer publish) returns OK and leaves it.
@@ -178,6 +193,17 @@ class Staging {
 
   std::unique_ptr<State> state_;
 };
+
+// For cp without --replace: why the destination holds something else than
+// `manifest` would publish (a short reason a peer may read: no path of the
+// destination's content), or nullopt when the destination is absent or holds
+// exactly the manifest's files and symlinks, each file with its size and an
+// mtime as PublishedFileMatches compares them. Symlinks on the way are
+// refused (PermissionDenied).
+absl::StatusOr<std::optional<std::string>> DestinationDiffers(FileSystem& fs,
+                                                              const ResolvedDestination& dest,
+                                                              bool single_file,
+                                                              const v1::Manifest& manifest);
 
 // For sync: true when the published destination of `file` (the destination
 // itself when single_file) is a regular file with the manifest's size and

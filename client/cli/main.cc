@@ -233,6 +233,9 @@ struct CopyOptions {
   std::string symlinks;  // keep|follow|refuse; "" is keep
   bool hard_links = false;
   std::vector<std::string> also;  // fan-out: more destinations, in chain order
+  bool replace = false;           // cp: replace a destination that differs
+  bool no_delete = false;         // sync: keep destination-only files
+  bool dry_run = false;           // list what would change, change nothing
 };
 
 // A checkpoint directory of a sync SRC and the commit markers it holds.
@@ -328,6 +331,10 @@ int SubmitAll(const std::vector<v1::TransferSpec>& specs,
     auto submitted = (*client)->Submit(specs[i], request_ids[i]);
     if (!submitted.ok()) {
       return ReportRefusedSubmit(**client, specs[i], submitted.status());
+    }
+    if (specs[i].dry_run()) {
+      std::cout << (g.json ? TransferJson(*submitted).str() : DryRunText(*submitted)) << std::endl;
+      continue;
     }
     ids.push_back(submitted->id());
     if (specs[i].checksum() && !submitted->spec().checksum()) {
@@ -441,6 +448,9 @@ int Copy(const CopyOptions& o, const Globals& g, bool sync) {
   for (const std::string& glob : o.commit_last) spec.add_commit_last(glob);
   spec.set_sync(sync);
   spec.set_checksum(o.checksum);
+  spec.set_replace(o.replace);
+  spec.set_no_delete(o.no_delete);
+  spec.set_dry_run(o.dry_run);
   spec.set_symlinks(o.symlinks);
   spec.set_hard_links(o.hard_links);
   spec.set_transport(o.transport);
@@ -734,6 +744,9 @@ int Main(int argc, char** argv) {
                     "third-party copy)")
         ->required();
     cmd->add_flag("--wait", copy.wait, "follow the transfer until it ends");
+    cmd->add_flag("--dry-run", copy.dry_run,
+                  "list what would be sent, replaced, deleted and pruned; change nothing at "
+                  "either site");
     cmd->add_flag("--json", g.json, "print JSON");
     cmd->add_option("--transport", copy.transport, "tcp (default: the peer's)");
     cmd->add_option("--priority", copy.priority, "exchange|checkpoint|background")
@@ -765,8 +778,13 @@ int Main(int argc, char** argv) {
   CLI::App* cp =
       app.add_subcommand("cp", "copy files or trees to another site, or between two sites");
   add_copy_options(cp, true);
+  cp->add_flag("--replace", copy.replace,
+               "replace a destination that exists and holds something else, whole (the old "
+               "version is kept in the export's .longhaul/trash); without it cp refuses");
   CLI::App* sync = app.add_subcommand("sync", "send only what changed (idempotent; for cron)");
   add_copy_options(sync, true);
+  sync->add_flag("--no-delete", copy.no_delete,
+                 "keep files at the destination that the source does not hold");
   sync->add_flag("--checksum", copy.checksum,
                  "compare files by the XXH3-128 of their content, not by size and mtime "
                  "(reads every file at both ends)");

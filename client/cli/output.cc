@@ -144,6 +144,30 @@ JsonObject TransferJson(const v1::TransferStatus& s) {
     skipped.push_back(JsonObject().Add("path", e.path()).Add("why", e.why()).str());
   }
   o.AddRaw("skipped", JsonArray(skipped));
+  if (s.spec().dry_run()) {
+    std::vector<std::string> send;
+    for (const std::string& p : s.would_send()) send.push_back(JsonString(p));
+    o.Add("dry_run", true).AddRaw("would_send", JsonArray(send));
+    o.Add("would_send_count", s.would_send_count());
+  }
+  // What the publish replaced, deleted and pruned at the destination.
+  if (s.has_publish_report()) {
+    const v1::PublishReport& r = s.publish_report();
+    auto strings = [](const auto& list) {
+      std::vector<std::string> out;
+      for (const std::string& p : list) out.push_back(JsonString(p));
+      return JsonArray(out);
+    };
+    o.AddRaw("report", JsonObject()
+                           .Add("replaced", r.replaced())
+                           .AddRaw("changed", strings(r.changed()))
+                           .Add("changed_count", r.changed_count())
+                           .AddRaw("deleted", strings(r.deleted()))
+                           .Add("deleted_count", r.deleted_count())
+                           .AddRaw("pruned", strings(r.pruned()))
+                           .Add("trash", r.trash())
+                           .str());
+  }
   // Pull and third-party copy: where the data comes from, and who asked.
   if (!s.spec().source_site().empty()) {
     o.Add("source", absl::StrCat(s.spec().source_site(), ":/", s.spec().source_export(), "/",
@@ -203,6 +227,41 @@ std::string RateText(const v1::TransferStatus& s) {
     return absl::StrCat("avg ", Rate(s.bytes_done() / s.seconds()));
   }
   return "";
+}
+
+// What the publish did to what was at the destination: one line per kind,
+// then the paths named (the report names at most 1000 of each).
+std::string ReportLines(const v1::TransferStatus& s) {
+  if (!s.has_publish_report()) return "";
+  const v1::PublishReport& r = s.publish_report();
+  std::string out;
+  if (r.replaced()) {
+    absl::StrAppend(&out, "\n  replaced the previous version: ", r.changed_count(),
+                    " files changed, ", r.deleted_count(), " deleted; kept in ", r.trash());
+  }
+  for (const std::string& p : r.changed())
+    absl::StrAppend(&out, "\n  changed ", p.empty() ? "." : p);
+  for (const std::string& p : r.deleted()) absl::StrAppend(&out, "\n  deleted ", p);
+  for (const std::string& p : r.pruned()) absl::StrAppend(&out, "\n  pruned ", p);
+  return out;
+}
+
+std::string DryRunText(const v1::TransferStatus& s) {
+  std::string out =
+      absl::StrCat("dry run: would send ", s.would_send_count(), " of ", s.files(), " files");
+  if (s.files_unchanged() > 0) absl::StrAppend(&out, " (", s.files_unchanged(), " unchanged)");
+  const v1::PublishReport& r = s.publish_report();
+  if (r.replaced()) {
+    absl::StrAppend(&out, "; would replace the destination: ", r.changed_count(),
+                    " files changed, ", r.deleted_count(),
+                    " deleted (the old version kept in the trash)");
+  }
+  for (const std::string& p : s.would_send()) absl::StrAppend(&out, "\n  send ", p);
+  for (const std::string& p : r.changed())
+    absl::StrAppend(&out, "\n  replace ", p.empty() ? "." : p);
+  for (const std::string& p : r.deleted()) absl::StrAppend(&out, "\n  delete ", p);
+  for (const std::string& p : r.pruned()) absl::StrAppend(&out, "\n  prune ", p);
+  return out;
 }
 
 std::string ProgressBar(const v1::TransferStatus& s, int width) {
@@ -305,7 +364,7 @@ std::string StatusText(const v1::TransferStatus& s) {
     absl::StrAppend(&out,
                     IsEndState(s.state()) ? "\n  error:       " : "\n  last error:  ", s.error());
   }
-  return absl::StrCat(out, DestinationLines(s), SkippedLines(s));
+  return absl::StrCat(out, DestinationLines(s), SkippedLines(s), ReportLines(s));
 }
 
 std::string Fold(absl::string_view text, int width) {
@@ -353,7 +412,7 @@ std::string Summary(const v1::TransferStatus& s) {
       absl::StrAppend(&out, ", ", s.destinations_size(), " destinations, source sent ",
                       FormatBytes(s.bytes_sent()));
     }
-    return absl::StrCat(out, DestinationLines(s), SkippedLines(s));
+    return absl::StrCat(out, DestinationLines(s), SkippedLines(s), ReportLines(s));
   }
   std::string out = absl::StrCat(s.id(), " ", StateName(s.state()));
   if (!s.error().empty()) absl::StrAppend(&out, ": ", s.error());

@@ -71,6 +71,8 @@ std::string Summary(const v1::TransferStatus& status);
 std::string Fold(absl::string_view text, int width);
 // The summary with the source and destination lines (-v).
 std::string DetailText(const v1::TransferStatus& status);
+// A --dry-run's answer: what would be sent, replaced, deleted and pruned.
+std::string DryRunText(const v1::TransferStatus& status);
 
 }  // namespace longhaul::cli
 

@@ -293,6 +293,9 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
     }
   }
 
+  // Submit's check: decided as an open would be, with nothing kept.
+  if (open.check_only()) return CheckOpen(request, change, *dest);
+
   // Open and abort of one transfer are serialized by its session lock, so an
   // abort that overtakes a slow open cannot leave staging behind.
   std::shared_ptr<Session> session = SessionFor(open.transfer_id());
@@ -341,6 +344,7 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
   record.set_checkpoint_marker(open.checkpoint_marker());
   record.set_relay_by(open.relay_by());
   record.set_requested_by(open.requested_by());
+  record.set_keep_deleted(open.keep_deleted());
   if (open.has_relay_to()) *record.mutable_relay_to() = open.relay_to();
   record.set_state(v1::IncomingTransfer::RECEIVING);
   const int64_t now_ms = absl::ToUnixMillis(clock_.WallNow());
@@ -402,6 +406,14 @@ v1::PeerMessage Receiver::HandleOpen(transport::Channel& channel, const v1::Peer
                    open.transfer_id(), peer_site, dest->absolute);
       return answer;
     }
+  }
+
+  // cp without --replace: nothing at the destination is replaced by
+  // surprise. Checked once, before anything is staged; a re-open (resume,
+  // retry) finds the transfer journaled and goes on. The answer says only
+  // what a writer of the path may learn: that something else is there.
+  if (!*existing) {
+    if (absl::Status s = RefuseDifferent(open, peer_site, *dest); !s.ok()) return fail(s);
   }
 
   if (open.skip_unchanged()) {

@@ -78,6 +78,8 @@ struct ReceiverOptions {
   std::vector<Export> exports;
   // An incoming transfer untouched for this long expires.
   absl::Duration incoming_expiry = absl::Hours(7 * 24);
+  // What a publish replaced stays in the export's .longhaul/trash this long.
+  absl::Duration trash_retention = absl::Hours(24);
   // The largest chunk accepted from a peer.
   uint64_t max_chunk_size = 64ull << 20;
   // Reads each durable piece back and checks its digest while receiving.
@@ -179,8 +181,13 @@ class Receiver {
   // open that failed before journaling it). Returns how many it removed.
   // Errors are logged; the next pass tries again.
   size_t RemoveStrayStaging();
-  // Starts the thread that calls ExpireAbandoned and RemoveStrayStaging at
-  // once and then every ExpirySweepInterval(incoming_expiry) until
+  // Removes the trash entries (storage/trash.h) of every export replaced
+  // more than trash_retention ago. Returns how many it removed. Errors are
+  // logged; the next pass tries again.
+  size_t ExpireTrash();
+  // Starts the thread that calls ExpireAbandoned, RemoveStrayStaging and
+  // ExpireTrash at once and then every ExpirySweepInterval of the shorter
+  // of incoming_expiry and trash_retention until
   // Shutdown; after a staging could not be removed, sooner (see
   // NoteStagingLeft). Call once.
   void StartExpirySweep();
@@ -243,6 +250,15 @@ class Receiver {
   void ServeControl(transport::Channel& channel, const std::string& transfer_id);
   void ServeData(transport::Channel& channel, const std::string& transfer_id);
   v1::PeerMessage HandleOpen(transport::Channel& channel, const v1::PeerMessage& request);
+  // OpenRequest.check_only: the open's decision and what a publish would
+  // replace and delete, with nothing journaled, staged or kept.
+  v1::PeerMessage CheckOpen(const v1::PeerMessage& request,
+                            const DestinationAuthority::Change& change,
+                            const storage::ResolvedDestination& dest);
+  // cp without --replace (OpenRequest.refuse_different): FailedPrecondition,
+  // saying what to do, when `dest` holds something else than the manifest.
+  absl::Status RefuseDifferent(const v1::OpenRequest& open, const std::string& peer_site,
+                               const storage::ResolvedDestination& dest);
   v1::PeerMessage HandleCommit(const std::string& peer_site, const v1::PeerMessage& request);
   v1::PeerMessage HandleAbort(const std::string& peer_site, const v1::PeerMessage& request);
   v1::PeerMessage HandleVerify(const std::string& peer_site, const v1::PeerMessage& request);
@@ -301,8 +317,9 @@ class Receiver {
   storage::PublishOptions PublishOptionsOf(const v1::IncomingTransfer& record) const;
   // `longhaul sync --keep`: the source site's old checkpoints beside the
   // destination go. Failures are logged; the transfer succeeded anyway.
-  void PruneOldCheckpoints(const v1::IncomingTransfer& record,
-                           const storage::ResolvedDestination& dest);
+  // Returns the names of the checkpoints removed.
+  std::vector<std::string> PruneOldCheckpoints(const v1::IncomingTransfer& record,
+                                               const storage::ResolvedDestination& dest);
   // Reserves `bytes` of `site`'s budget, waiting up to kBudgetWait (less at
   // shutdown) for other channels to release some. False: nothing reserved.
   bool WaitForBudget(const std::string& site, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);

@@ -9,6 +9,7 @@
 #include "daemon/peer/receiver_session.h"
 #include "spdlog/spdlog.h"
 #include "storage/staging.h"
+#include "storage/trash.h"
 
 namespace longhaul::peer {
 
@@ -30,13 +31,15 @@ absl::Duration Receiver::ExpirySweepInterval(absl::Duration expiry) {
 }
 
 void Receiver::StartExpirySweep() {
-  const absl::Duration interval = ExpirySweepInterval(options_.incoming_expiry);
+  const absl::Duration interval =
+      ExpirySweepInterval(std::min(options_.incoming_expiry, options_.trash_retention));
   const absl::Duration first_retry = std::min(interval, kFirstStagingRetry);
   sweep_thread_ = std::thread([this, interval, first_retry] {
     absl::Duration retry = first_retry;
     while (true) {
       ExpireAbandoned();
       RemoveStrayStaging();
+      ExpireTrash();
       absl::MutexLock lock(&sweep_mu_);
       if (!staging_left_) {
         retry = first_retry;
@@ -250,6 +253,24 @@ size_t Receiver::RemoveStrayStaging() {
       if (!receiver_internal::CheckTransferId(id).ok()) continue;
       removed += RemoveStagingIfStray(e.path, id);
     }
+  }
+  return removed;
+}
+
+size_t Receiver::ExpireTrash() {
+  size_t removed = 0;
+  for (const storage::Export& e : exports_) {
+    absl::StatusOr<std::vector<std::string>> gone =
+        storage::ExpireTrash(fs_, e.path, clock_.WallNow(), options_.trash_retention);
+    if (!gone.ok()) {
+      spdlog::warn("cannot expire the trash of export {}: {}", e.name, gone.status().message());
+      continue;
+    }
+    for (const std::string& name : *gone) {
+      spdlog::info("export {}: removed {}/{} after trash_retention {}", e.name, storage::kTrashRel,
+                   name, absl::FormatDuration(options_.trash_retention));
+    }
+    removed += gone->size();
   }
   return removed;
 }

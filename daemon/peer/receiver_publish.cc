@@ -24,6 +24,7 @@
 #include "storage/manifest.h"
 #include "storage/retention.h"
 #include "storage/staging.h"
+#include "storage/trash.h"
 #include "storage/xxh3.h"
 
 namespace longhaul::peer {
@@ -52,12 +53,68 @@ absl::Status AsCommitError(std::optional<storage::Staging>& staging, absl::Statu
 
 }  // namespace
 
+absl::Status Receiver::RefuseDifferent(const v1::OpenRequest& open, const std::string& peer_site,
+                                       const storage::ResolvedDestination& dest) {
+  if (!open.refuse_different() || open.skip_unchanged()) return absl::OkStatus();
+  auto differs = storage::DestinationDiffers(fs_, dest, open.single_file(), open.manifest());
+  if (!differs.ok()) return differs.status();
+  if (!differs->has_value()) return absl::OkStatus();
+  spdlog::info("transfer {} from {}: refused: {} exists and {}", open.transfer_id(), peer_site,
+               dest.absolute, **differs);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "destination ", open.export_name(), ":", open.dest_path(), " exists and ", **differs,
+      "; cp does not replace it: use cp --replace to replace it whole (the old version is "
+      "kept in the export's .longhaul/trash), or sync to update it"));
+}
+
+v1::PeerMessage Receiver::CheckOpen(const v1::PeerMessage& request,
+                                    const DestinationAuthority::Change& change,
+                                    const storage::ResolvedDestination& dest) {
+  const v1::OpenRequest& open = request.open();
+  auto fail = [&](const absl::Status& s) { return ErrorAnswer(request.request_id(), s); };
+  // A check stands for a submit: of a transfer not opened here yet. One of
+  // a known id says nothing more, and is nobody's way into that transfer.
+  auto known = journal_.GetIncoming(open.transfer_id());
+  if (!known.ok()) return fail(known.status());
+  if (*known) {
+    return fail(absl::PermissionDeniedError(absl::StrCat(
+        "transfer ", open.transfer_id(), " is known here already; a check is for a new one")));
+  }
+  if (absl::Status s = RefuseDifferent(open, change.source, dest); !s.ok()) return fail(s);
+  absl::flat_hash_set<uint32_t> unchanged;
+  v1::PeerMessage answer;
+  answer.set_request_id(request.request_id());
+  v1::OpenReply* reply = answer.mutable_open_reply();
+  reply->set_sparse_files(true);
+  reply->set_hard_links(true);
+  for (int f = 0; open.skip_unchanged() && f < open.manifest().files_size(); ++f) {
+    if (open.manifest().files(f).link_of() != 0) continue;
+    auto same =
+        storage::PublishedFileMatches(fs_, dest, open.single_file(), open.manifest().files(f));
+    if (!same.ok()) return fail(same.status());
+    if (*same) {
+      unchanged.insert(static_cast<uint32_t>(f));
+      reply->add_unchanged_files(static_cast<uint32_t>(f));
+    }
+  }
+  absl::StatusOr<v1::PublishReport> would = storage::WouldReplace(
+      fs_, dest, open.single_file(), open.manifest(), unchanged, open.keep_deleted());
+  if (!would.ok()) return fail(would.status());
+  // The names of files only the destination holds go to a peer that may
+  // know them; the others are names of the manifest's own files.
+  if (!authority_.MayCompareContent(change)) would->clear_deleted();
+  *reply->mutable_would() = std::move(*would);
+  return answer;
+}
+
 storage::PublishOptions Receiver::PublishOptionsOf(const v1::IncomingTransfer& record) const {
   storage::PublishOptions options;
   options.single_file = record.single_file();
   options.commit_last.assign(record.commit_last().begin(), record.commit_last().end());
   for (uint32_t f : record.unchanged_files()) options.skip_files.insert(f);
   options.compare_content = record.compare_content();
+  options.keep_deleted = record.keep_deleted();
+  options.trash_entry = storage::TrashEntryName(absl::ToUnixMillis(clock_.WallNow()), record.id());
   if (const ReceiverOptions::Export* e = options_.FindExport(record.export_name())) {
     options.mode_mask = e->mode_mask;
   }
@@ -68,9 +125,9 @@ storage::PublishOptions Receiver::PublishOptionsOf(const v1::IncomingTransfer& r
 // source site published go; nothing else of the export is counted or
 // touched. The transfer itself succeeded, so a failure here is logged for
 // the operator and does not fail it; the next sync retries.
-void Receiver::PruneOldCheckpoints(const v1::IncomingTransfer& record,
-                                   const storage::ResolvedDestination& dest) {
-  if (record.keep_checkpoints() == 0 || record.single_file()) return;
+std::vector<std::string> Receiver::PruneOldCheckpoints(const v1::IncomingTransfer& record,
+                                                       const storage::ResolvedDestination& dest) {
+  if (record.keep_checkpoints() == 0 || record.single_file()) return {};
   const std::string parent = ParentOf(dest.relative);
   absl::StatusOr<absl::flat_hash_set<std::string>> owned =
       authority_.Prunable(DestinationAuthority::Change::Of(record, dest.relative), parent);
@@ -88,7 +145,7 @@ void Receiver::PruneOldCheckpoints(const v1::IncomingTransfer& record,
   if (!removed.ok()) {
     spdlog::warn("transfer {}: published, but old checkpoints beside {} were not pruned: {}",
                  record.id(), dest.absolute, removed.status().message());
-    return;
+    return {};
   }
   for (const std::string& name : *removed) {
     authority_.Pruned(record.export_name(),
@@ -99,6 +156,7 @@ void Receiver::PruneOldCheckpoints(const v1::IncomingTransfer& record,
                  record.keep_checkpoints(), record.source_site(),
                  dest.absolute.substr(0, dest.absolute.rfind('/')), absl::StrJoin(*removed, ", "));
   }
+  return std::move(*removed);
 }
 
 void Receiver::QueueReadBack(const std::shared_ptr<Session>& session,
@@ -285,11 +343,18 @@ absl::Status Receiver::PublishLocked(Session& session) {
   const std::string& id = record.id();
   std::vector<uint32_t> resend;
   absl::Status published;
+  // Decided before the publish makes the source this destination's publisher.
+  bool may_name_deleted = false;
   {
     // One publisher per destination path: a second one waits its turn, so
     // each publish swaps one whole version for another.
     LockDestination(session.dest.absolute);
-    published = session.staging->Publish(record.manifest(), PublishOptionsOf(record), &resend);
+    storage::PublishOptions options = PublishOptionsOf(record);
+    may_name_deleted = authority_.MayCompareContent(
+        DestinationAuthority::Change::Of(record, session.dest.relative));
+    record.clear_publish_report();
+    options.report = record.mutable_publish_report();
+    published = session.staging->Publish(record.manifest(), options, &resend);
     UnlockDestination(session.dest.absolute);
   }
   if (!published.ok()) {
@@ -313,6 +378,9 @@ absl::Status Receiver::PublishLocked(Session& session) {
     if (absl::Status s = journal_.PutIncoming(record); !s.ok()) return s;
     return published;
   }
+  // Names of files only the destination held go to a source that may know
+  // them (it published them, or may read the export); others get counts.
+  if (!may_name_deleted) record.mutable_publish_report()->clear_deleted();
   record.set_state(v1::IncomingTransfer::PUBLISHED);
   if (absl::Status s = journal_.PutIncoming(record); !s.ok()) return s;
   if (absl::Status s = session.staging->Remove(); !s.ok()) {
@@ -325,7 +393,13 @@ absl::Status Receiver::PublishLocked(Session& session) {
   spdlog::info("transfer {} from {}: published {} files at {}", id, record.source_site(),
                record.manifest().files_size() - record.unchanged_files_size(),
                session.dest.absolute);
-  PruneOldCheckpoints(record, session.dest);
+  std::vector<std::string> pruned = PruneOldCheckpoints(record, session.dest);
+  if (!pruned.empty()) {
+    for (std::string& name : pruned) record.mutable_publish_report()->add_pruned(std::move(name));
+    if (absl::Status s = journal_.PutIncoming(record); !s.ok()) {
+      spdlog::warn("transfer {}: the checkpoints it pruned are not journaled: {}", id, s.message());
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -378,6 +452,7 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site,
     }
     answer.mutable_commit_reply()->set_files_published(record.manifest().files_size() -
                                                        record.unchanged_files_size());
+    *answer.mutable_commit_reply()->mutable_report() = record.publish_report();
     return answer;
   }
   if (record.state() == v1::IncomingTransfer::EXPIRED) {
@@ -417,6 +492,7 @@ v1::PeerMessage Receiver::HandleCommit(const std::string& peer_site,
   }
   answer.mutable_commit_reply()->set_files_published(manifest.files_size() -
                                                      record.unchanged_files_size());
+  *answer.mutable_commit_reply()->mutable_report() = record.publish_report();
   return answer;
 }
 

@@ -309,6 +309,8 @@ absl::Status TransferSender::RunAttempt() {
     open->set_durable_pieces(true);
     open->set_relay_by(record.relay_by());
     open->set_requested_by(spec.requested_by());
+    open->set_refuse_different(!spec.sync() && !spec.replace());
+    open->set_keep_deleted(spec.sync() && spec.no_delete());
     if (record.has_relay_to()) *open->mutable_relay_to() = record.relay_to();
   }
   auto opened = Call(**control, session_id, request);
@@ -451,6 +453,10 @@ absl::Status TransferSender::RunAttempt() {
   commit.mutable_commit()->set_transfer_id(record.id());
   auto committed = Call(**control, session_id, commit);
   if (!committed.ok()) return committed.status();
+  if (committed->has_commit_reply() && committed->commit_reply().has_report()) {
+    absl::MutexLock lock(&mu_);
+    *record_.mutable_publish_report() = committed->commit_reply().report();
+  }
   return absl::OkStatus();
 }
 

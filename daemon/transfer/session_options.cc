@@ -27,6 +27,7 @@ peer::ReceiverOptions ReceiverOptionsFor(const DaemonConfig& config) {
     options.exports.push_back({e.name, e.path, e.writers, e.ModeMask(), e.readers});
   }
   options.incoming_expiry = absl::Microseconds(config.peer_limits.incoming_expiry_us);
+  options.trash_retention = absl::Microseconds(config.transfer.trash_retention_us);
   options.max_chunk_size = config.transfer.max_chunk_size;
   options.read_back_while_receiving = config.transfer.read_back_while_receiving;
   options.memory_per_peer = config.peer_limits.memory_per_peer;

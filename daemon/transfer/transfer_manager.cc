@@ -215,7 +215,7 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
     absl::MutexLock lock(&mu_);
     for (const auto& [id, t] : transfers_) {
       const v1::TransferSpec& other = t->record.spec();
-      if (other.sync() && !IsEndState(t->record.state()) &&
+      if (other.sync() && !spec.dry_run() && !IsEndState(t->record.state()) &&
           t->record.submitted_by() == caller.RequesterKey() &&
           other.dest_site() == spec.dest_site() && other.dest_export() == spec.dest_export() &&
           other.dest_path() == spec.dest_path() &&
@@ -235,6 +235,14 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
     return absl::InvalidArgumentError(
         "keep_checkpoints needs checkpoint_marker, the file a finished checkpoint holds: only "
         "checkpoints holding it are counted and pruned at the destination");
+  }
+  if (spec.no_delete() && !spec.sync()) {
+    return absl::InvalidArgumentError(
+        "no_delete keeps destination files the source lacks, so it applies to sync only");
+  }
+  if (spec.replace() && spec.sync()) {
+    return absl::InvalidArgumentError(
+        "replace applies to cp only: sync always updates the destination");
   }
   if (spec.checksum() && !spec.sync()) {
     return absl::InvalidArgumentError(
@@ -305,6 +313,14 @@ absl::StatusOr<v1::TransferStatus> TransferManager::SubmitLocal(const std::strin
   for (const std::string& g : spec.commit_last()) record.add_commit_last(g);
   *record.mutable_spec() = std::move(spec);
   if (absl::Status s = PlanFanout(record); !s.ok()) return s;
+  if (record.spec().dry_run()) {
+    v1::TransferStatus would;
+    *would.mutable_spec() = record.spec();
+    would.set_files(record.manifest().files_size());
+    if (absl::Status s = CheckBeforeSubmit(record, &would); !s.ok()) return s;
+    return would;  // nothing journaled, no id
+  }
+  if (absl::Status s = CheckBeforeSubmit(record, nullptr); !s.ok()) return s;
   record.set_state(v1::QUEUED);
   record.set_created_unix_ms(absl::ToUnixMillis(clock_.WallNow()));
 
@@ -443,6 +459,9 @@ void TransferManager::RunTransfer(Transfer* t) {
     t->record.mutable_manifest()->Swap(updated.mutable_manifest());
     t->record.mutable_legs()->Swap(updated.mutable_legs());
     t->record.set_attempts(updated.attempts());
+    if (updated.has_publish_report()) {
+      t->record.mutable_publish_report()->Swap(updated.mutable_publish_report());
+    }
     t->record.set_active_seconds(t->record.active_seconds() +
                                  (clock_.Now() - *t->running_since).ToSecondsF());
     t->running_since.reset();
@@ -534,6 +553,7 @@ v1::TransferStatus TransferManager::StatusOf(const Transfer& t) const {
   status.set_active_streams(s.active_streams);
   status.set_files_unchanged(s.files_unchanged);
   *status.mutable_skipped() = t.record.skipped();
+  if (t.record.has_publish_report()) *status.mutable_publish_report() = t.record.publish_report();
   status.set_attempts(s.attempts);
   double seconds = t.record.active_seconds();
   if (t.running_since) {

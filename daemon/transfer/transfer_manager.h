@@ -198,6 +198,16 @@ class TransferManager {
   void ApplyRemoteLocked(Transfer& t, const v1::TransferStatus& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::TransferStatus RemoteStatusOf(const Transfer& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the destination to decide an open of `record` with nothing kept
+  // (OpenRequest.check_only); returns its answer.
+  absl::StatusOr<v1::OpenReply> CheckWithDestination(const v1::OutgoingTransfer& record);
+  // Before a submit returns an id: the destination's refusal (a missing
+  // export, a bad path, no permission, cp onto something else) becomes
+  // InvalidArgument or PermissionDenied naming the destination. A
+  // destination not reachable now passes (the open checks it again), except
+  // for a dry run. With `dry_run`, fills it with what the transfer would
+  // send, replace and delete.
+  absl::Status CheckBeforeSubmit(const v1::OutgoingTransfer& record, v1::TransferStatus* dry_run);
   // Checks spec.also and plans `record`'s fan-out legs (no also: none).
   absl::Status PlanFanout(v1::OutgoingTransfer& record) const;
   // Re-hashes the source of `record` and compares it with what destination

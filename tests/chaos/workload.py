@@ -219,8 +219,9 @@ class Workload:
         step = self.pick_step(rng) if rng else self.steps[-1]
         started = time.time()
         src = os.path.join(self.run_dir, f"step-{step}")
+        # Each publish replaces the step before it at `latest`.
         tid, state = self.transfer("fan-out", SRC, [src, "site-2:/ckpt/latest", "--also",
-                                                    "site-3:/ckpt/latest"],
+                                                    "site-3:/ckpt/latest", "--replace"],
                                    self.unique("publish"))
         dests = [self.topo.path(s, "ckpt", "latest") for s in ("site-2", "site-3")]
         return self.checked("fan-out", tid, state, started, dests, step)

@@ -27,14 +27,17 @@ class PublishTestCase(lh.SitesTestCase):
         return src, lh.write_versioned_checkpoint(src, version, layout)
 
     def cp_ok(self, src, rel, site="a"):
-        proc = self.sites.cli(site, "cp", src, f"site-b:/ckpt/{rel}", "--wait", "--json")
+        # Each version replaces the one before: --replace, as cp refuses otherwise.
+        proc = self.sites.cli(site, "cp", src, f"site-b:/ckpt/{rel}", "--replace", "--wait",
+                              "--json")
         result = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {}
         self.assertEqual((proc.returncode, result.get("state")), (0, "COMPLETED"),
                          proc.stderr + proc.stdout)
         return result
 
     def cp_start(self, src, rel, site="a"):
-        return self.sites.cli(site, "cp", src, f"site-b:/ckpt/{rel}", check=True).stdout.strip()
+        return self.sites.cli(site, "cp", src, f"site-b:/ckpt/{rel}", "--replace",
+                              check=True).stdout.strip()
 
     def assert_not_completed(self, tid, when):
         state = self.sites.status("a", tid)["state"]

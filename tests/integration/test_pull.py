@@ -179,10 +179,11 @@ class ThirdPartyWithoutWritersTest(PullTestCase):
 
     def test_destination_that_does_not_list_the_source_in_writers_refuses(self):
         self.source_tree()
+        # Refused before submit: the source asks the destination first.
         proc, out = self.copy("c", "site-a:/ckpt/step-100", "site-b:/ckpt/step-100")
-        self.assertEqual(proc.returncode, 1, proc.stderr)
-        self.assertEqual(out["state"], "FAILED", out)
-        self.assertIn("site-a may not write into export ckpt of site-b", out["error"])
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIsNone(out)
+        self.assertIn("site-a may not write into export ckpt of site-b", proc.stderr)
         self.assertFalse(os.path.exists(self.dest()))
 
 
@@ -251,9 +252,11 @@ class HostilePeerTest(PullTestCase):
 
     def test_a_reader_sees_and_cancels_only_its_own_transfers(self):
         self.source_tree()
-        answer = self.submit("site-b", "step-100")
-        self.assertTrue(answer.ok(), answer)
-        tid = hostile_peer.decode(answer.body[1][0])[1][0].decode()
+        # A real pull by site-b: a crafted one that site-b's daemon did not
+        # ask for is refused by site-b before site-a submits it.
+        proc, out = self.copy("b", "site-a:/ckpt/step-100", "site-b:/ckpt/got", wait=False)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        tid = out["id"]
         channel = self.hostile("site-c")
         try:
             self.assertEqual(channel.remote_get(tid).error_code, 5)  # NOT_FOUND

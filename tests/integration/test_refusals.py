@@ -21,12 +21,21 @@ class DestinationRefusalTest(lh.SitesTestCase):
         os.makedirs(self.outside)
 
     def refused(self, dest, expect_in_error):
-        proc, result = self.sites.cp(self.src, dest)
-        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
-        self.assertEqual(result["state"], "FAILED")
-        self.assertIn(expect_in_error, result["error"])
+        """The destination's refusal comes before submit returns an id: exit
+        2 with what to fix on stderr, no transfer at either site, nothing
+        written outside or staged."""
+        proc, result = self.sites.cp(self.src, dest, wait=False)
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertIsNone(result, proc.stdout)
+        self.assertIn(expect_in_error, proc.stderr)
+        self.assertIn("refuses", proc.stderr)
+        for site in ("a", "b"):
+            listed = json.loads(self.sites.cli(site, "ls", "--all", "--json", check=True).stdout)
+            self.assertEqual(listed["transfers"], [], site)
         self.assertEqual(os.listdir(self.outside), [])
-        return result
+        staging = os.path.join(self.sites.export("site-b"), ".longhaul", "staging")
+        self.assertEqual(os.listdir(staging) if os.path.isdir(staging) else [], [])
+        return proc
 
     def test_dotdot_is_refused(self):
         self.refused("site-b:/ckpt/../outside/x", "..")

@@ -97,6 +97,9 @@ CATALOGUE = (
     _peer("open", "PeerMessage.open"),
     _peer("open.single_file", "PeerMessage.open"),
     _peer("open.checksum", "PeerMessage.open"),
+    # Submit's check and --dry-run: decided as an open, nothing kept; of a
+    # known transfer id refused to everyone, its owner included.
+    _peer("open.check_only", "PeerMessage.open"),
     _peer("open.keep_prune", "PeerMessage.open"),
     # The pulled source's own open, under its grant (site-d plays both the
     # pulled source and the reader, so the reader's replay is the same one).

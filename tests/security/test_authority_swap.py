@@ -266,6 +266,7 @@ class SwapSites:
             "open.relay_by": dict(dest="run/by-relay", relay_by="site-c"),
             "open.relay_to": dict(dest="run/to-relay", relay_to=("site-c", "t-downstream")),
             "open.checksum": dict(dest="run/step-1", skip_unchanged=True),
+            "open.check_only": dict(dest="run/checked", skip_unchanged=True),
         }
         for name, args in variants.items():
             tid = self.tid("t-rec-" + name.split(".")[1].replace("_", "-"))
@@ -273,6 +274,8 @@ class SwapSites:
             body = hp.open_request(tid, "ckpt", dest, one_file, **args)
             if name == "open.checksum":
                 body = with_fields(body, f11=1)  # compare_content
+            if name == "open.check_only":
+                body = with_fields(body, f18=1)  # check_only
             control = owner.control(tid)
             try:
                 self.record(name, control, OPEN, body)

@@ -63,6 +63,14 @@ class AccessTestCase(lh.AccessTestCase):
                          proc.stderr + proc.stdout)
         return result
 
+    def assert_refused_at_submit(self, proc, result, *needles):
+        """A real daemon asks the destination before submit returns an id:
+        its refusal is exit 2 with the destination's words on stderr."""
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertEqual(result, {}, proc.stdout)
+        for needle in needles:
+            self.assertIn(needle, proc.stderr)
+
     def assert_refused(self, answer, *needles):
         self.assertFalse(answer.ok(), "the receiver accepted it")
         self.assertEqual(answer.error_code, hostile_peer.PERMISSION_DENIED, answer.error)
@@ -95,13 +103,11 @@ class ExportWritersTest(AccessTestCase):
         self.assertEqual(self.sites.metric("site-b", "longhaul_export_access_refused_total",
                                      {"peer": "site-c", "export": "ckpt"}), 1)
 
-        # A real daemon gets the same answer, and its transfer fails with it.
+        # A real daemon gets the same answer, before its submit returns an id.
         src = self.sites.path("src.bin")
         lh.write_random(src, 4096, seed=1)
         proc, result = self.cp("site-c", src, "site-b:/ckpt/stolen.bin")
-        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
-        self.assertEqual(result["state"], "FAILED")
-        self.assertIn("site-c may not write into export ckpt", result["error"])
+        self.assert_refused_at_submit(proc, result, "site-c may not write into export ckpt")
         self.assertEqual(self.visible_entries(), [])
         self.assertEqual(self.sites.metric("site-b", "longhaul_export_access_refused_total",
                                      {"peer": "site-c", "export": "ckpt"}), 2)
@@ -181,8 +187,7 @@ class NoWritersTest(AccessTestCase):
         src = self.sites.path("src.bin")
         lh.write_random(src, 4096, seed=1)
         proc, result = self.cp("site-a", src, "site-b:/ckpt/x.bin")
-        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
-        self.assertIn("site-a may not write into export ckpt", result["error"])
+        self.assert_refused_at_submit(proc, result, "site-a may not write into export ckpt")
         self.assertEqual(self.visible_entries(), [])
 
 
@@ -212,11 +217,11 @@ class ThirdPartyDeputyTest(AccessTestCase):
         lh.write_random(os.path.join(junk, "shard-0.pt"), 4096, seed=99)
         proc, result = self.cp("site-c", "site-a:/ckpt/junk", "site-b:/ckpt/run1/step-3")
         self.assertEqual(self.run1(), before)  # step-3 is still site-a's
-        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
-        self.assertEqual(result["state"], "FAILED", result)
-        self.assertIn("site-c asked site-a to copy into ckpt:run1/step-3 of site-b, which exists; "
-                      "site-c is not one of the export's writers, so a copy on its request may "
-                      "only create a path that does not exist yet", result["error"])
+        self.assert_refused_at_submit(
+            proc, result,
+            "site-c asked site-a to copy into ckpt:run1/step-3 of site-b, which exists; "
+            "site-c is not one of the export's writers, so a copy on its request may "
+            "only create a path that does not exist yet")
         self.wait_log("site-b", "refused transfer")
 
         # A path that does not exist yet it may have site-a create.
@@ -238,14 +243,14 @@ class ThirdPartyDeputyTest(AccessTestCase):
                 checkpoint_marker=MARKER))
         finally:
             channel.close()
-        self.assertTrue(answer.ok(), answer)
-        tid = hostile_peer.decode(answer.body[1][0])[1][0].decode()
-        status = self.sites.wait_state("a", tid, {"FAILED", "COMPLETED"})
-        self.assertEqual(self.run1(), before)  # step-1 and step-2 are still there
-        self.assertEqual(status["state"], "FAILED", status)
+        # site-a asks site-b before it submits: refused, and nothing is sent.
+        self.assertFalse(answer.ok(), answer)
         self.assertIn("site-c asked site-a to prune old checkpoints in export ckpt of site-b "
                       "(--keep), but site-c is not one of the export's writers, so a copy on its "
-                      "request never prunes", status["error"])
+                      "request never prunes", answer.error)
+        self.assertEqual(self.run1(), before)  # step-1 and step-2 are still there
+        listed = json.loads(self.sites.cli("a", "ls", "--all", "--json", check=True).stdout)
+        self.assertEqual([t for t in listed["transfers"] if t.get("requested_by") == "site-c"], [])
 
 
 class PullSourceTest(AccessTestCase):
@@ -347,11 +352,10 @@ class SharedExportTest(AccessTestCase):
         self.assertEqual(self.sites.metric("site-b", "longhaul_export_access_refused_total",
                                      {"peer": "site-c", "export": "ckpt"}), 4)
 
-        # Through a real daemon: the transfer fails saying why, without the owner's name.
+        # Through a real daemon: refused before submit saying why, without the owner's name.
         proc, result = self.cp("site-c", self.sites.path("src", "step-1"), "site-b:/ckpt/run1/step-1")
-        self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
-        self.assertIn("published by another site", result["error"])
-        self.assertNotIn("site-a", result["error"])
+        self.assert_refused_at_submit(proc, result, "published by another site")
+        self.assertNotIn("site-a", proc.stderr)
 
         # Beside it is fine, and site-a may replace its own.
         self.assertTrue(peer.publish("t-beside", "ckpt", "run1/step-9", model).ok())

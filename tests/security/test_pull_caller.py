@@ -46,9 +46,9 @@ class PullCallerTest(lh.AccessTestCase):
         self.payload = os.path.join(self.sites.export("site-a"), "payload.bin")
         lh.write_random(self.payload, 100_000, seed=1)
 
-    def pull(self, src, dest, user="root", wait=True):
+    def pull(self, src, dest, *extra, user="root", wait=True):
         cmd = [os.path.join(lh.BIN, "longhaul"), "--daemon", self.sites.env["LONGHAUL_SITE_B"],
-               "cp", src, dest, "--json", *(["--wait"] if wait else [])]
+               "cp", src, dest, "--json", *extra, *(["--wait"] if wait else [])]
         if user == "nobody":
             cmd = as_nobody(cmd)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -127,7 +127,7 @@ class PullCallerTest(lh.AccessTestCase):
         self.assertEqual(lh.tree_digest(tree), lh.tree_digest(os.path.join(own, "run", "tree")))
         # Root, the daemon's own user, still pulls over root's files.
         target = self.root_file(os.path.join(self.export_b, "model.bin"), b"root's model")
-        proc, out = self.pull("site-a:/ckpt/payload.bin", "site-b:/ckpt/model.bin")
+        proc, out = self.pull("site-a:/ckpt/payload.bin", "site-b:/ckpt/model.bin", "--replace")
         self.assert_pulled(proc, out, target)
 
     def test_a_running_pull_stops_when_its_caller_may_no_longer_write(self):

@@ -400,7 +400,7 @@ TEST_P(RetentionCrashTest, EveryStepKeepsCheckpointsWholeAndConverges) {
       EXPECT_EQ(fs.Tree(std::string("/export/run/") + gone), std::nullopt) << gone;
     }
     check();
-    EXPECT_EQ(fs.Tree("/export/.longhaul/trash"), std::optional<Tree>(Tree{}));
+    EXPECT_EQ(fs.Tree("/export/.longhaul/trash/pruning"), std::optional<Tree>(Tree{}));
   }
   EXPECT_GE(crash_points, 5u);
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "storage/file_system.h"
+#include "storage/trash.h"
 #include "tests/storage/test_util.h"
 
 namespace longhaul::storage {
@@ -146,6 +147,45 @@ TEST_F(RetentionTest, OnlyWhatTheSourcePublishedIsCountedOrRemoved) {
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_TRUE(none->empty());
   EXPECT_TRUE(Exists(dir_.Sub("run1/step-0")));
+}
+
+// A prune empties only its own work directory: the versions publishes kept
+// in the trash (storage/trash.h) stay until they expire.
+TEST_F(RetentionTest, LeavesThePublishTrashAlone) {
+  for (const char* n : {"step-1", "step-2", "step-3"}) Checkpoint(n, true);
+  const std::string entry = TrashEntryName(1000, "t1");
+  MakeDirs(dir_.Sub(".longhaul/trash/" + entry + "/version"));
+  WriteFile(dir_.Sub(".longhaul/trash/" + entry + "/version/x"), "old bytes");
+  auto removed =
+      PruneCheckpoints(PosixFileSystem(), dir_.path(), "run1", Policy(1, "model.index.json"));
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(removed->size(), 2u);
+  EXPECT_TRUE(Exists(dir_.Sub(".longhaul/trash/" + entry + "/version/x")));
+}
+
+TEST(TrashTest, ExpiresOnlyEntriesOlderThanTheRetention) {
+  TempDir dir;
+  const absl::Time now = absl::FromUnixMillis(10'000'000);
+  const std::string old_entry = TrashEntryName(absl::ToUnixMillis(now - absl::Hours(2)), "old");
+  const std::string new_entry = TrashEntryName(absl::ToUnixMillis(now - absl::Minutes(5)), "new");
+  MakeDirs(dir.Sub(".longhaul/trash/" + old_entry + "/version/a"));
+  WriteFile(dir.Sub(".longhaul/trash/" + old_entry + "/version/a/b"), "x");
+  MakeDirs(dir.Sub(".longhaul/trash/" + new_entry));
+  WriteFile(dir.Sub(".longhaul/trash/" + new_entry + "/version"), "y");
+  MakeDirs(dir.Sub(".longhaul/trash/pruning"));
+  auto removed = ExpireTrash(PosixFileSystem(), dir.path(), now, absl::Hours(1));
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, (std::vector<std::string>{old_entry}));
+  EXPECT_FALSE(Exists(dir.Sub(".longhaul/trash/" + old_entry)));
+  EXPECT_TRUE(Exists(dir.Sub(".longhaul/trash/" + new_entry + "/version")));
+  EXPECT_TRUE(Exists(dir.Sub(".longhaul/trash/pruning")));
+}
+
+TEST(TrashTest, AnExportWithoutTrashHasNothingToExpire) {
+  TempDir dir;
+  auto removed = ExpireTrash(PosixFileSystem(), dir.path(), absl::Now(), absl::Hours(1));
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_TRUE(removed->empty());
 }
 
 }  // namespace

@@ -431,7 +431,7 @@ class DaemonPublishFaultTest(FaultFsSitesTest):
             # point of no return stays inside staging.
             ckpt.set_eio("rename", 1.0, path_substring="/step")
             injected = ckpt.stats()["eio_injected"]
-            tid = self.sites.cli("a", "cp", self.src, "site-b:/ckpt/step",
+            tid = self.sites.cli("a", "cp", self.src, "site-b:/ckpt/step", "--replace",
                                  check=True).stdout.strip()
             lh.wait_until(lambda: ckpt.stats()["eio_injected"] > injected, 60,
                           "the install's rename to fail", interval=0.05)

@@ -272,6 +272,18 @@ TEST(ConfigPeerLimitsTest, DefaultsBoundEveryPeerAndKeysParse) {
   EXPECT_EQ(set->peer_limits.content_check_bytes_per_second, 100ull << 20);
 }
 
+TEST(ConfigTransferTest, TrashRetentionDefaultsToADayAndMustBePositive) {
+  auto c = ParseConfig(kTwoSites);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->transfer.trash_retention_us, 24ll * 3600 * 1'000'000);
+  auto set = ParseConfig(std::string(kTwoSites) + "transfer: {trash_retention: 90m}\n");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->transfer.trash_retention_us, 90ll * 60 * 1'000'000);
+  auto zero = ParseConfig(std::string(kTwoSites) + "transfer: {trash_retention: 0s}\n");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("trash_retention"), std::string::npos);
+}
+
 TEST(ConfigPeerLimitsTest, RefusesABudgetSmallerThanTwoChunksAndUnknownKeys) {
   auto small = ParseConfig(std::string(kTwoSites) + "peer_limits: {memory_per_peer: 64MiB}\n");
   ASSERT_FALSE(small.ok());
