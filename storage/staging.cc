@@ -687,13 +687,16 @@ absl::Status Staging::Publish(const v1::Manifest& manifest, const PublishOptions
   if (!now.ok()) return now.status();
   bool installed = now->has_value() && (*now)->SameObject(*target);
   if (!installed && resumed) {
-    // What an earlier run recorded is gone from staging: it was installed,
-    // and a newer version has replaced it at the destination since (a
-    // publish whose record could not be journaled, then another publish).
+    // What an earlier run recorded is no longer in staging: it was
+    // installed, and a newer version has replaced it at the destination
+    // since (a publish whose record could not be journaled, or whose old
+    // version could not be removed yet, then another publish). Only the
+    // install moves the recorded object out of next/: after an exchange
+    // next/ holds the old version, another object.
     absl::StatusOr<std::optional<FileInfo>> staged =
         options.single_file ? fs.Stat(*s.files, "0") : fs.Stat(*s.staging, kNextDir);
     if (!staged.ok()) return staged.status();
-    installed = !staged->has_value();
+    installed = !staged->has_value() || !(*staged)->SameObject(*target);
   }
   if (!installed && options.single_file) {
     absl::StatusOr<std::optional<FileInfo>> st = fs.Stat(*s.files, "0");

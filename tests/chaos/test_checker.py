@@ -3,6 +3,7 @@ mixed version, a wrong-bytes COMPLETED destination, a daemon lost without
 the nemesis, a wrong exit code, a crash line, an unexplained FAILED) and
 must flag it, and must pass the same situation without the fault."""
 
+import errno
 import os
 import shutil
 import signal
@@ -11,6 +12,7 @@ import tempfile
 import time
 import types
 import unittest
+import unittest.mock
 
 import checker
 import topology
@@ -77,6 +79,24 @@ class WholeVersionReadTest(CheckerTestCase):
         watcher.observe_guarded()
         self.assertEqual(list(watcher.kinds), ["reader failed"], watcher.summary())
         self.assertTrue(watcher.stop_event.is_set())
+
+
+    def test_a_destination_swapped_while_it_is_opened_is_not_judged(self):
+        # On FUSE, opening a name that a publish swapped out meanwhile can
+        # answer ESTALE: the observation straddled a change.
+        checker.lh.write_versioned_checkpoint(self.path("dest"), 7, LAYOUT)
+        watcher = checker.WholeVersionWatcher(self.path("dest"), LAYOUT)
+        real_open = os.open
+
+        def stale_once(path, *args, **kwargs):
+            if path == self.path("dest") and not watcher.incomplete:
+                raise OSError(errno.ESTALE, "Stale file handle", path)
+            return real_open(path, *args, **kwargs)
+        with unittest.mock.patch("os.open", side_effect=stale_once):
+            watcher.observe_guarded()
+            watcher.observe_guarded()
+        self.assertEqual(watcher.kinds, {}, watcher.summary())
+        self.assertEqual((watcher.incomplete, watcher.complete), (1, 1), watcher.summary())
 
 
 class CompletedDestinationTest(CheckerTestCase):

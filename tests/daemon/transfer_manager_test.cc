@@ -61,7 +61,7 @@ class TransferManagerTest : public ::testing::Test {
 
     config_.site = "site-a";
     config_.state_dir = dir_.Sub("state");
-    config_.tls.key = dir_.Sub("site-a.key");
+    config_.tls.key = dir_.Sub("pki/site-a.key");  // a directory of its own: never sent
     config_.exports = {{"data", dir_.Sub("src"), {}, {}, 022}};
     config_.peers = {{"site-b", kPeerAddress, "tcp", 0}};
     config_.transfer.chunk_size = kChunk;

@@ -337,11 +337,24 @@ class VersionWatcher(threading.Thread):
             if self.existed:
                 self._violate("destination missing")
             return
+        except OSError as e:
+            # ESTALE (FUSE, NFS): the name was swapped by a publish while it
+            # was being looked up. Not a view of any version: not judged.
+            if not _gone(e):
+                raise
+            self.incomplete += 1
+            return
         self.existed = True
         files = {}
         vanished = []
         try:
-            start = os.fstat(top)
+            try:
+                start = os.fstat(top)
+            except OSError as e:
+                if not _gone(e):
+                    raise
+                self.incomplete += 1
+                return
             for dirpath, _, names, dir_fd in os.fwalk(".", dir_fd=top,
                                                       onerror=vanished.append):
                 for name in names:

@@ -279,6 +279,58 @@ TEST_P(PublishCrashTest, EveryStepKeepsOneWholeVersionAndConverges) {
   EXPECT_GE(crash_points, single_file() ? 5u : 20u);
 }
 
+// A publish stopped after its install, while the old version still waits in
+// staging (an EIO while removing it, a crash), may find the destination
+// replaced by a newer version when it resumes: another transfer published
+// there meanwhile. The resume must finish its clean-up, not take the old
+// version left in next/ for its new one "changed under publish" and fail
+// every retry, and must leave the newer version in place.
+TEST_P(PublishCrashTest, AResumeAfterTheDestinationWasReplacedAgainFinishes) {
+  if (GetParam().restart != Restart::kProcessCrash || GetParam().cancel_after_restart) {
+    GTEST_SKIP() << "one restart kind is enough for this case";
+  }
+  const Tree newer = single_file() ? Tree{{"", "a newer file"}}
+                                   : WithDirs({{".metadata", "v3"}, {"shard-0", "v3 shard 0"}});
+  uint64_t replaced_after_install = 0;
+  for (uint64_t step = 1;; ++step) {
+    SCOPED_TRACE("crash at mutating step " + std::to_string(step));
+    FaultInjectionFileSystem fs;
+    Prepare(fs);
+    if (HasFatalFailure()) return;
+    fs.CrashAtStep(step);
+    {
+      auto staging = Open(fs);
+      ASSERT_TRUE(staging.ok()) << staging.status();
+      (void)staging->Publish(manifest_, options_);  // fails at the crash
+      if (!fs.crashed()) break;
+    }
+    fs.RestartAfter(GetParam().restart);
+    if (Destination(fs) != std::optional<Tree>(new_)) continue;  // not installed yet
+    // Installed: another publish replaces the destination with a newer version.
+    {
+      auto root = fs.OpenRoot(std::string(kExport) + "/ckpt");
+      ASSERT_TRUE(root.ok()) << root.status();
+      ASSERT_TRUE(RemoveTree(fs, **root, "step").ok());
+    }
+    for (const auto& [path, contents] : newer) {
+      if (path.empty()) {
+        fs.PutFile(dest_abs(), contents);
+      } else if (path.back() != '/') {
+        fs.PutFile(dest_abs() + "/" + path, contents);
+      }
+    }
+    ++replaced_after_install;
+    auto staging = Open(fs);
+    ASSERT_TRUE(staging.ok()) << staging.status();
+    absl::Status again = staging->Publish(manifest_, options_);
+    ASSERT_TRUE(again.ok()) << again << "\n" << absl::StrJoin(fs.step_log(), "\n");
+    EXPECT_EQ(Destination(fs), std::optional<Tree>(newer));
+    ASSERT_TRUE(staging->Remove().ok());
+    EXPECT_EQ(fs.Tree(std::string(kExport) + "/.longhaul/staging"), std::optional<Tree>(Tree{}));
+  }
+  EXPECT_GE(replaced_after_install, 1u);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     AllLayouts, PublishCrashTest,
     ::testing::ValuesIn([] {
