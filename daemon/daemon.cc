@@ -113,6 +113,10 @@ absl::Status Daemon::StartServing() {
   relays_ = std::make_unique<Relays>(config_, transports, *gate_, *journal_, *receiver_);
   manager_->SetRateLimiter(limiter_.get());
   if (absl::Status s = manager_->Start(); !s.ok()) return Failed("cannot resume transfers", s);
+  // After the manager exists: a publish asks it whether this site pulled the
+  // version (pull_granted), to know which names its report may give.
+  receiver_->FinishInterruptedPublishes();
+  receiver_->StartExpirySweep();
   // Only now: a peer's open may ask the manager whether this site pulled it, and start a relay.
   if (absl::Status s = ListenForPeers(); !s.ok()) return s;
 
@@ -206,8 +210,6 @@ void Daemon::StartReceiverAndRouter() {
   receiver_ = std::make_unique<peer::Receiver>(std::move(receiver_options), *journal_, file_system_,
                                                memory_budget_.get(), clock_);
 
-  receiver_->FinishInterruptedPublishes();
-  receiver_->StartExpirySweep();
   router_ = std::make_unique<peer::PeerRouter>();
   router_->Register(v1::Hello::CONTROL,
                     [this](std::unique_ptr<transport::Channel> channel, const v1::Hello& hello) {

@@ -35,9 +35,15 @@ class CliTestCase(lh.SitesTestCase):
         return json.loads(proc.stdout)
 
     def failed(self):
-        """A transfer that FAILED at the destination (an unknown export)."""
-        proc = self.assert_exit(1, "cp", self.src, "site-b:/nope/x", "--wait", "--json")
-        result = json.loads(proc.stdout)
+        """A transfer that FAILED at the destination: submitted while site-b
+        was down, so that site-b could not refuse it before submit, then
+        refused when it opened (an unknown export)."""
+        self.sites.kill("site-b")
+        tid = self.assert_exit(0, "cp", self.src, "site-b:/nope/x").stdout.strip()
+        self.sites.up()
+        self.sites.wait_state("a", tid, {"FAILED", "COMPLETED"})
+        proc = self.assert_exit(1, "status", tid, "--watch", "--json")
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
         self.assertEqual(result["state"], "FAILED", result)
         return result
 
@@ -108,7 +114,8 @@ class TerminalTest(CliTestCase):
         self.check_width(200)
 
     def test_failed_transfer_shows_no_rate(self):
-        _, last = self.follow(80, "cp", self.src, "site-b:/nope/x", "--wait")
+        failed = self.failed()
+        _, last = self.follow(80, "status", failed["id"], "--watch")
         self.assertIn("EXIT=1", last, last)
         screen = "\n".join(last)
         self.assertIn("FAILED", screen)

@@ -413,7 +413,7 @@ class DaemonPowerLossTest(FaultFsSitesTest):
         # A second version replaces the first by exchange; a cut right after
         # that publish leaves the new version whole.
         self.write_tree(3, 4 * MIB, seed=50)
-        proc, _ = self.sites.cp(self.src, "site-b:/ckpt/step")
+        proc, _ = self.sites.cp(self.src, "site-b:/ckpt/step", "--replace")
         self.assertEqual(proc.returncode, 0, proc.stderr + self.logs())
         self.power_loss()
         self.assert_whole("step")
