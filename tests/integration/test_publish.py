@@ -327,8 +327,9 @@ class CompletedPublishStaysCompletedTest(PublishTestCase):
         lh.write_random(os.path.join(self.run_dir, "step-2", MARKER), 1024, seed=2)
 
     def start_sync(self):
+        # One line per checkpoint: its transfer id, then its name.
         return self.sites.cli("a", "sync", self.run_dir, "site-b:/ckpt/run1", "--keep", "1",
-                              check=True).stdout.strip()
+                              check=True).stdout.split()[0]
 
     def assert_published(self):
         self.assertEqual(lh.tree_digest(os.path.join(self.run_dir, "step-2")),
