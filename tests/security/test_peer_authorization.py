@@ -368,6 +368,35 @@ class SharedExportTest(AccessTestCase):
         self.assertTrue(peer.publish("t-after", "ckpt", "run1/step-1", model).ok())
 
 
+class ReportNamesTest(AccessTestCase):
+    """site-b's export: every site a writer, readers [site-a]. What a publish
+    replaced or deleted is named only to a source that may know the
+    destination; site-c learns counts."""
+
+    readers = "site-b=site-a"
+
+    def test_a_writer_that_may_not_read_learns_counts_not_names_of_what_it_replaces(self):
+        # An operator's directory: no peer published it, and site-c is a
+        # writer of the export but not a reader. A dry run and a sync that
+        # replace it tell site-c how many files went, never their names.
+        opdir = self.export("opdir")
+        os.makedirs(opdir)
+        for i in range(3):
+            with open(os.path.join(opdir, f"secret-name-{i}"), "wb") as f:
+                f.write(b"operator's")
+        src = self.sites.path("src-c")
+        os.makedirs(src)
+        with open(os.path.join(src, "weights.bin"), "wb") as f:
+            f.write(b"site-c's")
+        for extra in (("--dry-run",), ("--wait",)):
+            proc = self.sites.cli("c", "sync", src, "site-b:/ckpt/opdir", "--json", *extra)
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            self.assertNotIn("secret-name", proc.stdout + proc.stderr)
+            report = json.loads(proc.stdout.strip().splitlines()[-1])["report"]
+            self.assertEqual((report["deleted"], report["deleted_count"]), ([], 3), report)
+        self.assertEqual(os.listdir(opdir), ["weights.bin"])
+
+
 class HostileRelayTest(AccessTestCase):
     """Fan-out: only the site the owner's open names as relay may attach and
     send chunks; it may neither commit nor abort; a later open without it
