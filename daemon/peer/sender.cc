@@ -24,6 +24,27 @@
 #include "storage/manifest.h"
 
 namespace longhaul::peer {
+
+v1::OpenRequest OpenRequestFor(const v1::OutgoingTransfer& record, const std::string& local_site) {
+  const v1::TransferSpec& spec = record.spec();
+  v1::OpenRequest open;
+  open.set_transfer_id(record.id());
+  open.set_source_site(local_site);
+  open.set_export_name(spec.dest_export());
+  open.set_dest_path(spec.dest_path());
+  *open.mutable_manifest() = record.manifest();
+  *open.mutable_commit_last() = record.commit_last();
+  open.set_skip_unchanged(spec.sync());
+  open.set_single_file(record.single_file());
+  open.set_keep_checkpoints(spec.keep_checkpoints());
+  open.set_checkpoint_marker(spec.checkpoint_marker());
+  open.set_requested_by(spec.requested_by());
+  open.set_refuse_different(!spec.sync() && !spec.replace());
+  open.set_keep_deleted(spec.sync() && spec.no_delete());
+  open.set_durable_pieces(true);
+  return open;
+}
+
 namespace {
 
 constexpr absl::Duration kMaxBackoff = absl::Seconds(30);
@@ -295,22 +316,9 @@ absl::Status TransferSender::RunAttempt() {
     request.mutable_relay_attach()->set_owner(options_.relay_owner);
   } else {
     v1::OpenRequest* open = request.mutable_open();
-    open->set_transfer_id(record.id());
-    open->set_source_site(options_.local_site);
-    open->set_export_name(spec.dest_export());
-    open->set_dest_path(spec.dest_path());
-    *open->mutable_manifest() = record.manifest();
-    *open->mutable_commit_last() = record.commit_last();
-    open->set_skip_unchanged(spec.sync());
-    open->set_single_file(record.single_file());
-    open->set_keep_checkpoints(spec.keep_checkpoints());
-    open->set_checkpoint_marker(spec.checkpoint_marker());
+    *open = OpenRequestFor(record, options_.local_site);
     open->set_compare_content(spec.sync() && spec.checksum());
-    open->set_durable_pieces(true);
     open->set_relay_by(record.relay_by());
-    open->set_requested_by(spec.requested_by());
-    open->set_refuse_different(!spec.sync() && !spec.replace());
-    open->set_keep_deleted(spec.sync() && spec.no_delete());
     if (record.has_relay_to()) *open->mutable_relay_to() = record.relay_to();
   }
   auto opened = Call(**control, session_id, request);

@@ -34,6 +34,12 @@
 
 namespace longhaul::peer {
 
+// The OPEN of `record` from `local_site` (its own transfer, not a relay's):
+// what the destination decides the transfer by. The sender's open and
+// submit's check (OpenRequest.check_only) are built by it alike, so that
+// the check decides as the open will.
+v1::OpenRequest OpenRequestFor(const v1::OutgoingTransfer& record, const std::string& local_site);
+
 // Live figures of one outgoing transfer, read by the control service while
 // the sender updates them. Thread-safe.
 class TransferProgress {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/peer/messaging.h"
+#include "daemon/peer/sender.h"
 #include "daemon/transfer/transfer_manager.h"
 #include "daemon/wire/messaging.h"
 #include "spdlog/spdlog.h"
@@ -24,20 +25,7 @@ absl::StatusOr<v1::OpenReply> TransferManager::CheckWithDestination(
   if (!channel.ok()) return absl::UnavailableError(channel.status().message());
   v1::PeerMessage request;
   v1::OpenRequest* open = request.mutable_open();
-  open->set_transfer_id(record.id());
-  open->set_source_site(config_.site);
-  open->set_export_name(spec.dest_export());
-  open->set_dest_path(spec.dest_path());
-  *open->mutable_manifest() = record.manifest();
-  *open->mutable_commit_last() = record.commit_last();
-  open->set_skip_unchanged(spec.sync());
-  open->set_single_file(record.single_file());
-  open->set_keep_checkpoints(spec.keep_checkpoints());
-  open->set_checkpoint_marker(spec.checkpoint_marker());
-  open->set_requested_by(spec.requested_by());
-  open->set_refuse_different(!spec.sync() && !spec.replace());
-  open->set_keep_deleted(spec.sync() && spec.no_delete());
-  open->set_durable_pieces(true);
+  *open = peer::OpenRequestFor(record, config_.site);
   open->set_check_only(true);
   auto answer = peer::Call(**channel, wire::SessionIdFor(record.id()), request);
   if (!answer.ok()) return answer.status();
